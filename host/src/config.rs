@@ -1,0 +1,1 @@
+//! Server settings: flags, TOML file, environment.

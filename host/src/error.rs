@@ -1,0 +1,31 @@
+//! The one error type of the `sandflow` crate boundary.
+
+use snafu::Snafu;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, Snafu)]
+#[snafu(visibility(pub))]
+pub enum Error {
+    /// The SQL text could not be parsed or planned.
+    #[snafu(display("{message}"))]
+    Sql { message: String },
+    /// The statement is valid SQL but refers to something that is not there.
+    #[snafu(display("{message}"))]
+    NotFound { message: String },
+    /// Valid SQL that sandflow does not implement (yet).
+    #[snafu(display("{message}"))]
+    Unsupported { message: String },
+    /// Rows that do not fit the table (types, NULL time index, ...).
+    #[snafu(display("{message}"))]
+    InvalidData { message: String },
+    /// Storage or I/O failure.
+    #[snafu(display("storage error: {message}"))]
+    Storage { message: String },
+    /// A flow's sandbox failed (trap, limit, guest error).
+    #[snafu(display("flow error: {message}"))]
+    Flow { message: String },
+    /// Anything else that is our bug.
+    #[snafu(display("internal error: {message}"))]
+    Internal { message: String },
+}

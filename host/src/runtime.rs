@@ -1,0 +1,1 @@
+//! The wasm runtime that hosts flow guests.

@@ -1,0 +1,1 @@
+//! The front doors: PostgreSQL wire protocol and HTTP.
