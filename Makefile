@@ -1,0 +1,44 @@
+# sandflow's front door. `make test` and `make run` install what they need.
+SHELL := /bin/bash
+CARGO ?= cargo
+# Reuse one build cache across clones (CI and local); override to taste.
+export CARGO_TARGET_DIR ?= $(HOME)/.cache/sandflow-target
+export CARGO_TERM_COLOR ?= never
+
+DATA_DIR ?= ./sandflow-data
+
+.PHONY: setup build test lint unit run bench fmt clean-data
+
+## Installs the toolchain pieces the build needs (idempotent).
+setup:
+	@rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
+	@command -v protoc >/dev/null || { (apt-get update -qq || true) && apt-get install -y -qq protobuf-compiler; }
+	@command -v psql >/dev/null || { (apt-get update -qq || true) && apt-get install -y -qq postgresql-client; }
+
+## Builds the server (release) with the guest component embedded.
+build: setup
+	$(CARGO) build --release --bin sandflow
+
+## Formatting, lints, then every test: unit, engine, end-to-end.
+test: setup lint unit
+
+lint: setup
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+unit: setup
+	$(CARGO) test --workspace -- --test-threads=2
+
+## Starts the server with defaults (psql -h 127.0.0.1 -p 4003, HTTP on :4000).
+run: build
+	$(CARGO_TARGET_DIR)/release/sandflow start --data-dir $(DATA_DIR)
+
+## The reference workload through the guest in wasm and natively.
+bench: setup
+	$(CARGO) bench -p sandflow-tests --bench engine
+
+fmt:
+	$(CARGO) fmt --all
+
+clean-data:
+	rm -rf $(DATA_DIR)

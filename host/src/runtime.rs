@@ -1,1 +1,0 @@
-//! The wasm runtime that hosts flow guests.

@@ -1,0 +1,154 @@
+//! Moves data between the engine's native types (shared with the guest crate)
+//! and the types generated from the WIT contract, and checks what a guest
+//! returns before the host trusts it.
+
+use super::guest::bindings::sandflow::flow::types as wit;
+use super::{Batch, Column, DataType, Field, FlowError, RuntimeError, SourceSchema, TickOutput};
+
+pub type WitFlowError = wit::FlowError;
+
+pub fn data_type_to_wit(t: DataType) -> wit::DataType {
+    match t {
+        DataType::Boolean => wit::DataType::Boolean,
+        DataType::Int8 => wit::DataType::Int8,
+        DataType::Int16 => wit::DataType::Int16,
+        DataType::Int32 => wit::DataType::Int32,
+        DataType::Int64 => wit::DataType::Int64,
+        DataType::UInt8 => wit::DataType::Uint8,
+        DataType::UInt16 => wit::DataType::Uint16,
+        DataType::UInt32 => wit::DataType::Uint32,
+        DataType::UInt64 => wit::DataType::Uint64,
+        DataType::Float32 => wit::DataType::Float32,
+        DataType::Float64 => wit::DataType::Float64,
+        DataType::Utf8 => wit::DataType::Utf8,
+        DataType::Binary => wit::DataType::Binary,
+        DataType::TimestampSecond => wit::DataType::TimestampSecond,
+        DataType::TimestampMillisecond => wit::DataType::TimestampMillisecond,
+        DataType::TimestampMicrosecond => wit::DataType::TimestampMicrosecond,
+        DataType::TimestampNanosecond => wit::DataType::TimestampNanosecond,
+        DataType::Date32 => wit::DataType::Date32,
+    }
+}
+
+pub fn data_type_from_wit(t: wit::DataType) -> DataType {
+    match t {
+        wit::DataType::Boolean => DataType::Boolean,
+        wit::DataType::Int8 => DataType::Int8,
+        wit::DataType::Int16 => DataType::Int16,
+        wit::DataType::Int32 => DataType::Int32,
+        wit::DataType::Int64 => DataType::Int64,
+        wit::DataType::Uint8 => DataType::UInt8,
+        wit::DataType::Uint16 => DataType::UInt16,
+        wit::DataType::Uint32 => DataType::UInt32,
+        wit::DataType::Uint64 => DataType::UInt64,
+        wit::DataType::Float32 => DataType::Float32,
+        wit::DataType::Float64 => DataType::Float64,
+        wit::DataType::Utf8 => DataType::Utf8,
+        wit::DataType::Binary => DataType::Binary,
+        wit::DataType::TimestampSecond => DataType::TimestampSecond,
+        wit::DataType::TimestampMillisecond => DataType::TimestampMillisecond,
+        wit::DataType::TimestampMicrosecond => DataType::TimestampMicrosecond,
+        wit::DataType::TimestampNanosecond => DataType::TimestampNanosecond,
+        wit::DataType::Date32 => DataType::Date32,
+    }
+}
+
+pub fn field_to_wit(f: &Field) -> wit::Field {
+    wit::Field {
+        name: f.name.clone(),
+        data_type: data_type_to_wit(f.data_type),
+        nullable: f.nullable,
+    }
+}
+
+pub fn field_from_wit(f: wit::Field) -> Field {
+    Field {
+        name: f.name,
+        data_type: data_type_from_wit(f.data_type),
+        nullable: f.nullable,
+    }
+}
+
+pub fn source_to_wit(s: &SourceSchema) -> wit::SourceSchema {
+    wit::SourceSchema {
+        name: s.name.clone(),
+        fields: s.fields.iter().map(field_to_wit).collect(),
+    }
+}
+
+pub fn batch_to_wit(b: Batch) -> wit::Batch {
+    wit::Batch {
+        rows: b.rows,
+        columns: b
+            .columns
+            .into_iter()
+            .map(|c| wit::Column {
+                ints: c.ints,
+                floats: c.floats,
+                bytes: c.bytes,
+                offsets: c.offsets,
+                nulls: c.nulls,
+            })
+            .collect(),
+        times: b.times,
+        diffs: b.diffs,
+    }
+}
+
+pub fn batch_from_wit(b: wit::Batch) -> Batch {
+    Batch {
+        rows: b.rows,
+        columns: b
+            .columns
+            .into_iter()
+            .map(|c| Column {
+                ints: c.ints,
+                floats: c.floats,
+                bytes: c.bytes,
+                offsets: c.offsets,
+                nulls: c.nulls,
+            })
+            .collect(),
+        times: b.times,
+        diffs: b.diffs,
+    }
+}
+
+pub fn tick_output_from_wit(t: wit::TickOutput) -> TickOutput {
+    TickOutput {
+        output: batch_from_wit(t.output),
+        more: t.more,
+        next_wakeup: t.next_wakeup,
+    }
+}
+
+pub fn error_from_wit(e: wit::FlowError) -> FlowError {
+    match e {
+        wit::FlowError::BadInput(m) => FlowError::BadInput(m),
+        wit::FlowError::Unsupported(m) => FlowError::Unsupported(m),
+        wit::FlowError::LimitExceeded(m) => FlowError::LimitExceeded(m),
+        wit::FlowError::Internal(m) => FlowError::Internal(m),
+    }
+}
+
+/// Checks a guest's output against the contract: at most `max_rows` rows and
+/// a batch that matches the output schema exactly (list lengths, offsets,
+/// UTF-8, nullability, value ranges). A guest is untrusted: nothing it returns
+/// is used before this passes.
+pub fn validate_output(
+    out: &TickOutput,
+    schema: &[Field],
+    max_rows: u32,
+) -> Result<(), RuntimeError> {
+    if out.output.rows > max_rows {
+        return Err(RuntimeError::Contract {
+            message: format!(
+                "returned {} rows, more than the {max_rows} allowed per tick",
+                out.output.rows
+            ),
+        });
+    }
+    sandflow_guest::types::validate_batch(schema, &out.output).map_err(|e| RuntimeError::Contract {
+        message: format!("malformed output batch: {e}"),
+    })
+}

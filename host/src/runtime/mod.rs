@@ -1,0 +1,449 @@
+//! The wasm runtime that hosts flow guests.
+//!
+//! One wasmtime [`Engine`] per process (component model, pooling allocator),
+//! the guest component compiled once and cached on disk, one `InstancePre`,
+//! and one [`Store`] per flow with its own memory cap and CPU budget per call.
+//! WASI is reduced to nothing: no files, network, environment or arguments;
+//! clocks are frozen at zero and random numbers come from a fixed seed, so a
+//! guest cannot observe anything but what the host pushes into it.
+//!
+//! A trap, a limit hit or a guest error fails only that flow's instance: the
+//! [`FlowInstance`] is poisoned and every later call returns the same error.
+
+mod convert;
+mod guest;
+mod sandbox;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use snafu::Snafu;
+use wasmtime::component::{Component, Linker, ResourceAny};
+use wasmtime::{Config, Engine, Store};
+
+pub use sandflow_guest::types::{
+    Batch, Column, DataType, Field, FlowError, SourceSchema, TickOutput,
+};
+
+use self::guest::bindings::{FlowEngine, FlowEnginePre};
+use self::sandbox::GuestState;
+
+/// Why a runtime or a flow instance failed.
+#[derive(Debug, Snafu, Clone)]
+#[snafu(visibility(pub(crate)))]
+pub enum RuntimeError {
+    /// The engine or the guest component could not be set up.
+    #[snafu(display("cannot set up the wasm runtime: {message}"))]
+    Setup { message: String },
+    /// The guest refused the call with its own error (bad input, unsupported plan, ...).
+    #[snafu(display("{error}"))]
+    Guest { error: FlowError },
+    /// The guest used more CPU in one call than its budget allows.
+    #[snafu(display(
+        "flow exceeded its CPU budget of {budget:?} per call and was stopped; \
+         raise cpu_limit_per_tick or simplify the query"
+    ))]
+    CpuLimit { budget: Duration },
+    /// The guest tried to grow its memory past the cap.
+    #[snafu(display(
+        "flow exceeded its memory limit of {limit} bytes and was stopped; \
+         raise memory_limit or reduce the flow's state (e.g. EXPIRE AFTER)"
+    ))]
+    MemoryLimit { limit: usize },
+    /// The guest trapped (a panic, an out-of-bounds access, ...).
+    #[snafu(display("flow guest trapped: {message}"))]
+    Trap { message: String },
+    /// The guest returned something that breaks the contract.
+    #[snafu(display("flow guest broke the contract: {message}"))]
+    Contract { message: String },
+    /// A previous failure poisoned this instance.
+    #[snafu(display("flow instance has failed earlier: {message}"))]
+    Poisoned { message: String },
+}
+
+/// Server-wide settings of the runtime.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// Where compiled components are cached; `None` compiles in memory each start.
+    pub cache_dir: Option<PathBuf>,
+    /// How many flow instances may be alive at once.
+    pub max_instances: u32,
+    /// The largest memory limit any flow may ask for.
+    pub max_memory_limit: usize,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            cache_dir: None,
+            max_instances: 256,
+            max_memory_limit: 4 << 30,
+        }
+    }
+}
+
+/// Limits of one flow instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlowLimits {
+    /// Linear memory cap in bytes.
+    pub memory: usize,
+    /// Wall-clock CPU budget of one call into the guest.
+    pub cpu_per_call: Duration,
+    /// Largest number of rows one tick may return.
+    pub max_output_rows: u32,
+}
+
+impl Default for FlowLimits {
+    fn default() -> Self {
+        FlowLimits {
+            memory: 256 << 20,
+            cpu_per_call: Duration::from_secs(10),
+            max_output_rows: 100_000,
+        }
+    }
+}
+
+/// The granularity of CPU budgets: the epoch advances this often.
+const EPOCH_TICK: Duration = Duration::from_millis(5);
+
+/// The process-wide wasm engine and the compiled guest component.
+pub struct Runtime {
+    engine: Engine,
+    pre: FlowEnginePre<GuestState>,
+    config: RuntimeConfig,
+    stop_ticker: Arc<AtomicBool>,
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        self.stop_ticker.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Runtime {
+    /// A runtime for sandflow's own guest component (embedded at build time).
+    pub fn new(config: RuntimeConfig) -> Result<Runtime, RuntimeError> {
+        let engine = make_engine(&config)?;
+        let component = guest::load_embedded(&engine, config.cache_dir.as_deref())?;
+        Self::from_component(engine, component, config)
+    }
+
+    /// A runtime for a component other than the embedded one. Only for tests of
+    /// the sandbox itself (hostile guests); the server never calls it.
+    #[doc(hidden)]
+    pub fn with_untrusted_component(
+        config: RuntimeConfig,
+        bytes: &[u8],
+    ) -> Result<Runtime, RuntimeError> {
+        let engine = make_engine(&config)?;
+        let component = Component::new(&engine, bytes).map_err(|e| RuntimeError::Setup {
+            message: format!("cannot compile component: {e}"),
+        })?;
+        Self::from_component(engine, component, config)
+    }
+
+    fn from_component(
+        engine: Engine,
+        component: Component,
+        config: RuntimeConfig,
+    ) -> Result<Runtime, RuntimeError> {
+        let mut linker = Linker::<GuestState>::new(&engine);
+        sandbox::add_wasi(&mut linker)?;
+        // Instantiating ahead of time checks every import against the linker:
+        // a component that asks for anything beyond the contract is refused here.
+        let instance_pre = linker
+            .instantiate_pre(&component)
+            .map_err(|e| RuntimeError::Setup {
+                message: format!("guest component does not fit the sandbox: {e:#}"),
+            })?;
+        let pre = FlowEnginePre::new(instance_pre).map_err(|e| RuntimeError::Setup {
+            message: format!("guest component does not implement the flow contract: {e:#}"),
+        })?;
+        let stop_ticker = Arc::new(AtomicBool::new(false));
+        spawn_epoch_ticker(engine.clone(), stop_ticker.clone());
+        Ok(Runtime {
+            engine,
+            pre,
+            config,
+            stop_ticker,
+        })
+    }
+
+    /// Instantiates a new flow from a Substrait plan.
+    pub fn create_flow(
+        &self,
+        plan: &[u8],
+        sources: &[SourceSchema],
+        options: &[(String, String)],
+        limits: FlowLimits,
+    ) -> Result<FlowInstance, RuntimeError> {
+        let mut inst = self.instantiate(limits)?;
+        let sources: Vec<_> = sources.iter().map(convert::source_to_wit).collect();
+        let handle = inst.call(|bindings, store| {
+            bindings
+                .sandflow_flow_engine()
+                .flow()
+                .call_create(store, plan, &sources, options)
+        })?;
+        inst.handle = Some(handle);
+        inst.load_output_schema()?;
+        Ok(inst)
+    }
+
+    /// Instantiates a flow from a snapshot taken by [`FlowInstance::snapshot`].
+    pub fn restore_flow(
+        &self,
+        state: &[u8],
+        limits: FlowLimits,
+    ) -> Result<FlowInstance, RuntimeError> {
+        let mut inst = self.instantiate(limits)?;
+        let handle = inst.call(|bindings, store| {
+            bindings
+                .sandflow_flow_engine()
+                .flow()
+                .call_restore(store, state)
+        })?;
+        inst.handle = Some(handle);
+        inst.load_output_schema()?;
+        Ok(inst)
+    }
+
+    fn instantiate(&self, limits: FlowLimits) -> Result<FlowInstance, RuntimeError> {
+        if limits.memory > self.config.max_memory_limit {
+            return Err(RuntimeError::Setup {
+                message: format!(
+                    "memory limit {} exceeds the server's maximum of {} bytes",
+                    limits.memory, self.config.max_memory_limit
+                ),
+            });
+        }
+        let mut store = Store::new(&self.engine, GuestState::new(limits.memory));
+        store.limiter(|state| &mut state.limiter);
+        store.epoch_deadline_trap();
+        store.set_epoch_deadline(budget_ticks(limits.cpu_per_call));
+        let bindings = self
+            .pre
+            .instantiate(&mut store)
+            .map_err(|e| classify_trap(e, &store, limits))?;
+        Ok(FlowInstance {
+            store,
+            bindings,
+            handle: None,
+            limits,
+            output_schema: Vec::new(),
+            failed: None,
+        })
+    }
+}
+
+fn budget_ticks(budget: Duration) -> u64 {
+    (budget.as_nanos() / EPOCH_TICK.as_nanos()).max(1) as u64
+}
+
+fn make_engine(config: &RuntimeConfig) -> Result<Engine, RuntimeError> {
+    let mut pool = wasmtime::PoolingAllocationConfig::default();
+    pool.total_component_instances(config.max_instances)
+        .total_core_instances(config.max_instances.saturating_mul(4))
+        .total_memories(config.max_instances)
+        .total_tables(config.max_instances.saturating_mul(4))
+        .total_stacks(config.max_instances)
+        .max_memory_size(config.max_memory_limit);
+    let mut wasm = Config::new();
+    wasm.wasm_component_model(true)
+        .epoch_interruption(true)
+        .allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool))
+        // Deep recursion in a guest ends in a trap, not in the host's stack.
+        .max_wasm_stack(1 << 20)
+        .cranelift_opt_level(wasmtime::OptLevel::Speed);
+    Engine::new(&wasm).map_err(|e| RuntimeError::Setup {
+        message: format!("cannot create the wasm engine: {e:#}"),
+    })
+}
+
+/// Advances the engine's epoch every `EPOCH_TICK` so that per-call deadlines
+/// (counted in epochs) stop runaway guests. Ends when the runtime is dropped.
+fn spawn_epoch_ticker(engine: Engine, stop: Arc<AtomicBool>) {
+    let weak = engine.weak();
+    drop(engine);
+    std::thread::Builder::new()
+        .name("sandflow-epoch".into())
+        .spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(EPOCH_TICK);
+                match weak.upgrade() {
+                    Some(engine) => engine.increment_epoch(),
+                    None => break,
+                }
+            }
+        })
+        .ok();
+}
+
+fn classify_trap(
+    error: wasmtime::Error,
+    store: &Store<GuestState>,
+    limits: FlowLimits,
+) -> RuntimeError {
+    if store.data().limiter.hit {
+        return RuntimeError::MemoryLimit {
+            limit: limits.memory,
+        };
+    }
+    if let Some(trap) = error.downcast_ref::<wasmtime::Trap>() {
+        if *trap == wasmtime::Trap::Interrupt {
+            return RuntimeError::CpuLimit {
+                budget: limits.cpu_per_call,
+            };
+        }
+    }
+    let mut message = format!("{error:#}");
+    let stderr = store.data().stderr_text();
+    if !stderr.is_empty() {
+        message = format!("{message}; guest said: {stderr}");
+    }
+    RuntimeError::Trap { message }
+}
+
+/// One flow's sandbox: its store, its instance and its `flow` resource.
+pub struct FlowInstance {
+    store: Store<GuestState>,
+    bindings: FlowEngine,
+    handle: Option<ResourceAny>,
+    limits: FlowLimits,
+    output_schema: Vec<Field>,
+    failed: Option<RuntimeError>,
+}
+
+impl FlowInstance {
+    /// Runs one call into the guest with a fresh CPU budget; any failure poisons
+    /// the instance.
+    fn call<T>(
+        &mut self,
+        f: impl FnOnce(
+            &FlowEngine,
+            &mut Store<GuestState>,
+        ) -> wasmtime::Result<Result<T, convert::WitFlowError>>,
+    ) -> Result<T, RuntimeError> {
+        if let Some(failed) = &self.failed {
+            return Err(RuntimeError::Poisoned {
+                message: failed.to_string(),
+            });
+        }
+        self.store
+            .set_epoch_deadline(budget_ticks(self.limits.cpu_per_call));
+        let result = match f(&self.bindings, &mut self.store) {
+            Ok(Ok(value)) => return Ok(value),
+            Ok(Err(error)) => RuntimeError::Guest {
+                error: convert::error_from_wit(error),
+            },
+            Err(trap) => classify_trap(trap, &self.store, self.limits),
+        };
+        // A guest error leaves the instance usable only for errors about the
+        // input (the guest rejected it before touching state); everything else
+        // poisons it.
+        if !matches!(
+            result,
+            RuntimeError::Guest {
+                error: FlowError::BadInput(_)
+            }
+        ) {
+            self.failed = Some(result.clone());
+        }
+        Err(result)
+    }
+
+    fn handle(&self) -> Result<ResourceAny, RuntimeError> {
+        self.handle.ok_or_else(|| RuntimeError::Poisoned {
+            message: "flow was never created".into(),
+        })
+    }
+
+    /// The limits this instance runs under.
+    pub fn limits(&self) -> FlowLimits {
+        self.limits
+    }
+
+    /// The error that failed this instance, if any.
+    pub fn failure(&self) -> Option<&RuntimeError> {
+        self.failed.as_ref()
+    }
+
+    /// The columns of the flow's output.
+    pub fn output_schema(&self) -> &[Field] {
+        &self.output_schema
+    }
+
+    fn load_output_schema(&mut self) -> Result<(), RuntimeError> {
+        let handle = self.handle()?;
+        let fields = self.call(|bindings, store| {
+            bindings
+                .sandflow_flow_engine()
+                .flow()
+                .call_output_schema(store, handle)
+                .map(Ok)
+        })?;
+        self.output_schema = fields.into_iter().map(convert::field_from_wit).collect();
+        Ok(())
+    }
+
+    /// Pushes diff rows of source `source`.
+    pub fn push(&mut self, source: u32, batch: Batch) -> Result<(), RuntimeError> {
+        let handle = self.handle()?;
+        let batch = convert::batch_to_wit(batch);
+        self.call(|bindings, store| {
+            bindings
+                .sandflow_flow_engine()
+                .flow()
+                .call_push(store, handle, source, &batch)
+        })
+    }
+
+    /// Ticks the flow at `now`; returns its output changes (at most
+    /// `limits.max_output_rows` rows) after checking them against the contract.
+    pub fn tick(&mut self, now: i64) -> Result<TickOutput, RuntimeError> {
+        let handle = self.handle()?;
+        let max_rows = self.limits.max_output_rows;
+        let output = self.call(|bindings, store| {
+            bindings
+                .sandflow_flow_engine()
+                .flow()
+                .call_tick(store, handle, now, max_rows)
+        })?;
+        let output = convert::tick_output_from_wit(output);
+        if let Err(error) = convert::validate_output(&output, &self.output_schema, max_rows) {
+            self.failed = Some(error.clone());
+            return Err(error);
+        }
+        Ok(output)
+    }
+
+    /// Serialises the flow's state.
+    pub fn snapshot(&mut self) -> Result<Vec<u8>, RuntimeError> {
+        let handle = self.handle()?;
+        self.call(|bindings, store| {
+            bindings
+                .sandflow_flow_engine()
+                .flow()
+                .call_snapshot(store, handle)
+        })
+    }
+
+    /// Approximate bytes of operator state, as the guest reports it.
+    pub fn state_size(&mut self) -> Result<u64, RuntimeError> {
+        let handle = self.handle()?;
+        self.call(|bindings, store| {
+            bindings
+                .sandflow_flow_engine()
+                .flow()
+                .call_state_size(store, handle)
+                .map(Ok)
+        })
+    }
+
+    /// Bytes of linear memory the instance holds right now.
+    pub fn memory_size(&self) -> usize {
+        self.store.data().limiter.current
+    }
+}

@@ -1,0 +1,166 @@
+//! A hostile implementation of sandflow's flow contract. The behaviour is chosen
+//! by the plan bytes given to `create`, and triggered on `tick` (so the host
+//! first sees a well-behaved create, as with a real flow that turns bad later):
+//!
+//! - `ok`: returns one valid row per tick (a well-behaved control flow).
+//! - `loop`: spins forever.
+//! - `alloc`: allocates without bound.
+//! - `recurse`: recurses without bound.
+//! - `panic`: panics with a message.
+//! - `huge-output`: returns more rows than `max-rows`.
+//! - `wrong-lengths`: rows count disagrees with the column's list lengths.
+//! - `bad-offsets`: string offsets out of range.
+//! - `bad-utf8`: a string column with invalid UTF-8.
+//! - `extra-columns`: more columns than the declared output schema.
+//!
+//! Only built for wasm32; natively the crate is empty.
+
+#[cfg(target_arch = "wasm32")]
+mod component {
+    use std::cell::Cell;
+
+    wit_bindgen::generate!({ path: "../../wit", world: "flow-engine" });
+
+    use exports::sandflow::flow::engine::{Guest, GuestFlow};
+    use sandflow::flow::types::{
+        Batch, Column, DataType, Field, FlowError, SourceSchema, TickOutput,
+    };
+
+    struct Component;
+
+    struct Evil {
+        mode: String,
+        ticks: Cell<i64>,
+    }
+
+    impl Guest for Component {
+        type Flow = Evil;
+    }
+
+    fn string_column(values: &[&[u8]]) -> Column {
+        let mut bytes = Vec::new();
+        let mut offsets = vec![0u32];
+        for v in values {
+            bytes.extend_from_slice(v);
+            offsets.push(bytes.len() as u32);
+        }
+        Column { ints: vec![], floats: vec![], bytes, offsets, nulls: vec![] }
+    }
+
+    fn one_row(now: i64, n: i64) -> Batch {
+        Batch {
+            rows: 1,
+            columns: vec![
+                Column { ints: vec![n], floats: vec![], bytes: vec![], offsets: vec![], nulls: vec![] },
+                string_column(&[b"ok"]),
+            ],
+            times: vec![now],
+            diffs: vec![1],
+        }
+    }
+
+    #[allow(unconditional_recursion)]
+    fn recurse(depth: u64, sink: &mut Vec<u64>) -> u64 {
+        let local = [depth; 64];
+        sink.push(local[(depth % 64) as usize]);
+        recurse(depth + 1, sink) + local[0]
+    }
+
+    impl GuestFlow for Evil {
+        fn create(
+            plan: Vec<u8>,
+            _sources: Vec<SourceSchema>,
+            _options: Vec<(String, String)>,
+        ) -> Result<exports::sandflow::flow::engine::Flow, FlowError> {
+            let mode = String::from_utf8(plan).map_err(|_| FlowError::BadInput("plan must be a mode name".into()))?;
+            Ok(exports::sandflow::flow::engine::Flow::new(Evil { mode, ticks: Cell::new(0) }))
+        }
+
+        fn output_schema(&self) -> Vec<Field> {
+            vec![
+                Field { name: "n".into(), data_type: DataType::Int64, nullable: false },
+                Field { name: "s".into(), data_type: DataType::Utf8, nullable: false },
+            ]
+        }
+
+        fn push(&self, _source: u32, _input: Batch) -> Result<(), FlowError> {
+            Ok(())
+        }
+
+        fn tick(&self, now: i64, max_rows: u32) -> Result<TickOutput, FlowError> {
+            let n = self.ticks.get() + 1;
+            self.ticks.set(n);
+            let output = match self.mode.as_str() {
+                "ok" => one_row(now, n),
+                "loop" => {
+                    let mut x = n as u64;
+                    loop {
+                        x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+                    }
+                }
+                "alloc" => {
+                    let mut hoard: Vec<Vec<u8>> = Vec::new();
+                    loop {
+                        hoard.push(vec![1u8; 1 << 20]);
+                        std::hint::black_box(&hoard);
+                    }
+                }
+                "recurse" => {
+                    let mut sink = Vec::new();
+                    let r = recurse(0, &mut sink);
+                    one_row(now, r as i64)
+                }
+                "panic" => panic!("hostile guest panics on purpose"),
+                "huge-output" => {
+                    let rows = max_rows.saturating_add(1);
+                    let strs: Vec<&[u8]> = (0..rows).map(|_| &b"x"[..]).collect();
+                    Batch {
+                        rows,
+                        columns: vec![
+                            Column { ints: vec![0; rows as usize], floats: vec![], bytes: vec![], offsets: vec![], nulls: vec![] },
+                            string_column(&strs),
+                        ],
+                        times: vec![now; rows as usize],
+                        diffs: vec![1; rows as usize],
+                    }
+                }
+                "wrong-lengths" => {
+                    let mut b = one_row(now, n);
+                    b.rows = 3;
+                    b
+                }
+                "bad-offsets" => {
+                    let mut b = one_row(now, n);
+                    b.columns[1].offsets = vec![0, 1000];
+                    b
+                }
+                "bad-utf8" => {
+                    let mut b = one_row(now, n);
+                    b.columns[1] = string_column(&[&[0xff, 0xfe]]);
+                    b
+                }
+                "extra-columns" => {
+                    let mut b = one_row(now, n);
+                    b.columns.push(string_column(&[b"extra"]));
+                    b
+                }
+                other => return Err(FlowError::Unsupported(format!("unknown hostile mode {other}"))),
+            };
+            Ok(TickOutput { output, more: false, next_wakeup: None })
+        }
+
+        fn snapshot(&self) -> Result<Vec<u8>, FlowError> {
+            Ok(self.mode.as_bytes().to_vec())
+        }
+
+        fn restore(state: Vec<u8>) -> Result<exports::sandflow::flow::engine::Flow, FlowError> {
+            Self::create(state, vec![], vec![])
+        }
+
+        fn state_size(&self) -> u64 {
+            0
+        }
+    }
+
+    export!(Component);
+}
