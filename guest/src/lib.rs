@@ -1,1 +1,21 @@
-pub fn x(){}
+//! sandflow's incremental dataflow engine.
+//!
+//! A flow is built from a Substrait plan ([`Flow::create`]), fed diff rows ([`Flow::push`]) and
+//! asked for the consolidated change of its result at each tick ([`Flow::tick`]). The same code
+//! runs natively and as a `wasm32-wasip2` component (see `component.rs`).
+
+mod agg;
+pub mod bench;
+mod codec;
+mod column;
+mod expr;
+mod flow;
+mod hash;
+mod plan;
+pub mod types;
+
+#[cfg(target_arch = "wasm32")]
+mod component;
+
+pub use flow::{Flow, OPTION_EXPIRE_AFTER_MS};
+pub use types::{Batch, Column, DataType, Field, FlowError, SourceSchema, TickOutput, Value};

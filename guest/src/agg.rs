@@ -1,0 +1,1233 @@
+//! Incremental GROUP BY: per-group state maintained under insertions and retractions.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use crate::codec::{Reader, Writer};
+use crate::column::{get, Chunk, ColBuilder, S};
+use crate::expr::Expr;
+use crate::hash::FxHashMap;
+use crate::plan::{AggKind, AggSpec};
+use crate::types::{internal, Column, DataType, FlowError, Storage};
+
+/// Sentinel group id for rows that do not take part (expired keys).
+const SKIP: u32 = u32::MAX;
+
+/// Maps a value to an i64 whose signed order is the SQL order of the value's type.
+fn ord_key(v: S<'_>, t: DataType) -> Option<i64> {
+    match v {
+        S::I(x) if t == DataType::UInt64 => Some(x ^ i64::MIN),
+        S::I(x) => Some(x),
+        S::F(f) => {
+            let f = if f.is_nan() { f64::NAN } else { f + 0.0 };
+            let b = f.to_bits();
+            let u = if b >> 63 == 1 { !b } else { b | (1 << 63) };
+            Some((u ^ (1 << 63)) as i64)
+        }
+        _ => None,
+    }
+}
+
+fn from_ord_key(k: i64, t: DataType) -> Out {
+    match t.storage() {
+        Storage::Floats => {
+            let u = (k as u64) ^ (1 << 63);
+            let b = if u >> 63 == 1 { u & !(1 << 63) } else { !u };
+            Out::F(f64::from_bits(b))
+        }
+        _ if t == DataType::UInt64 => Out::I(k ^ i64::MIN),
+        _ => Out::I(k),
+    }
+}
+
+/// An owned output value.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Out {
+    Null,
+    I(i64),
+    F(f64),
+    B(Vec<u8>),
+}
+
+impl Out {
+    fn same(&self, o: &Out) -> bool {
+        match (self, o) {
+            (Out::F(a), Out::F(b)) => a.to_bits() == b.to_bits(),
+            _ => self == o,
+        }
+    }
+    fn as_s(&self) -> S<'_> {
+        match self {
+            Out::Null => S::Null,
+            Out::I(i) => S::I(*i),
+            Out::F(f) => S::F(*f),
+            Out::B(b) => S::B(b),
+        }
+    }
+}
+
+/// An ordered multiset of values (value → multiplicity, never 0).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct MultiSet {
+    ints: BTreeMap<i64, i64>,
+    bytes: BTreeMap<Vec<u8>, i64>,
+}
+
+impl MultiSet {
+    /// Adds `d` copies; returns (old multiplicity, new multiplicity).
+    fn add_int(&mut self, k: i64, d: i64) -> (i64, i64) {
+        let e = self.ints.entry(k).or_insert(0);
+        let old = *e;
+        *e = e.wrapping_add(d);
+        let new = *e;
+        if new == 0 {
+            self.ints.remove(&k);
+        }
+        (old, new)
+    }
+    fn add_bytes(&mut self, k: &[u8], d: i64) -> (i64, i64) {
+        if let Some(e) = self.bytes.get_mut(k) {
+            let old = *e;
+            *e = e.wrapping_add(d);
+            let new = *e;
+            if new == 0 {
+                self.bytes.remove(k);
+            }
+            (old, new)
+        } else {
+            if d != 0 {
+                self.bytes.insert(k.to_vec(), d);
+            }
+            (0, d)
+        }
+    }
+    fn min_max(&self, max: bool, t: DataType) -> Out {
+        if t.storage() == Storage::Bytes {
+            let mut it: Box<dyn Iterator<Item = (&Vec<u8>, &i64)>> = if max {
+                Box::new(self.bytes.iter().rev())
+            } else {
+                Box::new(self.bytes.iter())
+            };
+            it.find(|(_, c)| **c > 0)
+                .map_or(Out::Null, |(k, _)| Out::B(k.clone()))
+        } else {
+            let mut it: Box<dyn Iterator<Item = (&i64, &i64)>> = if max {
+                Box::new(self.ints.iter().rev())
+            } else {
+                Box::new(self.ints.iter())
+            };
+            it.find(|(_, c)| **c > 0)
+                .map_or(Out::Null, |(k, _)| from_ord_key(*k, t))
+        }
+    }
+    fn is_empty(&self) -> bool {
+        self.ints.is_empty() && self.bytes.is_empty()
+    }
+    fn approx_bytes(&self) -> usize {
+        self.ints.len() * 24 + self.bytes.iter().map(|(k, _)| k.len() + 40).sum::<usize>()
+    }
+    fn write(&self, w: &mut Writer) {
+        w.u64(self.ints.len() as u64);
+        for (k, c) in &self.ints {
+            w.i64(*k);
+            w.i64(*c);
+        }
+        w.u64(self.bytes.len() as u64);
+        for (k, c) in &self.bytes {
+            w.bytes(k);
+            w.i64(*c);
+        }
+    }
+    fn read(r: &mut Reader<'_>) -> Result<MultiSet, FlowError> {
+        let mut m = MultiSet::default();
+        let n = r.len(16)?;
+        for _ in 0..n {
+            let k = r.i64()?;
+            let c = r.i64()?;
+            m.ints.insert(k, c);
+        }
+        let n = r.len(12)?;
+        for _ in 0..n {
+            let k = r.bytes()?.to_vec();
+            let c = r.i64()?;
+            m.bytes.insert(k, c);
+        }
+        Ok(m)
+    }
+}
+
+/// Per-measure state, one slot per group id.
+#[derive(Debug, Clone, PartialEq)]
+enum State {
+    Count(Vec<i64>),
+    SumInt { s: Vec<i64>, n: Vec<i64> },
+    SumFloat { s: Vec<f64>, n: Vec<i64> },
+    AvgInt { s: Vec<i128>, n: Vec<i64> },
+    AvgFloat { s: Vec<f64>, n: Vec<i64> },
+    MinMax { sets: Vec<MultiSet>, max: bool },
+    Distinct { sets: Vec<MultiSet>, n: Vec<i64> },
+}
+
+impl State {
+    fn new(kind: AggKind, in_ty: Option<DataType>) -> State {
+        let float = in_ty.is_some_and(|t| t.is_float());
+        match kind {
+            AggKind::CountStar | AggKind::Count => State::Count(Vec::new()),
+            AggKind::Sum if float => State::SumFloat {
+                s: Vec::new(),
+                n: Vec::new(),
+            },
+            AggKind::Sum => State::SumInt {
+                s: Vec::new(),
+                n: Vec::new(),
+            },
+            AggKind::Avg if float => State::AvgFloat {
+                s: Vec::new(),
+                n: Vec::new(),
+            },
+            AggKind::Avg => State::AvgInt {
+                s: Vec::new(),
+                n: Vec::new(),
+            },
+            AggKind::Min | AggKind::Max => State::MinMax {
+                sets: Vec::new(),
+                max: kind == AggKind::Max,
+            },
+            AggKind::CountDistinct => State::Distinct {
+                sets: Vec::new(),
+                n: Vec::new(),
+            },
+        }
+    }
+
+    fn grow(&mut self, len: usize) {
+        match self {
+            State::Count(v) => v.resize(len, 0),
+            State::SumInt { s, n } => {
+                s.resize(len, 0);
+                n.resize(len, 0);
+            }
+            State::SumFloat { s, n } | State::AvgFloat { s, n } => {
+                s.resize(len, 0.0);
+                n.resize(len, 0);
+            }
+            State::AvgInt { s, n } => {
+                s.resize(len, 0);
+                n.resize(len, 0);
+            }
+            State::MinMax { sets, .. } => sets.resize_with(len, MultiSet::default),
+            State::Distinct { sets, n } => {
+                sets.resize_with(len, MultiSet::default);
+                n.resize(len, 0);
+            }
+        }
+    }
+
+    fn reset(&mut self, g: usize) {
+        match self {
+            State::Count(v) => set(v, g, 0),
+            State::SumInt { s, n } => {
+                set(s, g, 0);
+                set(n, g, 0);
+            }
+            State::SumFloat { s, n } | State::AvgFloat { s, n } => {
+                set(s, g, 0.0);
+                set(n, g, 0);
+            }
+            State::AvgInt { s, n } => {
+                set(s, g, 0);
+                set(n, g, 0);
+            }
+            State::MinMax { sets, .. } => set(sets, g, MultiSet::default()),
+            State::Distinct { sets, n } => {
+                set(sets, g, MultiSet::default());
+                set(n, g, 0);
+            }
+        }
+    }
+
+    fn is_empty(&self, g: usize) -> bool {
+        let z = |v: &Vec<i64>| v.get(g).is_none_or(|x| *x == 0);
+        match self {
+            State::Count(v) => z(v),
+            State::SumInt { n, .. }
+            | State::SumFloat { n, .. }
+            | State::AvgFloat { n, .. }
+            | State::AvgInt { n, .. } => z(n),
+            State::MinMax { sets, .. } => sets.get(g).is_none_or(|s| s.is_empty()),
+            State::Distinct { sets, .. } => sets.get(g).is_none_or(|s| s.is_empty()),
+        }
+    }
+
+    fn value(&self, g: usize, in_ty: Option<DataType>) -> Out {
+        let n_of = |n: &Vec<i64>| n.get(g).copied().unwrap_or(0);
+        match self {
+            State::Count(v) => Out::I(v.get(g).copied().unwrap_or(0)),
+            State::SumInt { s, n } => {
+                if n_of(n) == 0 {
+                    Out::Null
+                } else {
+                    Out::I(s.get(g).copied().unwrap_or(0))
+                }
+            }
+            State::SumFloat { s, n } => {
+                if n_of(n) == 0 {
+                    Out::Null
+                } else {
+                    Out::F(s.get(g).copied().unwrap_or(0.0))
+                }
+            }
+            State::AvgFloat { s, n } => {
+                let c = n_of(n);
+                if c == 0 {
+                    Out::Null
+                } else {
+                    Out::F(s.get(g).copied().unwrap_or(0.0) / c as f64)
+                }
+            }
+            State::AvgInt { s, n } => {
+                let c = n_of(n);
+                if c == 0 {
+                    Out::Null
+                } else {
+                    Out::F(s.get(g).copied().unwrap_or(0) as f64 / c as f64)
+                }
+            }
+            State::MinMax { sets, max } => sets.get(g).map_or(Out::Null, |s| {
+                s.min_max(*max, in_ty.unwrap_or(DataType::Int64))
+            }),
+            State::Distinct { n, .. } => Out::I(n_of(n)),
+        }
+    }
+
+    fn approx_bytes(&self) -> usize {
+        match self {
+            State::Count(v) => v.len() * 8,
+            State::SumInt { s, n } => s.len() * 8 + n.len() * 8,
+            State::SumFloat { s, n } | State::AvgFloat { s, n } => s.len() * 8 + n.len() * 8,
+            State::AvgInt { s, n } => s.len() * 16 + n.len() * 8,
+            State::MinMax { sets, .. } => sets.iter().map(|s| 48 + s.approx_bytes()).sum(),
+            State::Distinct { sets, n } => {
+                n.len() * 8 + sets.iter().map(|s| 48 + s.approx_bytes()).sum::<usize>()
+            }
+        }
+    }
+
+    fn write(&self, w: &mut Writer) {
+        match self {
+            State::Count(v) => w.i64s(v),
+            State::SumInt { s, n } => {
+                w.i64s(s);
+                w.i64s(n);
+            }
+            State::SumFloat { s, n } | State::AvgFloat { s, n } => {
+                w.f64s(s);
+                w.i64s(n);
+            }
+            State::AvgInt { s, n } => {
+                w.u64(s.len() as u64);
+                for x in s {
+                    w.i64((*x >> 64) as i64);
+                    w.i64(*x as i64);
+                }
+                w.i64s(n);
+            }
+            State::MinMax { sets, .. } => {
+                w.u64(sets.len() as u64);
+                for s in sets {
+                    s.write(w);
+                }
+            }
+            State::Distinct { sets, n } => {
+                w.u64(sets.len() as u64);
+                for s in sets {
+                    s.write(w);
+                }
+                w.i64s(n);
+            }
+        }
+    }
+
+    fn read(&mut self, r: &mut Reader<'_>, len: usize) -> Result<(), FlowError> {
+        let check = |l: usize| {
+            if l == len {
+                Ok(())
+            } else {
+                Err(crate::types::bad(
+                    "snapshot: aggregate state has the wrong length",
+                ))
+            }
+        };
+        match self {
+            State::Count(v) => {
+                *v = r.i64s()?;
+                check(v.len())?;
+            }
+            State::SumInt { s, n } => {
+                *s = r.i64s()?;
+                *n = r.i64s()?;
+                check(s.len())?;
+                check(n.len())?;
+            }
+            State::SumFloat { s, n } | State::AvgFloat { s, n } => {
+                *s = r.f64s()?;
+                *n = r.i64s()?;
+                check(s.len())?;
+                check(n.len())?;
+            }
+            State::AvgInt { s, n } => {
+                let l = r.len(16)?;
+                let mut v = Vec::with_capacity(l);
+                for _ in 0..l {
+                    let hi = r.i64()? as i128;
+                    let lo = r.i64()? as u64 as i128;
+                    v.push((hi << 64) | lo);
+                }
+                *s = v;
+                *n = r.i64s()?;
+                check(s.len())?;
+                check(n.len())?;
+            }
+            State::MinMax { sets, .. } => {
+                let l = r.len(16)?;
+                let mut v = Vec::with_capacity(l);
+                for _ in 0..l {
+                    v.push(MultiSet::read(r)?);
+                }
+                *sets = v;
+                check(sets.len())?;
+            }
+            State::Distinct { sets, n } => {
+                let l = r.len(16)?;
+                let mut v = Vec::with_capacity(l);
+                for _ in 0..l {
+                    v.push(MultiSet::read(r)?);
+                }
+                *sets = v;
+                *n = r.i64s()?;
+                check(sets.len())?;
+                check(n.len())?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn set<T>(v: &mut [T], g: usize, x: T) {
+    if let Some(slot) = v.get_mut(g) {
+        *slot = x;
+    }
+}
+
+/// Group keys → dense group ids.
+#[derive(Debug, Clone)]
+enum Keys {
+    /// No GROUP BY: one group, id 0.
+    Global,
+    /// One integer-like key.
+    Int {
+        map: FxHashMap<i64, u32>,
+        null_gid: Option<u32>,
+        vals: Vec<i64>,
+        nulls: Vec<bool>,
+    },
+    /// Any keys, encoded into bytes.
+    Encoded {
+        map: FxHashMap<Vec<u8>, u32>,
+        vals: Vec<Vec<u8>>,
+    },
+}
+
+/// Appends the encoding of row `i` of `cols` (null tag + value per column) to `buf`.
+pub(crate) fn encode_row(
+    buf: &mut Vec<u8>,
+    cols: &[Cow<'_, Column>],
+    types: &[DataType],
+    i: usize,
+) {
+    for (c, t) in cols.iter().zip(types.iter()) {
+        match get(c, t.storage(), i) {
+            S::Null => buf.push(0),
+            S::I(x) => {
+                buf.push(1);
+                buf.extend_from_slice(&x.to_le_bytes());
+            }
+            S::F(f) => {
+                buf.push(1);
+                let f = if f.is_nan() { f64::NAN } else { f + 0.0 };
+                buf.extend_from_slice(&f.to_bits().to_le_bytes());
+            }
+            S::B(b) => {
+                buf.push(1);
+                buf.extend_from_slice(&(b.len() as u32).to_le_bytes());
+                buf.extend_from_slice(b);
+            }
+        }
+    }
+}
+
+/// Decodes column `want` of an encoded key.
+fn decode_key(mut b: &[u8], types: &[DataType], want: usize) -> Out {
+    for (ci, t) in types.iter().enumerate() {
+        let Some((&tag, rest)) = b.split_first() else {
+            return Out::Null;
+        };
+        b = rest;
+        let v = if tag == 0 {
+            Out::Null
+        } else {
+            match t.storage() {
+                Storage::Ints | Storage::Floats => {
+                    let Some((x, rest)) = b.split_first_chunk::<8>() else {
+                        return Out::Null;
+                    };
+                    b = rest;
+                    if t.storage() == Storage::Ints {
+                        Out::I(i64::from_le_bytes(*x))
+                    } else {
+                        Out::F(f64::from_bits(u64::from_le_bytes(*x)))
+                    }
+                }
+                Storage::Bytes => {
+                    let Some((l, rest)) = b.split_first_chunk::<4>() else {
+                        return Out::Null;
+                    };
+                    let l = u32::from_le_bytes(*l) as usize;
+                    let Some(v) = rest.get(..l) else {
+                        return Out::Null;
+                    };
+                    b = rest.get(l..).unwrap_or(&[]);
+                    Out::B(v.to_vec())
+                }
+            }
+        };
+        if ci == want {
+            return v;
+        }
+    }
+    Out::Null
+}
+
+pub(crate) struct AggOp {
+    spec: AggSpec,
+    key_types: Vec<DataType>,
+    arg_types: Vec<Option<DataType>>,
+    keys: Keys,
+    rows: Vec<i64>,
+    alive: Vec<bool>,
+    free: Vec<u32>,
+    states: Vec<State>,
+    /// Groups changed in the current tick, in order of first change, with their output before it.
+    touched: Vec<u32>,
+    mark: Vec<bool>,
+    old_present: Vec<bool>,
+    old_vals: Vec<Out>,
+    initialized: bool,
+    /// Index of the key used for expiry and its type.
+    time_key: Option<(usize, DataType)>,
+    expire_ms: Option<i64>,
+    key_buf: Vec<u8>,
+    gids: Vec<u32>,
+}
+
+fn to_ms(v: i64, t: DataType) -> i64 {
+    match t {
+        DataType::TimestampSecond => v.saturating_mul(1000),
+        DataType::TimestampMillisecond => v,
+        DataType::TimestampMicrosecond => v.div_euclid(1000),
+        DataType::TimestampNanosecond => v.div_euclid(1_000_000),
+        _ => v,
+    }
+}
+
+impl AggOp {
+    pub fn new(spec: AggSpec, expire_ms: Option<i64>) -> AggOp {
+        let key_types: Vec<DataType> = spec.keys.iter().map(|k| k.ty()).collect();
+        let arg_types: Vec<Option<DataType>> = spec
+            .measures
+            .iter()
+            .map(|m| m.arg.as_ref().map(|a| a.ty()))
+            .collect();
+        let keys = match key_types.as_slice() {
+            [] => Keys::Global,
+            [t] if t.storage() == Storage::Ints => Keys::Int {
+                map: FxHashMap::default(),
+                null_gid: None,
+                vals: Vec::new(),
+                nulls: Vec::new(),
+            },
+            _ => Keys::Encoded {
+                map: FxHashMap::default(),
+                vals: Vec::new(),
+            },
+        };
+        let states = spec
+            .measures
+            .iter()
+            .zip(arg_types.iter())
+            .map(|(m, t)| State::new(m.kind, *t))
+            .collect();
+        let time_key = key_types
+            .iter()
+            .enumerate()
+            .find(|(_, t)| t.is_timestamp())
+            .map(|(i, t)| (i, *t));
+        let mut op = AggOp {
+            spec,
+            key_types,
+            arg_types,
+            keys,
+            rows: Vec::new(),
+            alive: Vec::new(),
+            free: Vec::new(),
+            states,
+            touched: Vec::new(),
+            mark: Vec::new(),
+            old_present: Vec::new(),
+            old_vals: Vec::new(),
+            initialized: false,
+            time_key,
+            expire_ms,
+            key_buf: Vec::new(),
+            gids: Vec::new(),
+        };
+        if matches!(op.keys, Keys::Global) {
+            op.alloc_gid();
+        }
+        op
+    }
+
+    pub fn out_types(&self) -> Vec<DataType> {
+        let mut t = self.key_types.clone();
+        t.extend(self.spec.measures.iter().map(|m| m.out));
+        t
+    }
+
+    pub fn key_count(&self) -> usize {
+        self.key_types.len()
+    }
+
+    fn alloc_gid(&mut self) -> u32 {
+        if let Some(g) = self.free.pop() {
+            set(&mut self.alive, g as usize, true);
+            return g;
+        }
+        let g = self.rows.len();
+        let len = g + 1;
+        self.rows.push(0);
+        self.alive.push(true);
+        self.mark.push(false);
+        for s in &mut self.states {
+            s.grow(len);
+        }
+        g as u32
+    }
+
+    fn touch(&mut self, g: u32) {
+        let gi = g as usize;
+        if self.mark.get(gi).copied().unwrap_or(true) {
+            return;
+        }
+        set(&mut self.mark, gi, true);
+        self.touched.push(g);
+        let present = self.present(gi);
+        self.old_present.push(present);
+        if present {
+            for (s, t) in self.states.iter().zip(self.arg_types.iter()) {
+                self.old_vals.push(s.value(gi, *t));
+            }
+        }
+    }
+
+    fn present(&self, g: usize) -> bool {
+        match self.keys {
+            Keys::Global => self.initialized,
+            _ => {
+                self.alive.get(g).copied().unwrap_or(false)
+                    && self.rows.get(g).is_some_and(|r| *r > 0)
+            }
+        }
+    }
+
+    /// Expiry threshold in ms for a tick at `now`.
+    fn threshold(&self, now: i64) -> Option<i64> {
+        match (self.time_key, self.expire_ms) {
+            (Some(_), Some(e)) => Some(now.saturating_sub(e)),
+            _ => None,
+        }
+    }
+
+    /// Looks up (creating as needed) the group of every row into `self.gids`.
+    fn lookup(&mut self, keys: &[Cow<'_, Column>], n: usize, now: i64) {
+        let mut gids = std::mem::take(&mut self.gids);
+        gids.clear();
+        gids.reserve(n);
+        let threshold = self.threshold(now);
+        let time_key = self.time_key;
+        let expired = |i: usize| -> bool {
+            match (threshold, time_key) {
+                (Some(th), Some((ki, t))) => keys.get(ki).is_some_and(|c| {
+                    !c.is_null(i) && to_ms(c.ints.get(i).copied().unwrap_or(0), t) < th
+                }),
+                _ => false,
+            }
+        };
+        match &self.keys {
+            Keys::Global => {
+                gids.resize(n, 0);
+                if n > 0 {
+                    self.touch(0);
+                }
+                if threshold.is_some() {
+                    for (i, g) in gids.iter_mut().enumerate() {
+                        if expired(i) {
+                            *g = SKIP;
+                        }
+                    }
+                }
+            }
+            Keys::Int { .. } => {
+                let col = keys.first().map(|c| c.as_ref());
+                let empty = Column::default();
+                let col = col.unwrap_or(&empty);
+                let has_nulls = !col.nulls.is_empty();
+                for i in 0..n {
+                    if threshold.is_some() && expired(i) {
+                        gids.push(SKIP);
+                        continue;
+                    }
+                    let null = has_nulls && col.is_null(i);
+                    let k = col.ints.get(i).copied().unwrap_or(0);
+                    let found = match &self.keys {
+                        Keys::Int { map, null_gid, .. } => {
+                            if null {
+                                *null_gid
+                            } else {
+                                map.get(&k).copied()
+                            }
+                        }
+                        _ => None,
+                    };
+                    let g = match found {
+                        Some(g) => g,
+                        None => {
+                            let g = self.alloc_gid();
+                            if let Keys::Int {
+                                map,
+                                null_gid,
+                                vals,
+                                nulls,
+                            } = &mut self.keys
+                            {
+                                if null {
+                                    *null_gid = Some(g);
+                                } else {
+                                    map.insert(k, g);
+                                }
+                                let gi = g as usize;
+                                if vals.len() <= gi {
+                                    vals.resize(gi + 1, 0);
+                                    nulls.resize(gi + 1, false);
+                                }
+                                set(vals, gi, k);
+                                set(nulls, gi, null);
+                            }
+                            g
+                        }
+                    };
+                    if !self.mark.get(g as usize).copied().unwrap_or(true) {
+                        self.touch(g);
+                    }
+                    gids.push(g);
+                }
+            }
+            Keys::Encoded { .. } => {
+                let mut buf = std::mem::take(&mut self.key_buf);
+                for i in 0..n {
+                    if threshold.is_some() && expired(i) {
+                        gids.push(SKIP);
+                        continue;
+                    }
+                    buf.clear();
+                    encode_row(&mut buf, keys, &self.key_types, i);
+                    let found = match &self.keys {
+                        Keys::Encoded { map, .. } => map.get(buf.as_slice()).copied(),
+                        _ => None,
+                    };
+                    let g = match found {
+                        Some(g) => g,
+                        None => {
+                            let g = self.alloc_gid();
+                            if let Keys::Encoded { map, vals } = &mut self.keys {
+                                map.insert(buf.clone(), g);
+                                let gi = g as usize;
+                                if vals.len() <= gi {
+                                    vals.resize(gi + 1, Vec::new());
+                                }
+                                set(vals, gi, buf.clone());
+                            }
+                            g
+                        }
+                    };
+                    if !self.mark.get(g as usize).copied().unwrap_or(true) {
+                        self.touch(g);
+                    }
+                    gids.push(g);
+                }
+                self.key_buf = buf;
+            }
+        }
+        self.gids = gids;
+    }
+
+    /// Folds a chunk of input diffs into the group state.
+    pub fn absorb(&mut self, c: &Chunk, now: i64) -> Result<(), FlowError> {
+        let n = c.rows;
+        if n == 0 {
+            return Ok(());
+        }
+        // Evaluate everything first so that an evaluation error leaves the state untouched.
+        let keys = self
+            .spec
+            .keys
+            .iter()
+            .map(|k| k.eval(c))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut args: Vec<Option<Cow<'_, Column>>> = Vec::new();
+        let mut filters: Vec<Option<Cow<'_, Column>>> = Vec::new();
+        for m in &self.spec.measures {
+            args.push(match &m.arg {
+                Some(a) => Some(a.eval(c)?),
+                None => None,
+            });
+            filters.push(match &m.filter {
+                Some(f) => Some(f.eval(c)?),
+                None => None,
+            });
+        }
+        self.lookup(&keys, n, now);
+        let gids = std::mem::take(&mut self.gids);
+        let diffs = &c.diffs;
+        for (g, d) in gids.iter().zip(diffs.iter()) {
+            if let Some(r) = self.rows.get_mut(*g as usize) {
+                *r = r.wrapping_add(*d);
+            }
+        }
+        for (mi, state) in self.states.iter_mut().enumerate() {
+            let arg = args.get(mi).and_then(|a| a.as_deref());
+            let filter = filters.get(mi).and_then(|f| f.as_deref());
+            let at = self.arg_types.get(mi).copied().flatten();
+            update(state, &gids, diffs, arg, at, filter);
+        }
+        self.gids = gids;
+        Ok(())
+    }
+
+    fn key_out(&self, g: usize, k: usize) -> Out {
+        match &self.keys {
+            Keys::Global => Out::Null,
+            Keys::Int { vals, nulls, .. } => {
+                if nulls.get(g).copied().unwrap_or(true) {
+                    Out::Null
+                } else {
+                    Out::I(vals.get(g).copied().unwrap_or(0))
+                }
+            }
+            Keys::Encoded { vals, .. } => vals
+                .get(g)
+                .map_or(Out::Null, |b| decode_key(b, &self.key_types, k)),
+        }
+    }
+
+    fn remove_group(&mut self, g: u32) {
+        let gi = g as usize;
+        match &mut self.keys {
+            Keys::Global => return,
+            Keys::Int {
+                map,
+                null_gid,
+                vals,
+                nulls,
+            } => {
+                if nulls.get(gi).copied().unwrap_or(false) {
+                    *null_gid = None;
+                } else if let Some(k) = vals.get(gi) {
+                    map.remove(k);
+                }
+            }
+            Keys::Encoded { map, vals } => {
+                if let Some(k) = vals.get_mut(gi) {
+                    map.remove(k.as_slice());
+                    *k = Vec::new();
+                }
+            }
+        }
+        set(&mut self.rows, gi, 0);
+        set(&mut self.alive, gi, false);
+        for s in &mut self.states {
+            s.reset(gi);
+        }
+        self.free.push(g);
+    }
+
+    /// Emits the tick's changes (-old, +new per changed group) and clears the tick bookkeeping.
+    pub fn flush(&mut self) -> Chunk {
+        if matches!(self.keys, Keys::Global) && !self.initialized {
+            self.touch(0);
+            self.initialized = true;
+        }
+        let types = self.out_types();
+        let nk = self.key_types.len();
+        let nm = self.states.len();
+        let cap = self.touched.len() * 2;
+        let mut builders: Vec<ColBuilder> =
+            types.iter().map(|t| ColBuilder::new(*t, cap)).collect();
+        let mut diffs = Vec::with_capacity(cap);
+        let touched = std::mem::take(&mut self.touched);
+        let old_present = std::mem::take(&mut self.old_present);
+        let old_vals = std::mem::take(&mut self.old_vals);
+        let mut new_vals: Vec<Out> = Vec::with_capacity(nm);
+        let mut old_pos = 0usize;
+        for (ti, &g) in touched.iter().enumerate() {
+            let gi = g as usize;
+            set(&mut self.mark, gi, false);
+            let was = old_present.get(ti).copied().unwrap_or(false);
+            let old = if was {
+                let o = old_vals.get(old_pos..old_pos + nm).unwrap_or(&[]);
+                old_pos += nm;
+                o
+            } else {
+                &[]
+            };
+            let is = self.present(gi);
+            new_vals.clear();
+            if is {
+                for (s, t) in self.states.iter().zip(self.arg_types.iter()) {
+                    new_vals.push(s.value(gi, *t));
+                }
+            }
+            let same = was
+                && is
+                && old.len() == new_vals.len()
+                && old.iter().zip(new_vals.iter()).all(|(a, b)| a.same(b));
+            if !same {
+                if was {
+                    for (k, b) in builders.iter_mut().enumerate().take(nk) {
+                        b.push(self.key_out(gi, k).as_s());
+                    }
+                    for (b, v) in builders.iter_mut().skip(nk).zip(old.iter()) {
+                        b.push(v.as_s());
+                    }
+                    diffs.push(-1);
+                }
+                if is {
+                    for (k, b) in builders.iter_mut().enumerate().take(nk) {
+                        b.push(self.key_out(gi, k).as_s());
+                    }
+                    for (b, v) in builders.iter_mut().skip(nk).zip(new_vals.iter()) {
+                        b.push(v.as_s());
+                    }
+                    diffs.push(1);
+                }
+            }
+            if !matches!(self.keys, Keys::Global)
+                && self.rows.get(gi).copied() == Some(0)
+                && self.states.iter().all(|s| s.is_empty(gi))
+            {
+                self.remove_group(g);
+            }
+        }
+        // Reuse the allocations next tick.
+        let mut touched = touched;
+        touched.clear();
+        self.touched = touched;
+        let rows = diffs.len();
+        Chunk {
+            rows,
+            cols: builders.into_iter().map(|b| b.finish()).collect(),
+            diffs,
+        }
+    }
+
+    /// Drops groups whose time key is older than the expiry horizon (emitting nothing).
+    /// Returns the earliest time at which another group would expire.
+    pub fn expire(&mut self, now: i64) -> Option<i64> {
+        let th = self.threshold(now)?;
+        let (ki, t) = self.time_key?;
+        let e = self.expire_ms?;
+        let mut next: Option<i64> = None;
+        for g in 0..self.alive.len() {
+            if !self.alive.get(g).copied().unwrap_or(false) {
+                continue;
+            }
+            let Out::I(v) = self.key_out(g, ki) else {
+                continue;
+            };
+            let ms = to_ms(v, t);
+            if ms < th {
+                self.remove_group(g as u32);
+            } else {
+                let at = ms.saturating_add(e).saturating_add(1);
+                next = Some(next.map_or(at, |x: i64| x.min(at)));
+            }
+        }
+        next
+    }
+
+    pub fn state_size(&self) -> usize {
+        let keys = match &self.keys {
+            Keys::Global => 0,
+            Keys::Int { vals, .. } => vals.len() * (8 + 1 + 16),
+            Keys::Encoded { vals, .. } => vals.iter().map(|v| 2 * v.len() + 56).sum(),
+        };
+        keys + self.rows.len() * 10 + self.states.iter().map(|s| s.approx_bytes()).sum::<usize>()
+    }
+
+    pub fn write(&self, w: &mut Writer) {
+        w.u8(self.initialized as u8);
+        let n = self.rows.len();
+        w.u64(n as u64);
+        w.i64s(&self.rows);
+        for a in &self.alive {
+            w.u8(*a as u8);
+        }
+        match &self.keys {
+            Keys::Global => {}
+            Keys::Int { vals, nulls, .. } => {
+                for g in 0..n {
+                    w.i64(vals.get(g).copied().unwrap_or(0));
+                    w.u8(nulls.get(g).copied().unwrap_or(false) as u8);
+                }
+            }
+            Keys::Encoded { vals, .. } => {
+                for g in 0..n {
+                    w.bytes(vals.get(g).map_or(&[][..], |v| v.as_slice()));
+                }
+            }
+        }
+        w.u64(self.free.len() as u64);
+        for f in &self.free {
+            w.u32(*f);
+        }
+        for s in &self.states {
+            s.write(w);
+        }
+    }
+
+    pub fn read(&mut self, r: &mut Reader<'_>) -> Result<(), FlowError> {
+        let snap_err = |m: &str| crate::types::bad(format!("snapshot: {m}"));
+        self.initialized = r.u8()? != 0;
+        let n = r.len(9)?;
+        let rows = r.i64s()?;
+        if rows.len() != n {
+            return Err(snap_err("group count mismatch"));
+        }
+        let mut alive = Vec::with_capacity(n);
+        for _ in 0..n {
+            alive.push(r.u8()? != 0);
+        }
+        if matches!(self.keys, Keys::Global) && n != 1 {
+            return Err(snap_err("a global aggregate has exactly one group"));
+        }
+        match &mut self.keys {
+            Keys::Global => {}
+            Keys::Int {
+                map,
+                null_gid,
+                vals,
+                nulls,
+            } => {
+                map.clear();
+                *null_gid = None;
+                vals.clear();
+                nulls.clear();
+                for g in 0..n {
+                    let v = r.i64()?;
+                    let nl = r.u8()? != 0;
+                    vals.push(v);
+                    nulls.push(nl);
+                    if alive.get(g).copied().unwrap_or(false) {
+                        let dup = if nl {
+                            null_gid.replace(g as u32).is_some()
+                        } else {
+                            map.insert(v, g as u32).is_some()
+                        };
+                        if dup {
+                            return Err(snap_err("duplicate group key"));
+                        }
+                    }
+                }
+            }
+            Keys::Encoded { map, vals } => {
+                map.clear();
+                vals.clear();
+                for g in 0..n {
+                    let v = r.bytes()?.to_vec();
+                    if alive.get(g).copied().unwrap_or(false)
+                        && map.insert(v.clone(), g as u32).is_some()
+                    {
+                        return Err(snap_err("duplicate group key"));
+                    }
+                    vals.push(v);
+                }
+            }
+        }
+        let nf = r.len(4)?;
+        let mut free = Vec::with_capacity(nf);
+        for _ in 0..nf {
+            let f = r.u32()?;
+            if f as usize >= n || alive.get(f as usize).copied().unwrap_or(true) {
+                return Err(snap_err("bad free list"));
+            }
+            free.push(f);
+        }
+        for s in &mut self.states {
+            s.read(r, n)?;
+        }
+        self.rows = rows;
+        self.alive = alive;
+        self.free = free;
+        self.mark = vec![false; n];
+        self.touched.clear();
+        self.old_present.clear();
+        self.old_vals.clear();
+        Ok(())
+    }
+}
+
+fn update(
+    state: &mut State,
+    gids: &[u32],
+    diffs: &[i64],
+    arg: Option<&Column>,
+    at: Option<DataType>,
+    filter: Option<&Column>,
+) {
+    let t = at.unwrap_or(DataType::Int64);
+    let keep = |i: usize| -> bool {
+        filter.is_none_or(|f| !f.is_null(i) && f.ints.get(i).copied().unwrap_or(0) != 0)
+    };
+    let valid = |i: usize| -> bool { arg.is_none_or(|a| !a.is_null(i)) };
+    let simple = filter.is_none() && arg.is_none_or(|a| a.nulls.is_empty());
+    let empty = Column::default();
+    let a = arg.unwrap_or(&empty);
+    match state {
+        State::Count(v) => {
+            if simple {
+                for (g, d) in gids.iter().zip(diffs.iter()) {
+                    if let Some(x) = v.get_mut(*g as usize) {
+                        *x = x.wrapping_add(*d);
+                    }
+                }
+            } else {
+                for (i, (g, d)) in gids.iter().zip(diffs.iter()).enumerate() {
+                    if keep(i) && valid(i) {
+                        if let Some(x) = v.get_mut(*g as usize) {
+                            *x = x.wrapping_add(*d);
+                        }
+                    }
+                }
+            }
+        }
+        State::SumInt { s, n } => {
+            for (i, (g, d)) in gids.iter().zip(diffs.iter()).enumerate() {
+                if !simple && !(keep(i) && valid(i)) {
+                    continue;
+                }
+                let gi = *g as usize;
+                if let (Some(sx), Some(nx)) = (s.get_mut(gi), n.get_mut(gi)) {
+                    let v = a.ints.get(i).copied().unwrap_or(0);
+                    *sx = sx.wrapping_add(v.wrapping_mul(*d));
+                    *nx = nx.wrapping_add(*d);
+                }
+            }
+        }
+        State::AvgInt { s, n } => {
+            for (i, (g, d)) in gids.iter().zip(diffs.iter()).enumerate() {
+                if !simple && !(keep(i) && valid(i)) {
+                    continue;
+                }
+                let gi = *g as usize;
+                if let (Some(sx), Some(nx)) = (s.get_mut(gi), n.get_mut(gi)) {
+                    let v = a.ints.get(i).copied().unwrap_or(0);
+                    let v = if t == DataType::UInt64 {
+                        v as u64 as i128
+                    } else {
+                        v as i128
+                    };
+                    *sx = sx.wrapping_add(v.wrapping_mul(*d as i128));
+                    *nx = nx.wrapping_add(*d);
+                }
+            }
+        }
+        State::SumFloat { s, n } | State::AvgFloat { s, n } => {
+            for (i, (g, d)) in gids.iter().zip(diffs.iter()).enumerate() {
+                if !simple && !(keep(i) && valid(i)) {
+                    continue;
+                }
+                let gi = *g as usize;
+                if let (Some(sx), Some(nx)) = (s.get_mut(gi), n.get_mut(gi)) {
+                    let v = a.floats.get(i).copied().unwrap_or(0.0);
+                    *sx += if *d == 1 { v } else { v * (*d as f64) };
+                    *nx = nx.wrapping_add(*d);
+                }
+            }
+        }
+        State::MinMax { sets, .. } => {
+            for (i, (g, d)) in gids.iter().zip(diffs.iter()).enumerate() {
+                if !(keep(i) && valid(i)) {
+                    continue;
+                }
+                if let Some(ms) = sets.get_mut(*g as usize) {
+                    let v = get(a, t.storage(), i);
+                    match v {
+                        S::B(b) => {
+                            ms.add_bytes(b, *d);
+                        }
+                        _ => {
+                            if let Some(k) = ord_key(v, t) {
+                                ms.add_int(k, *d);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        State::Distinct { sets, n } => {
+            for (i, (g, d)) in gids.iter().zip(diffs.iter()).enumerate() {
+                if !(keep(i) && valid(i)) {
+                    continue;
+                }
+                let gi = *g as usize;
+                if let (Some(ms), Some(nx)) = (sets.get_mut(gi), n.get_mut(gi)) {
+                    let v = get(a, t.storage(), i);
+                    let (old, new) = match v {
+                        S::B(b) => ms.add_bytes(b, *d),
+                        _ => match ord_key(v, t) {
+                            Some(k) => ms.add_int(k, *d),
+                            None => (0, 0),
+                        },
+                    };
+                    if old <= 0 && new > 0 {
+                        *nx += 1;
+                    } else if old > 0 && new <= 0 {
+                        *nx -= 1;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Checks that the expressions an aggregate evaluates are well-formed for its input.
+pub(crate) fn validate(spec: &AggSpec) -> Result<(), FlowError> {
+    let all: Vec<&Expr> = spec
+        .keys
+        .iter()
+        .chain(spec.measures.iter().filter_map(|m| m.arg.as_ref()))
+        .collect();
+    if all.len() > 10_000 {
+        return Err(internal("too many aggregate expressions"));
+    }
+    Ok(())
+}

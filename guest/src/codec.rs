@@ -1,0 +1,143 @@
+//! The little binary format used by snapshots: little-endian fixed-width integers and
+//! u64-length-prefixed lists. Every length is checked against the bytes that remain before
+//! anything is allocated.
+
+use crate::types::{bad, FlowError};
+
+#[derive(Default)]
+pub(crate) struct Writer {
+    pub buf: Vec<u8>,
+}
+
+impl Writer {
+    pub fn u8(&mut self, v: u8) {
+        self.buf.push(v);
+    }
+    pub fn u32(&mut self, v: u32) {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+    pub fn u64(&mut self, v: u64) {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+    pub fn i64(&mut self, v: i64) {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+    pub fn bytes(&mut self, b: &[u8]) {
+        self.u64(b.len() as u64);
+        self.buf.extend_from_slice(b);
+    }
+    pub fn str(&mut self, s: &str) {
+        self.bytes(s.as_bytes());
+    }
+    pub fn i64s(&mut self, v: &[i64]) {
+        self.u64(v.len() as u64);
+        for x in v {
+            self.i64(*x);
+        }
+    }
+    pub fn f64s(&mut self, v: &[f64]) {
+        self.u64(v.len() as u64);
+        for x in v {
+            self.u64(x.to_bits());
+        }
+    }
+    pub fn u32s(&mut self, v: &[u32]) {
+        self.u64(v.len() as u64);
+        for x in v {
+            self.u32(*x);
+        }
+    }
+}
+
+pub(crate) struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+fn truncated() -> FlowError {
+    bad("snapshot is truncated or corrupt")
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(buf: &'a [u8]) -> Reader<'a> {
+        Reader { buf, pos: 0 }
+    }
+    pub fn remaining(&self) -> usize {
+        self.buf.len().saturating_sub(self.pos)
+    }
+    pub fn take(&mut self, n: usize) -> Result<&'a [u8], FlowError> {
+        let end = self.pos.checked_add(n).ok_or_else(truncated)?;
+        let s = self.buf.get(self.pos..end).ok_or_else(truncated)?;
+        self.pos = end;
+        Ok(s)
+    }
+    fn arr<const N: usize>(&mut self) -> Result<[u8; N], FlowError> {
+        let s = self.take(N)?;
+        let mut a = [0u8; N];
+        a.copy_from_slice(s);
+        Ok(a)
+    }
+    pub fn u8(&mut self) -> Result<u8, FlowError> {
+        Ok(self.arr::<1>()?[0])
+    }
+    pub fn u32(&mut self) -> Result<u32, FlowError> {
+        Ok(u32::from_le_bytes(self.arr()?))
+    }
+    pub fn u64(&mut self) -> Result<u64, FlowError> {
+        Ok(u64::from_le_bytes(self.arr()?))
+    }
+    pub fn i64(&mut self) -> Result<i64, FlowError> {
+        Ok(i64::from_le_bytes(self.arr()?))
+    }
+    /// Reads a list length whose elements take at least `min_elem` bytes each.
+    pub fn len(&mut self, min_elem: usize) -> Result<usize, FlowError> {
+        let n = self.u64()?;
+        let n = usize::try_from(n).map_err(|_| truncated())?;
+        if n.saturating_mul(min_elem.max(1)) > self.remaining() {
+            return Err(truncated());
+        }
+        Ok(n)
+    }
+    pub fn bytes(&mut self) -> Result<&'a [u8], FlowError> {
+        let n = self.len(1)?;
+        self.take(n)
+    }
+    pub fn string(&mut self) -> Result<String, FlowError> {
+        let b = self.bytes()?;
+        String::from_utf8(b.to_vec()).map_err(|_| bad("snapshot holds invalid UTF-8"))
+    }
+    pub fn i64s(&mut self) -> Result<Vec<i64>, FlowError> {
+        let n = self.len(8)?;
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            v.push(self.i64()?);
+        }
+        Ok(v)
+    }
+    pub fn f64s(&mut self) -> Result<Vec<f64>, FlowError> {
+        let n = self.len(8)?;
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            v.push(f64::from_bits(self.u64()?));
+        }
+        Ok(v)
+    }
+    pub fn u32s(&mut self) -> Result<Vec<u32>, FlowError> {
+        let n = self.len(4)?;
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            v.push(self.u32()?);
+        }
+        Ok(v)
+    }
+}
+
+/// 64-bit FNV-1a, used as the snapshot checksum.
+pub(crate) fn fnv64(b: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for x in b {
+        h ^= *x as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}

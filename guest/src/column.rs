@@ -1,0 +1,275 @@
+//! Internal columnar chunks and helpers to build and gather columns.
+
+use crate::types::{Column, DataType, Storage};
+
+/// A chunk of diff rows flowing between operators (times are already resolved).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Chunk {
+    pub rows: usize,
+    pub cols: Vec<Column>,
+    pub diffs: Vec<i64>,
+}
+
+/// A borrowed scalar read from a column.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum S<'a> {
+    Null,
+    I(i64),
+    F(f64),
+    B(&'a [u8]),
+}
+
+impl S<'_> {
+    pub fn is_null(&self) -> bool {
+        matches!(self, S::Null)
+    }
+}
+
+pub(crate) fn get(col: &Column, storage: Storage, i: usize) -> S<'_> {
+    if col.is_null(i) {
+        return S::Null;
+    }
+    match storage {
+        Storage::Ints => col.ints.get(i).map_or(S::Null, |v| S::I(*v)),
+        Storage::Floats => col.floats.get(i).map_or(S::Null, |v| S::F(*v)),
+        Storage::Bytes => S::B(col.bytes_at(i)),
+    }
+}
+
+/// Builds a column row by row.
+pub(crate) struct ColBuilder {
+    storage: Storage,
+    col: Column,
+    any_null: bool,
+}
+
+impl ColBuilder {
+    pub fn new(ty: DataType, cap: usize) -> ColBuilder {
+        let storage = ty.storage();
+        let mut col = Column::default();
+        match storage {
+            Storage::Ints => col.ints.reserve(cap),
+            Storage::Floats => col.floats.reserve(cap),
+            Storage::Bytes => {
+                col.offsets.reserve(cap + 1);
+                col.offsets.push(0);
+            }
+        }
+        col.nulls.reserve(cap);
+        ColBuilder {
+            storage,
+            col,
+            any_null: false,
+        }
+    }
+
+    pub fn push(&mut self, v: S<'_>) {
+        match (self.storage, v) {
+            (Storage::Ints, S::I(x)) => {
+                self.col.ints.push(x);
+                self.col.nulls.push(0);
+            }
+            (Storage::Ints, S::F(x)) => {
+                self.col.ints.push(x as i64);
+                self.col.nulls.push(0);
+            }
+            (Storage::Floats, S::F(x)) => {
+                self.col.floats.push(x);
+                self.col.nulls.push(0);
+            }
+            (Storage::Floats, S::I(x)) => {
+                self.col.floats.push(x as f64);
+                self.col.nulls.push(0);
+            }
+            (Storage::Bytes, S::B(b)) => {
+                self.col.bytes.extend_from_slice(b);
+                let off = self.col.bytes.len() as u32;
+                self.col.offsets.push(off);
+                self.col.nulls.push(0);
+            }
+            _ => self.push_null(),
+        }
+    }
+
+    pub fn push_null(&mut self) {
+        self.any_null = true;
+        self.col.nulls.push(1);
+        match self.storage {
+            Storage::Ints => self.col.ints.push(0),
+            Storage::Floats => self.col.floats.push(0.0),
+            Storage::Bytes => {
+                let off = self.col.bytes.len() as u32;
+                self.col.offsets.push(off);
+            }
+        }
+    }
+
+    pub fn push_str(&mut self, s: &str) {
+        self.push(S::B(s.as_bytes()));
+    }
+
+    pub fn finish(mut self) -> Column {
+        if !self.any_null {
+            self.col.nulls = Vec::new();
+        }
+        self.col
+    }
+}
+
+/// Gathers rows `idx` of a column.
+pub(crate) fn take(col: &Column, storage: Storage, idx: &[u32]) -> Column {
+    let mut out = Column::default();
+    match storage {
+        Storage::Ints => {
+            out.ints = idx
+                .iter()
+                .map(|&i| col.ints.get(i as usize).copied().unwrap_or(0))
+                .collect()
+        }
+        Storage::Floats => {
+            out.floats = idx
+                .iter()
+                .map(|&i| col.floats.get(i as usize).copied().unwrap_or(0.0))
+                .collect()
+        }
+        Storage::Bytes => {
+            out.offsets.reserve(idx.len() + 1);
+            out.offsets.push(0);
+            for &i in idx {
+                out.bytes.extend_from_slice(col.bytes_at(i as usize));
+                out.offsets.push(out.bytes.len() as u32);
+            }
+        }
+    }
+    if !col.nulls.is_empty() {
+        out.nulls = idx
+            .iter()
+            .map(|&i| col.nulls.get(i as usize).copied().unwrap_or(0))
+            .collect();
+        if out.nulls.iter().all(|n| *n == 0) {
+            out.nulls = Vec::new();
+        }
+    }
+    out
+}
+
+pub(crate) fn take_chunk(c: &Chunk, types: &[DataType], idx: &[u32]) -> Chunk {
+    Chunk {
+        rows: idx.len(),
+        cols: c
+            .cols
+            .iter()
+            .zip(types.iter())
+            .map(|(col, t)| take(col, t.storage(), idx))
+            .collect(),
+        diffs: idx
+            .iter()
+            .map(|&i| c.diffs.get(i as usize).copied().unwrap_or(0))
+            .collect(),
+    }
+}
+
+/// A column of `n` copies of one scalar.
+pub(crate) fn broadcast(v: S<'_>, ty: DataType, n: usize) -> Column {
+    let mut col = Column::default();
+    let null = v.is_null();
+    match ty.storage() {
+        Storage::Ints => {
+            col.ints = vec![
+                match v {
+                    S::I(x) => x,
+                    S::F(x) => x as i64,
+                    _ => 0,
+                };
+                n
+            ]
+        }
+        Storage::Floats => {
+            col.floats = vec![
+                match v {
+                    S::F(x) => x,
+                    S::I(x) => x as f64,
+                    _ => 0.0,
+                };
+                n
+            ]
+        }
+        Storage::Bytes => {
+            let b: &[u8] = match v {
+                S::B(b) => b,
+                _ => &[],
+            };
+            col.bytes.reserve(b.len() * n);
+            col.offsets.reserve(n + 1);
+            col.offsets.push(0);
+            for _ in 0..n {
+                col.bytes.extend_from_slice(b);
+                col.offsets.push(col.bytes.len() as u32);
+            }
+        }
+    }
+    if null {
+        col.nulls = vec![1; n];
+    }
+    col
+}
+
+/// Appends all rows of `src` to `dst` (same type).
+pub(crate) fn append(dst: &mut Column, src: &Column, storage: Storage, dst_rows: usize) {
+    let src_rows = match storage {
+        Storage::Ints => src.ints.len(),
+        Storage::Floats => src.floats.len(),
+        Storage::Bytes => src.offsets.len().saturating_sub(1),
+    };
+    if !src.nulls.is_empty() || !dst.nulls.is_empty() {
+        if dst.nulls.is_empty() {
+            dst.nulls = vec![0; dst_rows];
+        }
+        if src.nulls.is_empty() {
+            dst.nulls.extend(std::iter::repeat_n(0u8, src_rows));
+        } else {
+            dst.nulls.extend_from_slice(&src.nulls);
+        }
+    }
+    match storage {
+        Storage::Ints => dst.ints.extend_from_slice(&src.ints),
+        Storage::Floats => dst.floats.extend_from_slice(&src.floats),
+        Storage::Bytes => {
+            if dst.offsets.is_empty() {
+                dst.offsets.push(0);
+            }
+            let base = dst.bytes.len() as u32;
+            let start = src.offsets.first().copied().unwrap_or(0);
+            let end = src.offsets.last().copied().unwrap_or(0);
+            dst.bytes
+                .extend_from_slice(src.bytes.get(start as usize..end as usize).unwrap_or(&[]));
+            dst.offsets.extend(
+                src.offsets
+                    .iter()
+                    .skip(1)
+                    .map(|o| base.wrapping_add(o.wrapping_sub(start))),
+            );
+        }
+    }
+}
+
+/// An empty column of a type (bytes columns get their leading 0 offset).
+pub(crate) fn empty_column(ty: DataType) -> Column {
+    let mut c = Column::default();
+    if ty.storage() == Storage::Bytes {
+        c.offsets.push(0);
+    }
+    c
+}
+
+/// Merges two null masks (either may be empty = no nulls).
+pub(crate) fn or_nulls(a: &[u8], b: &[u8], n: usize) -> Vec<u8> {
+    match (a.is_empty(), b.is_empty()) {
+        (true, true) => Vec::new(),
+        (false, true) => a.to_vec(),
+        (true, false) => b.to_vec(),
+        (false, false) => (0..n)
+            .map(|i| a.get(i).copied().unwrap_or(0) | b.get(i).copied().unwrap_or(0))
+            .collect(),
+    }
+}

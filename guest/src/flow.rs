@@ -1,0 +1,668 @@
+//! The flow: buffered input, the operator chain, the output queue, snapshot and restore.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use crate::agg::AggOp;
+use crate::codec::{fnv64, Reader, Writer};
+use crate::column::{append, empty_column, take, take_chunk, Chunk};
+use crate::expr::Expr;
+use crate::hash::FxHashMap;
+use crate::plan::{lower, OpSpec};
+use crate::types::{
+    bad, internal, validate_batch, Batch, Column, DataType, Field, FlowError, SourceSchema,
+    TickOutput,
+};
+
+pub const OPTION_EXPIRE_AFTER_MS: &str = "expire-after-ms";
+const KNOWN_OPTIONS: &[&str] = &[OPTION_EXPIRE_AFTER_MS];
+
+const MAGIC: &[u8; 8] = b"SNDFLOW\0";
+const VERSION: u32 = 1;
+
+/// One operator of the chain. Stateful operators live in `Rc<RefCell<..>>` so that the
+/// snapshot code and the driver can both reach their state.
+enum Op {
+    Filter { pred: Expr, in_types: Vec<DataType> },
+    Project { exprs: Vec<Expr> },
+    Aggregate(Rc<RefCell<AggOp>>),
+}
+
+/// A running flow.
+pub struct Flow {
+    plan: Vec<u8>,
+    sources: Vec<SourceSchema>,
+    options: Vec<(String, String)>,
+    source: usize,
+    output: Vec<Field>,
+    out_types: Vec<DataType>,
+    ops: Vec<Op>,
+    /// Whether the chain's output can never hold the same row twice in one tick, so that
+    /// consolidation can be skipped (an aggregate whose keys all reach the output unchanged).
+    unique_output: bool,
+    pending: Vec<Batch>,
+    queue: Batch,
+    poisoned: Option<String>,
+    expire_wakeup: Option<i64>,
+}
+
+impl std::fmt::Debug for Flow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Flow")
+            .field("output", &self.output)
+            .field("pending_batches", &self.pending.len())
+            .field("queued_rows", &self.queue.rows)
+            .finish()
+    }
+}
+
+fn parse_options(options: &[(String, String)]) -> Result<Option<i64>, FlowError> {
+    let mut expire = None;
+    for (k, v) in options {
+        match k.as_str() {
+            OPTION_EXPIRE_AFTER_MS => {
+                let ms: i64 = v.trim().parse().map_err(|_| {
+                    bad(format!(
+                        "option {k} must be a whole number of milliseconds, got {v:?}"
+                    ))
+                })?;
+                if ms < 0 {
+                    return Err(bad(format!("option {k} must not be negative")));
+                }
+                expire = Some(ms);
+            }
+            other => {
+                return Err(bad(format!(
+                    "unknown option {other:?}; known options: {}",
+                    KNOWN_OPTIONS.join(", ")
+                )))
+            }
+        }
+    }
+    Ok(expire)
+}
+
+fn empty_batch(types: &[DataType]) -> Batch {
+    Batch {
+        rows: 0,
+        columns: types.iter().map(|t| empty_column(*t)).collect(),
+        times: Vec::new(),
+        diffs: Vec::new(),
+    }
+}
+
+impl Flow {
+    pub fn create(
+        plan: &[u8],
+        sources: Vec<SourceSchema>,
+        options: Vec<(String, String)>,
+    ) -> Result<Flow, FlowError> {
+        let expire = parse_options(&options)?;
+        let lowered = lower(plan, &sources)?;
+        let src = sources
+            .get(lowered.source)
+            .ok_or_else(|| internal("source index out of range"))?;
+        let mut types: Vec<DataType> = src.fields.iter().map(|f| f.data_type).collect();
+        let mut ops = Vec::new();
+        // Which output columns carry which group key unchanged (for unique_output).
+        let mut key_map: Option<(Vec<Option<usize>>, usize)> = None;
+        for spec in lowered.ops {
+            match spec {
+                OpSpec::Filter(pred) => {
+                    if pred.ty() != DataType::Boolean {
+                        return Err(bad("filter condition is not boolean"));
+                    }
+                    ops.push(Op::Filter {
+                        pred,
+                        in_types: types.clone(),
+                    })
+                }
+                OpSpec::Project(exprs) => {
+                    if let Some((m, k)) = key_map.take() {
+                        let nm = exprs
+                            .iter()
+                            .map(|e| match e {
+                                Expr::Col(i, _) => m.get(*i).copied().flatten(),
+                                _ => None,
+                            })
+                            .collect();
+                        key_map = Some((nm, k));
+                    }
+                    types = exprs.iter().map(|e| e.ty()).collect();
+                    ops.push(Op::Project { exprs });
+                }
+                OpSpec::Aggregate(a) => {
+                    crate::agg::validate(&a)?;
+                    let op = AggOp::new(a, expire);
+                    types = op.out_types();
+                    let k = op.key_count();
+                    key_map = Some(((0..types.len()).map(|i| (i < k).then_some(i)).collect(), k));
+                    ops.push(Op::Aggregate(Rc::new(RefCell::new(op))));
+                }
+            }
+        }
+        let unique_output = match &key_map {
+            Some((m, k)) => (0..*k).all(|key| m.contains(&Some(key))),
+            None => false,
+        };
+        let out_types: Vec<DataType> = lowered.output.iter().map(|f| f.data_type).collect();
+        if out_types != types {
+            return Err(internal(format!(
+                "lowered plan produces {types:?} but the output schema says {out_types:?}"
+            )));
+        }
+        Ok(Flow {
+            plan: plan.to_vec(),
+            sources,
+            options,
+            source: lowered.source,
+            output: lowered.output,
+            queue: empty_batch(&out_types),
+            out_types,
+            ops,
+            unique_output,
+            pending: Vec::new(),
+            poisoned: None,
+            expire_wakeup: None,
+        })
+    }
+
+    pub fn output_schema(&self) -> Vec<Field> {
+        self.output.clone()
+    }
+
+    fn check_poisoned(&self) -> Result<(), FlowError> {
+        match &self.poisoned {
+            Some(m) => Err(internal(format!(
+                "flow is stopped by an earlier error: {m}"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    pub fn push(&mut self, source: u32, input: Batch) -> Result<(), FlowError> {
+        self.check_poisoned()?;
+        let src = self.sources.get(source as usize).ok_or_else(|| {
+            bad(format!(
+                "unknown source index {source} (the flow has {} sources)",
+                self.sources.len()
+            ))
+        })?;
+        validate_batch(&src.fields, &input)?;
+        if source as usize == self.source && input.rows > 0 {
+            self.pending.push(input);
+        }
+        Ok(())
+    }
+
+    pub fn tick(&mut self, now: i64, max_rows: u32) -> Result<TickOutput, FlowError> {
+        self.check_poisoned()?;
+        if self.queue.rows == 0 {
+            if let Err(e) = self.process(now) {
+                self.poisoned = Some(e.to_string());
+                return Err(e);
+            }
+        }
+        let output = self.drain(max_rows);
+        let ready_left = self
+            .pending
+            .iter()
+            .any(|b| b.times.iter().any(|t| *t <= now));
+        let next = self
+            .pending
+            .iter()
+            .flat_map(|b| b.times.iter().copied())
+            .filter(|t| *t > now)
+            .min();
+        let next_wakeup = match (next, self.expire_wakeup) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        Ok(TickOutput {
+            output,
+            more: self.queue.rows > 0 || ready_left,
+            next_wakeup,
+        })
+    }
+
+    /// Takes the rows with time <= now out of the pending buffer, in push order.
+    fn take_ready(&mut self, now: i64) -> Vec<Chunk> {
+        let mut ready = Vec::new();
+        let mut keep = Vec::new();
+        let types: Vec<DataType> = self
+            .sources
+            .get(self.source)
+            .map(|s| s.fields.iter().map(|f| f.data_type).collect())
+            .unwrap_or_default();
+        for b in std::mem::take(&mut self.pending) {
+            let n_ready = b.times.iter().filter(|t| **t <= now).count();
+            if n_ready == b.times.len() {
+                ready.push(Chunk {
+                    rows: b.rows as usize,
+                    cols: b.columns,
+                    diffs: b.diffs,
+                });
+            } else if n_ready == 0 {
+                keep.push(b);
+            } else {
+                let (mut now_idx, mut later_idx) = (Vec::new(), Vec::new());
+                for (i, t) in b.times.iter().enumerate() {
+                    if *t <= now {
+                        now_idx.push(i as u32);
+                    } else {
+                        later_idx.push(i as u32);
+                    }
+                }
+                let all = Chunk {
+                    rows: b.rows as usize,
+                    cols: b.columns,
+                    diffs: b.diffs,
+                };
+                ready.push(take_chunk(&all, &types, &now_idx));
+                let rest = take_chunk(&all, &types, &later_idx);
+                keep.push(Batch {
+                    rows: rest.rows as u32,
+                    columns: rest.cols,
+                    times: later_idx
+                        .iter()
+                        .map(|&i| b.times.get(i as usize).copied().unwrap_or(0))
+                        .collect(),
+                    diffs: rest.diffs,
+                });
+            }
+        }
+        self.pending = keep;
+        ready
+    }
+
+    fn process(&mut self, now: i64) -> Result<(), FlowError> {
+        let ready = self.take_ready(now);
+        let mut outputs = Vec::new();
+        for c in ready {
+            self.feed(0, c, now, &mut outputs)?;
+        }
+        let mut wake: Option<i64> = None;
+        for i in 0..self.ops.len() {
+            let agg = match self.ops.get(i) {
+                Some(Op::Aggregate(a)) => a.clone(),
+                _ => continue,
+            };
+            let out = agg.borrow_mut().flush();
+            if let Some(w) = agg.borrow_mut().expire(now) {
+                wake = Some(wake.map_or(w, |x| x.min(w)));
+            }
+            if out.rows > 0 {
+                self.feed(i + 1, out, now, &mut outputs)?;
+            }
+        }
+        self.expire_wakeup = wake;
+        let mut merged = match outputs.len() {
+            0 => return Ok(()),
+            1 => outputs.pop().unwrap_or_default(),
+            _ => {
+                let mut m = Chunk {
+                    rows: 0,
+                    cols: self.out_types.iter().map(|t| empty_column(*t)).collect(),
+                    diffs: Vec::new(),
+                };
+                for c in &outputs {
+                    for ((dst, src), t) in m.cols.iter_mut().zip(c.cols.iter()).zip(&self.out_types)
+                    {
+                        append(dst, src, t.storage(), m.rows);
+                    }
+                    m.diffs.extend_from_slice(&c.diffs);
+                    m.rows += c.rows;
+                }
+                m
+            }
+        };
+        if !self.unique_output {
+            merged = consolidate(merged, &self.out_types);
+        }
+        if merged.rows == 0 {
+            return Ok(());
+        }
+        self.queue = Batch {
+            rows: merged.rows as u32,
+            columns: merged.cols,
+            times: vec![now; merged.rows],
+            diffs: merged.diffs,
+        };
+        Ok(())
+    }
+
+    fn feed(
+        &mut self,
+        start: usize,
+        mut c: Chunk,
+        now: i64,
+        outputs: &mut Vec<Chunk>,
+    ) -> Result<(), FlowError> {
+        for op in self.ops.iter().skip(start) {
+            if c.rows == 0 {
+                return Ok(());
+            }
+            match op {
+                Op::Filter { pred, in_types } => {
+                    let v = pred.eval(&c)?;
+                    let keep: Vec<u32> = (0..c.rows)
+                        .filter(|&i| !v.is_null(i) && v.ints.get(i).copied().unwrap_or(0) != 0)
+                        .map(|i| i as u32)
+                        .collect();
+                    if keep.len() != c.rows {
+                        let t = take_chunk(&c, in_types, &keep);
+                        c = t;
+                    }
+                }
+                Op::Project { exprs } => {
+                    let mut cols: Vec<Option<Column>> = Vec::with_capacity(exprs.len());
+                    let mut uses = vec![0usize; c.cols.len()];
+                    for e in exprs {
+                        if let Expr::Col(i, _) = e {
+                            if let Some(u) = uses.get_mut(*i) {
+                                *u += 1;
+                            }
+                        }
+                    }
+                    for e in exprs {
+                        match e {
+                            Expr::Col(i, _) if uses.get(*i) == Some(&1) => cols.push(None),
+                            _ => cols.push(Some(e.eval(&c)?.into_owned())),
+                        }
+                    }
+                    let mut out = Vec::with_capacity(exprs.len());
+                    for (e, col) in exprs.iter().zip(cols) {
+                        match (col, e) {
+                            (Some(col), _) => out.push(col),
+                            (None, Expr::Col(i, _)) => out.push(
+                                c.cols
+                                    .get_mut(*i)
+                                    .map(std::mem::take)
+                                    .ok_or_else(|| internal("projection out of range"))?,
+                            ),
+                            (None, _) => return Err(internal("projection bookkeeping")),
+                        }
+                    }
+                    c.cols = out;
+                }
+                Op::Aggregate(a) => {
+                    a.borrow_mut().absorb(&c, now)?;
+                    return Ok(());
+                }
+            }
+        }
+        if c.rows > 0 {
+            outputs.push(c);
+        }
+        Ok(())
+    }
+
+    fn drain(&mut self, max_rows: u32) -> Batch {
+        let n = self.queue.rows;
+        if n <= max_rows {
+            return std::mem::replace(&mut self.queue, empty_batch(&self.out_types));
+        }
+        let head: Vec<u32> = (0..max_rows).collect();
+        let tail: Vec<u32> = (max_rows..n).collect();
+        let q = &self.queue;
+        let cut = |idx: &[u32]| Batch {
+            rows: idx.len() as u32,
+            columns: q
+                .columns
+                .iter()
+                .zip(&self.out_types)
+                .map(|(c, t)| take(c, t.storage(), idx))
+                .collect(),
+            times: idx
+                .iter()
+                .map(|&i| q.times.get(i as usize).copied().unwrap_or(0))
+                .collect(),
+            diffs: idx
+                .iter()
+                .map(|&i| q.diffs.get(i as usize).copied().unwrap_or(0))
+                .collect(),
+        };
+        let out = cut(&head);
+        let rest = cut(&tail);
+        self.queue = rest;
+        out
+    }
+
+    pub fn state_size(&self) -> u64 {
+        let ops: usize = self
+            .ops
+            .iter()
+            .map(|o| match o {
+                Op::Aggregate(a) => a.borrow().state_size(),
+                _ => 0,
+            })
+            .sum();
+        let pending: usize = self
+            .pending
+            .iter()
+            .map(|b| b.columns.iter().map(|c| c.approx_bytes()).sum::<usize>() + b.times.len() * 16)
+            .sum();
+        let queue: usize = self
+            .queue
+            .columns
+            .iter()
+            .map(|c| c.approx_bytes())
+            .sum::<usize>()
+            + self.queue.times.len() * 16;
+        (ops + pending + queue) as u64
+    }
+
+    pub fn snapshot(&self) -> Result<Vec<u8>, FlowError> {
+        self.check_poisoned()?;
+        let mut w = Writer::default();
+        w.buf.extend_from_slice(MAGIC);
+        w.u32(VERSION);
+        // Section 1: definition.
+        let mut d = Writer::default();
+        d.bytes(&self.plan);
+        d.u64(self.sources.len() as u64);
+        for s in &self.sources {
+            d.str(&s.name);
+            d.u64(s.fields.len() as u64);
+            for f in &s.fields {
+                d.str(&f.name);
+                d.u8(f.data_type.code());
+                d.u8(f.nullable as u8);
+            }
+        }
+        d.u64(self.options.len() as u64);
+        for (k, v) in &self.options {
+            d.str(k);
+            d.str(v);
+        }
+        w.bytes(&d.buf);
+        // Section 2: pending input and queued output.
+        let mut q = Writer::default();
+        q.u64(self.pending.len() as u64);
+        for b in &self.pending {
+            write_batch(&mut q, b);
+        }
+        write_batch(&mut q, &self.queue);
+        match self.expire_wakeup {
+            Some(t) => {
+                q.u8(1);
+                q.i64(t);
+            }
+            None => q.u8(0),
+        }
+        w.bytes(&q.buf);
+        // Section 3: operator state.
+        let mut o = Writer::default();
+        for op in &self.ops {
+            if let Op::Aggregate(a) = op {
+                a.borrow().write(&mut o);
+            }
+        }
+        w.bytes(&o.buf);
+        let sum = fnv64(&w.buf);
+        w.u64(sum);
+        Ok(w.buf)
+    }
+
+    pub fn restore(state: &[u8]) -> Result<Flow, FlowError> {
+        let corrupt = |m: &str| bad(format!("snapshot: {m}"));
+        if state.len() < MAGIC.len() + 4 + 8 || state.get(..MAGIC.len()) != Some(&MAGIC[..]) {
+            return Err(corrupt("not a sandflow snapshot (bad magic header)"));
+        }
+        let (body, sum) = state.split_at(state.len() - 8);
+        let mut sb = [0u8; 8];
+        sb.copy_from_slice(sum);
+        if fnv64(body) != u64::from_le_bytes(sb) {
+            return Err(corrupt("checksum mismatch (corrupt or truncated)"));
+        }
+        let mut r = Reader::new(body);
+        r.take(MAGIC.len())?;
+        let version = r.u32()?;
+        if version != VERSION {
+            return Err(corrupt(&format!(
+                "unsupported snapshot version {version} (this engine reads {VERSION})"
+            )));
+        }
+        let mut d = Reader::new(r.bytes()?);
+        let plan = d.bytes()?.to_vec();
+        let ns = d.len(16)?;
+        let mut sources = Vec::with_capacity(ns);
+        for _ in 0..ns {
+            let name = d.string()?;
+            let nf = d.len(10)?;
+            let mut fields = Vec::with_capacity(nf);
+            for _ in 0..nf {
+                let fname = d.string()?;
+                let ty = DataType::from_code(d.u8()?).ok_or_else(|| corrupt("bad type code"))?;
+                let nullable = d.u8()? != 0;
+                fields.push(Field {
+                    name: fname,
+                    data_type: ty,
+                    nullable,
+                });
+            }
+            sources.push(SourceSchema { name, fields });
+        }
+        let no = d.len(16)?;
+        let mut options = Vec::with_capacity(no);
+        for _ in 0..no {
+            let k = d.string()?;
+            let v = d.string()?;
+            options.push((k, v));
+        }
+        let mut flow = Flow::create(&plan, sources, options)?;
+        let mut q = Reader::new(r.bytes()?);
+        let np = q.len(8)?;
+        let src_fields = flow
+            .sources
+            .get(flow.source)
+            .map(|s| s.fields.clone())
+            .unwrap_or_default();
+        for _ in 0..np {
+            let b = read_batch(&mut q)?;
+            validate_batch(&src_fields, &b)?;
+            flow.pending.push(b);
+        }
+        let queue = read_batch(&mut q)?;
+        validate_batch(&flow.output, &queue).map_err(|e| corrupt(&format!("queue: {e}")))?;
+        flow.queue = queue;
+        flow.expire_wakeup = match q.u8()? {
+            0 => None,
+            _ => Some(q.i64()?),
+        };
+        let mut o = Reader::new(r.bytes()?);
+        for op in &flow.ops {
+            if let Op::Aggregate(a) = op {
+                a.borrow_mut().read(&mut o)?;
+            }
+        }
+        if o.remaining() != 0 || r.remaining() != 0 {
+            return Err(corrupt("trailing bytes"));
+        }
+        Ok(flow)
+    }
+}
+
+fn write_batch(w: &mut Writer, b: &Batch) {
+    w.u32(b.rows);
+    w.u64(b.columns.len() as u64);
+    for c in &b.columns {
+        w.i64s(&c.ints);
+        w.f64s(&c.floats);
+        w.bytes(&c.bytes);
+        w.u32s(&c.offsets);
+        w.bytes(&c.nulls);
+    }
+    w.i64s(&b.times);
+    w.i64s(&b.diffs);
+}
+
+fn read_batch(r: &mut Reader<'_>) -> Result<Batch, FlowError> {
+    let rows = r.u32()?;
+    let nc = r.len(40)?;
+    let mut columns = Vec::with_capacity(nc);
+    for _ in 0..nc {
+        let ints = r.i64s()?;
+        let floats = r.f64s()?;
+        let bytes = r.bytes()?.to_vec();
+        let offsets = r.u32s()?;
+        let nulls = r.bytes()?.to_vec();
+        columns.push(Column {
+            ints,
+            floats,
+            bytes,
+            offsets,
+            nulls,
+        });
+    }
+    let times = r.i64s()?;
+    let diffs = r.i64s()?;
+    Ok(Batch {
+        rows,
+        columns,
+        times,
+        diffs,
+    })
+}
+
+/// Sums the diffs of identical rows; drops rows whose diffs cancel. Keeps first-seen order.
+fn consolidate(c: Chunk, types: &[DataType]) -> Chunk {
+    let mut index: FxHashMap<Vec<u8>, usize> = FxHashMap::default();
+    let mut firsts: Vec<u32> = Vec::new();
+    let mut sums: Vec<i64> = Vec::new();
+    let mut buf = Vec::new();
+    let cows: Vec<std::borrow::Cow<'_, Column>> =
+        c.cols.iter().map(std::borrow::Cow::Borrowed).collect();
+    for i in 0..c.rows {
+        buf.clear();
+        crate::agg::encode_row(&mut buf, &cows, types, i);
+        let d = c.diffs.get(i).copied().unwrap_or(0);
+        match index.get(buf.as_slice()) {
+            Some(&k) => {
+                if let Some(s) = sums.get_mut(k) {
+                    *s = s.wrapping_add(d);
+                }
+            }
+            None => {
+                index.insert(buf.clone(), firsts.len());
+                firsts.push(i as u32);
+                sums.push(d);
+            }
+        }
+    }
+    if firsts.len() == c.rows && sums.iter().all(|s| *s != 0) {
+        return Chunk {
+            rows: c.rows,
+            cols: c.cols,
+            diffs: sums,
+        };
+    }
+    let (idx, diffs): (Vec<u32>, Vec<i64>) = firsts
+        .into_iter()
+        .zip(sums)
+        .filter(|(_, s)| *s != 0)
+        .unzip();
+    let mut out = take_chunk(&c, types, &idx);
+    out.diffs = diffs;
+    out
+}

@@ -1,0 +1,1050 @@
+//! Lowering of a Substrait plan to the engine's operator plan.
+
+use std::collections::HashMap;
+
+use prost::Message;
+use substrait::proto::aggregate_function::AggregationInvocation;
+use substrait::proto::expression::field_reference::{ReferenceType, RootType};
+use substrait::proto::expression::literal::LiteralType;
+use substrait::proto::expression::reference_segment;
+use substrait::proto::expression::RexType;
+use substrait::proto::extensions::simple_extension_declaration::MappingType;
+use substrait::proto::function_argument::ArgType;
+use substrait::proto::read_rel::ReadType;
+use substrait::proto::rel::RelType;
+use substrait::proto::rel_common::EmitKind;
+use substrait::proto::{plan_rel, r#type, Expression, Plan, Rel, RelCommon, Type};
+
+use crate::expr::{cast_supported, Arith, Cmp, Expr, Func, Lit, TruncUnit};
+use crate::types::{bad, unsupported, DataType, Field, FlowError, SourceSchema};
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum AggKind {
+    CountStar,
+    Count,
+    CountDistinct,
+    Sum,
+    Avg,
+    Min,
+    Max,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct MeasureSpec {
+    pub kind: AggKind,
+    pub arg: Option<Expr>,
+    pub filter: Option<Expr>,
+    pub out: DataType,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct AggSpec {
+    pub keys: Vec<Expr>,
+    pub measures: Vec<MeasureSpec>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum OpSpec {
+    Filter(Expr),
+    Project(Vec<Expr>),
+    Aggregate(AggSpec),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Lowered {
+    pub source: usize,
+    pub ops: Vec<OpSpec>,
+    pub output: Vec<Field>,
+}
+
+/// A column of an intermediate schema: type and nullability.
+type Schema = Vec<(DataType, bool)>;
+
+struct Ctx<'a> {
+    funcs: HashMap<u32, String>,
+    sources: &'a [SourceSchema],
+    source: Option<usize>,
+}
+
+pub(crate) fn lower(plan_bytes: &[u8], sources: &[SourceSchema]) -> Result<Lowered, FlowError> {
+    let plan =
+        Plan::decode(plan_bytes).map_err(|e| bad(format!("plan is not a Substrait plan: {e}")))?;
+    let mut funcs = HashMap::new();
+    for ext in &plan.extensions {
+        if let Some(MappingType::ExtensionFunction(f)) = &ext.mapping_type {
+            let name = f.name.split(':').next().unwrap_or("").to_ascii_lowercase();
+            funcs.insert(f.function_anchor, name);
+        }
+    }
+    if plan.relations.len() != 1 {
+        return Err(bad(format!(
+            "plan must have exactly one relation, has {}",
+            plan.relations.len()
+        )));
+    }
+    let (rel, names) = match plan.relations.first().and_then(|r| r.rel_type.as_ref()) {
+        Some(plan_rel::RelType::Root(root)) => (root.input.as_ref(), root.names.clone()),
+        Some(plan_rel::RelType::Rel(rel)) => (Some(rel), Vec::new()),
+        None => (None, Vec::new()),
+    };
+    let rel = rel.ok_or_else(|| bad("plan has no root relation"))?;
+    let mut ctx = Ctx {
+        funcs,
+        sources,
+        source: None,
+    };
+    let mut ops = Vec::new();
+    let schema = lower_rel(rel, &mut ctx, &mut ops)?;
+    let source = ctx.source.ok_or_else(|| bad("plan reads no table"))?;
+    let output = schema
+        .iter()
+        .enumerate()
+        .map(|(i, (t, n))| Field {
+            name: names
+                .get(i)
+                .cloned()
+                .unwrap_or_else(|| format!("column{i}")),
+            data_type: *t,
+            nullable: *n,
+        })
+        .collect();
+    Ok(Lowered {
+        source,
+        ops,
+        output,
+    })
+}
+
+fn apply_emit(
+    common: &Option<RelCommon>,
+    schema: Schema,
+    ops: &mut Vec<OpSpec>,
+) -> Result<Schema, FlowError> {
+    let Some(EmitKind::Emit(emit)) = common.as_ref().and_then(|c| c.emit_kind.as_ref()) else {
+        return Ok(schema);
+    };
+    let identity = emit.output_mapping.len() == schema.len()
+        && emit
+            .output_mapping
+            .iter()
+            .enumerate()
+            .all(|(i, m)| *m as usize == i);
+    if identity {
+        return Ok(schema);
+    }
+    let mut exprs = Vec::new();
+    let mut out = Vec::new();
+    for &m in &emit.output_mapping {
+        let col = usize::try_from(m)
+            .ok()
+            .and_then(|i| schema.get(i).map(|c| (i, *c)))
+            .ok_or_else(|| bad(format!("emit mapping {m} is out of range")))?;
+        exprs.push(Expr::Col(col.0, col.1 .0));
+        out.push(col.1);
+    }
+    push_project(ops, exprs);
+    Ok(out)
+}
+
+/// Appends a projection, fusing it into a preceding projection when possible.
+fn push_project(ops: &mut Vec<OpSpec>, exprs: Vec<Expr>) {
+    if let Some(OpSpec::Project(prev)) = ops.last() {
+        if exprs.iter().all(|e| matches!(e, Expr::Col(..))) {
+            let fused: Option<Vec<Expr>> = exprs
+                .iter()
+                .map(|e| match e {
+                    Expr::Col(i, _) => prev.get(*i).cloned(),
+                    _ => None,
+                })
+                .collect();
+            if let Some(fused) = fused {
+                if let Some(last) = ops.last_mut() {
+                    *last = OpSpec::Project(fused);
+                }
+                return;
+            }
+        }
+    }
+    ops.push(OpSpec::Project(exprs));
+}
+
+fn lower_rel(rel: &Rel, ctx: &mut Ctx<'_>, ops: &mut Vec<OpSpec>) -> Result<Schema, FlowError> {
+    let rt = rel
+        .rel_type
+        .as_ref()
+        .ok_or_else(|| bad("relation without a type"))?;
+    match rt {
+        RelType::Read(read) => {
+            if ctx.source.is_some() {
+                return Err(unsupported("joins are not supported in flows"));
+            }
+            let names = match &read.read_type {
+                Some(ReadType::NamedTable(t)) => &t.names,
+                Some(ReadType::VirtualTable(_)) => {
+                    return Err(unsupported(
+                        "VALUES / virtual tables are not supported in flows",
+                    ))
+                }
+                _ => return Err(unsupported("only named tables can be read in flows")),
+            };
+            let table = names
+                .last()
+                .ok_or_else(|| bad("read of a table without a name"))?;
+            let (si, src) = ctx
+                .sources
+                .iter()
+                .enumerate()
+                .find(|(_, s)| s.name.rsplit('.').next() == Some(table.as_str()))
+                .or_else(|| {
+                    ctx.sources.iter().enumerate().find(|(_, s)| {
+                        s.name
+                            .rsplit('.')
+                            .next()
+                            .is_some_and(|n| n.eq_ignore_ascii_case(table))
+                    })
+                })
+                .ok_or_else(|| bad(format!("plan reads table {table}, which is not a source")))?;
+            ctx.source = Some(si);
+            // Map the plan's base schema onto the source's columns by name.
+            let base_names: Vec<String> = read
+                .base_schema
+                .as_ref()
+                .map(|b| b.names.clone())
+                .unwrap_or_default();
+            let mut schema: Schema = src
+                .fields
+                .iter()
+                .map(|f| (f.data_type, f.nullable))
+                .collect();
+            if !base_names.is_empty() {
+                let mut exprs = Vec::new();
+                let mut mapped = Vec::new();
+                for n in &base_names {
+                    let idx = src
+                        .fields
+                        .iter()
+                        .position(|f| &f.name == n)
+                        .or_else(|| {
+                            src.fields
+                                .iter()
+                                .position(|f| f.name.eq_ignore_ascii_case(n))
+                        })
+                        .ok_or_else(|| {
+                            bad(format!(
+                                "table {table} has no column {n} in the source schema"
+                            ))
+                        })?;
+                    let f = &src.fields[idx.min(src.fields.len().saturating_sub(1))];
+                    exprs.push(Expr::Col(idx, f.data_type));
+                    mapped.push((f.data_type, f.nullable));
+                }
+                let identity = exprs.len() == schema.len()
+                    && exprs
+                        .iter()
+                        .enumerate()
+                        .all(|(i, e)| matches!(e, Expr::Col(j, _) if *j == i));
+                if !identity {
+                    push_project(ops, exprs);
+                }
+                schema = mapped;
+            }
+            for f in [&read.filter, &read.best_effort_filter]
+                .into_iter()
+                .flatten()
+            {
+                let (e, _) = lower_expr(f, &schema, ctx)?;
+                ops.push(OpSpec::Filter(e));
+            }
+            if let Some(sel) = read.projection.as_ref().and_then(|p| p.select.as_ref()) {
+                let mut exprs = Vec::new();
+                let mut out = Vec::new();
+                for item in &sel.struct_items {
+                    let c = usize::try_from(item.field)
+                        .ok()
+                        .and_then(|i| schema.get(i).map(|c| (i, *c)))
+                        .ok_or_else(|| bad("read projection out of range"))?;
+                    exprs.push(Expr::Col(c.0, c.1 .0));
+                    out.push(c.1);
+                }
+                push_project(ops, exprs);
+                schema = out;
+            }
+            apply_emit(&read.common, schema, ops)
+        }
+        RelType::Filter(f) => {
+            let input = f
+                .input
+                .as_ref()
+                .ok_or_else(|| bad("filter without input"))?;
+            let schema = lower_rel(input, ctx, ops)?;
+            let cond = f
+                .condition
+                .as_ref()
+                .ok_or_else(|| bad("filter without condition"))?;
+            let (e, _) = lower_expr(cond, &schema, ctx)?;
+            ops.push(OpSpec::Filter(e));
+            apply_emit(&f.common, schema, ops)
+        }
+        RelType::Project(p) => {
+            let input = p
+                .input
+                .as_ref()
+                .ok_or_else(|| bad("project without input"))?;
+            let mut schema = lower_rel(input, ctx, ops)?;
+            let mut exprs: Vec<Expr> = schema
+                .iter()
+                .enumerate()
+                .map(|(i, (t, _))| Expr::Col(i, *t))
+                .collect();
+            for e in &p.expressions {
+                let (x, n) = lower_expr(e, &schema, ctx)?;
+                schema.push((x.ty(), n));
+                exprs.push(x);
+            }
+            // Resolve the emit mapping directly against the projection's expressions.
+            if let Some(EmitKind::Emit(emit)) = p.common.as_ref().and_then(|c| c.emit_kind.as_ref())
+            {
+                let mut sel = Vec::new();
+                let mut out = Vec::new();
+                for &m in &emit.output_mapping {
+                    let i = usize::try_from(m)
+                        .ok()
+                        .filter(|i| *i < exprs.len())
+                        .ok_or_else(|| bad(format!("emit mapping {m} is out of range")))?;
+                    sel.push(exprs[i].clone());
+                    out.push(schema[i]);
+                }
+                push_project(ops, sel);
+                return Ok(out);
+            }
+            push_project(ops, exprs);
+            Ok(schema)
+        }
+        RelType::Aggregate(a) => {
+            let input = a
+                .input
+                .as_ref()
+                .ok_or_else(|| bad("aggregate without input"))?;
+            let in_schema = lower_rel(input, ctx, ops)?;
+            if ops.iter().any(|o| matches!(o, OpSpec::Aggregate(_))) {
+                // Nested aggregation is maintained like any other operator chain.
+            }
+            if a.groupings.len() > 1 {
+                return Err(unsupported(
+                    "grouping sets / ROLLUP / CUBE are not supported in flows",
+                ));
+            }
+            let mut key_exprs: Vec<&Expression> = Vec::new();
+            if let Some(g) = a.groupings.first() {
+                // Producers fill both the (deprecated) inline expressions and the references
+                // into `grouping_expressions`; prefer the references.
+                #[allow(deprecated)]
+                if g.expression_references.is_empty() {
+                    for e in &g.grouping_expressions {
+                        key_exprs.push(e);
+                    }
+                }
+                for r in &g.expression_references {
+                    key_exprs.push(
+                        a.grouping_expressions
+                            .get(*r as usize)
+                            .ok_or_else(|| bad("grouping expression reference out of range"))?,
+                    );
+                }
+            }
+            let mut schema = Vec::new();
+            let mut keys = Vec::new();
+            for e in key_exprs {
+                let (x, n) = lower_expr(e, &in_schema, ctx)?;
+                schema.push((x.ty(), n));
+                keys.push(x);
+            }
+            let mut measures = Vec::new();
+            for m in &a.measures {
+                let f = m
+                    .measure
+                    .as_ref()
+                    .ok_or_else(|| bad("aggregate measure without a function"))?;
+                let name = ctx
+                    .funcs
+                    .get(&f.function_reference)
+                    .cloned()
+                    .ok_or_else(|| bad("aggregate function reference not declared"))?;
+                let mut args = Vec::new();
+                for a in &f.arguments {
+                    match &a.arg_type {
+                        Some(ArgType::Value(v)) => args.push(lower_expr(v, &in_schema, ctx)?.0),
+                        _ => return Err(unsupported(format!("non-value argument to {name}"))),
+                    }
+                }
+                let distinct = f.invocation == AggregationInvocation::Distinct as i32;
+                let arg = args.first().cloned();
+                let arg_ty = arg.as_ref().map(|a| a.ty());
+                let (kind, out, nullable) = match (name.as_str(), arg_ty) {
+                    ("count", None) => (AggKind::CountStar, DataType::Int64, false),
+                    ("count", Some(_)) if distinct => {
+                        (AggKind::CountDistinct, DataType::Int64, false)
+                    }
+                    ("count", Some(_)) if matches!(&arg, Some(Expr::Lit(l, _)) if *l != Lit::Null) =>
+                    {
+                        // count(1): every row counts.
+                        (AggKind::CountStar, DataType::Int64, false)
+                    }
+                    ("count", Some(_)) => (AggKind::Count, DataType::Int64, false),
+                    ("sum" | "avg" | "mean", Some(_)) if distinct => {
+                        return Err(unsupported(format!(
+                            "{name}(DISTINCT ...) is not supported in flows"
+                        )))
+                    }
+                    ("sum", Some(t)) if t.is_signed_int() => (AggKind::Sum, DataType::Int64, true),
+                    ("sum", Some(t)) if t.is_unsigned_int() => {
+                        (AggKind::Sum, DataType::UInt64, true)
+                    }
+                    ("sum", Some(t)) if t.is_float() => (AggKind::Sum, DataType::Float64, true),
+                    ("avg" | "mean", Some(t)) if t.is_numeric() => {
+                        (AggKind::Avg, DataType::Float64, true)
+                    }
+                    ("min", Some(t)) => (AggKind::Min, t, true),
+                    ("max", Some(t)) => (AggKind::Max, t, true),
+                    ("sum" | "avg" | "mean", Some(t)) => {
+                        return Err(unsupported(format!(
+                            "{name} of {t} is not supported in flows"
+                        )))
+                    }
+                    _ => {
+                        return Err(unsupported(format!(
+                            "aggregate function {name} is not supported in flows"
+                        )))
+                    }
+                };
+                if args.len() > 1 {
+                    return Err(unsupported(format!(
+                        "aggregate function {name} with {} arguments is not supported in flows",
+                        args.len()
+                    )));
+                }
+                let filter = match &m.filter {
+                    Some(e) => Some(lower_expr(e, &in_schema, ctx)?.0),
+                    None => None,
+                };
+                schema.push((out, nullable));
+                let arg = if kind == AggKind::CountStar {
+                    None
+                } else {
+                    arg
+                };
+                measures.push(MeasureSpec {
+                    kind,
+                    arg,
+                    filter,
+                    out,
+                });
+            }
+            ops.push(OpSpec::Aggregate(AggSpec { keys, measures }));
+            apply_emit(&a.common, schema, ops)
+        }
+        RelType::Join(_)
+        | RelType::Cross(_)
+        | RelType::HashJoin(_)
+        | RelType::MergeJoin(_)
+        | RelType::NestedLoopJoin(_) => Err(unsupported("joins are not supported in flows")),
+        RelType::Window(_) => Err(unsupported("window functions are not supported in flows")),
+        RelType::Sort(_) => Err(unsupported("ORDER BY is not supported in flows")),
+        RelType::Fetch(_) => Err(unsupported("LIMIT / OFFSET is not supported in flows")),
+        RelType::Set(_) => Err(unsupported(
+            "set operations (UNION / INTERSECT / EXCEPT) are not supported in flows",
+        )),
+        RelType::Reference(_) => Err(unsupported(
+            "relation references are not supported in flows",
+        )),
+        _ => Err(unsupported("this relation type is not supported in flows")),
+    }
+}
+
+fn nullable_of(t: &Type) -> Option<bool> {
+    use r#type::Kind;
+    let n = match t.kind.as_ref()? {
+        Kind::Bool(x) => x.nullability,
+        Kind::I8(x) => x.nullability,
+        Kind::I16(x) => x.nullability,
+        Kind::I32(x) => x.nullability,
+        Kind::I64(x) => x.nullability,
+        Kind::Fp32(x) => x.nullability,
+        Kind::Fp64(x) => x.nullability,
+        Kind::String(x) => x.nullability,
+        Kind::Binary(x) => x.nullability,
+        Kind::Date(x) => x.nullability,
+        Kind::PrecisionTimestamp(x) => x.nullability,
+        Kind::PrecisionTimestampTz(x) => x.nullability,
+        _ => return None,
+    };
+    Some(n != r#type::Nullability::Required as i32)
+}
+
+pub(crate) fn map_type(t: &Type) -> Result<DataType, FlowError> {
+    use r#type::Kind;
+    let unsigned = |v: u32| v == 1;
+    let kind = t.kind.as_ref().ok_or_else(|| bad("type without a kind"))?;
+    let ts = |p: i32| match p {
+        0 => Ok(DataType::TimestampSecond),
+        3 => Ok(DataType::TimestampMillisecond),
+        6 => Ok(DataType::TimestampMicrosecond),
+        9 => Ok(DataType::TimestampNanosecond),
+        p => Err(unsupported(format!(
+            "timestamp precision {p} is not supported in flows"
+        ))),
+    };
+    Ok(match kind {
+        Kind::Bool(_) => DataType::Boolean,
+        Kind::I8(x) if unsigned(x.type_variation_reference) => DataType::UInt8,
+        Kind::I8(_) => DataType::Int8,
+        Kind::I16(x) if unsigned(x.type_variation_reference) => DataType::UInt16,
+        Kind::I16(_) => DataType::Int16,
+        Kind::I32(x) if unsigned(x.type_variation_reference) => DataType::UInt32,
+        Kind::I32(_) => DataType::Int32,
+        Kind::I64(x) if unsigned(x.type_variation_reference) => DataType::UInt64,
+        Kind::I64(_) => DataType::Int64,
+        Kind::Fp32(_) => DataType::Float32,
+        Kind::Fp64(_) => DataType::Float64,
+        Kind::String(_) | Kind::Varchar(_) | Kind::FixedChar(_) => DataType::Utf8,
+        Kind::Binary(_) | Kind::FixedBinary(_) => DataType::Binary,
+        Kind::Date(x) if x.type_variation_reference == 0 => DataType::Date32,
+        Kind::PrecisionTimestamp(x) => ts(x.precision)?,
+        Kind::PrecisionTimestampTz(x) => ts(x.precision)?,
+        #[allow(deprecated)]
+        Kind::Timestamp(_) => DataType::TimestampMicrosecond,
+        Kind::Decimal(_) => return Err(unsupported("decimal types are not supported in flows")),
+        Kind::IntervalDay(_) | Kind::IntervalYear(_) | Kind::IntervalCompound(_) => {
+            return Err(unsupported(
+                "interval values are not supported in flows (only as date_bin strides)",
+            ))
+        }
+        _ => {
+            return Err(unsupported(format!(
+                "type {kind:?} is not supported in flows"
+            )))
+        }
+    })
+}
+
+fn args_of(f: &[substrait::proto::FunctionArgument]) -> Result<Vec<&Expression>, FlowError> {
+    f.iter()
+        .map(|a| match &a.arg_type {
+            Some(ArgType::Value(v)) => Ok(v),
+            Some(ArgType::Enum(e)) => Err(unsupported(format!(
+                "enum function argument {e} is not supported in flows"
+            ))),
+            _ => Err(unsupported(
+                "non-value function arguments are not supported in flows",
+            )),
+        })
+        .collect()
+}
+
+/// Interval literal → nanoseconds (months must be zero).
+fn interval_ns(e: &Expression) -> Result<i64, FlowError> {
+    use substrait::proto::expression::literal::interval_day_to_second::PrecisionMode;
+    let Some(RexType::Literal(l)) = &e.rex_type else {
+        return Err(unsupported(
+            "date_bin needs a constant interval stride in flows",
+        ));
+    };
+    let dts = |d: &substrait::proto::expression::literal::IntervalDayToSecond| -> i64 {
+        let sub_ns = match d.precision_mode {
+            #[allow(deprecated)]
+            Some(PrecisionMode::Microseconds(us)) => us as i64 * 1_000,
+            Some(PrecisionMode::Precision(p)) => {
+                let p = p.clamp(0, 9) as u32;
+                d.subseconds.saturating_mul(10i64.pow(9 - p))
+            }
+            None => d.subseconds,
+        };
+        (d.days as i64 * 86_400 + d.seconds as i64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(sub_ns)
+    };
+    match &l.literal_type {
+        Some(LiteralType::IntervalDayToSecond(d)) => Ok(dts(d)),
+        Some(LiteralType::IntervalCompound(c)) => {
+            if c.interval_year_to_month
+                .as_ref()
+                .is_some_and(|y| y.years != 0 || y.months != 0)
+            {
+                return Err(unsupported(
+                    "date_bin with a stride in months or years is not supported in flows",
+                ));
+            }
+            Ok(c.interval_day_to_second.as_ref().map(dts).unwrap_or(0))
+        }
+        Some(LiteralType::IntervalYearToMonth(_)) => Err(unsupported(
+            "date_bin with a stride in months or years is not supported in flows",
+        )),
+        _ => Err(unsupported("date_bin needs an interval stride")),
+    }
+}
+
+fn lower_literal(l: &substrait::proto::expression::Literal) -> Result<(Lit, DataType), FlowError> {
+    let unsigned = l.type_variation_reference == 1;
+    let int = |v: i64, s: DataType, u: DataType| -> (Lit, DataType) {
+        let t = if unsigned { u } else { s };
+        (Lit::Int(t.wrap_int(v)), t)
+    };
+    let lt = l
+        .literal_type
+        .as_ref()
+        .ok_or_else(|| bad("literal without a value"))?;
+    Ok(match lt {
+        LiteralType::Boolean(b) => (Lit::Int(*b as i64), DataType::Boolean),
+        LiteralType::I8(v) => int(*v as i64, DataType::Int8, DataType::UInt8),
+        LiteralType::I16(v) => int(*v as i64, DataType::Int16, DataType::UInt16),
+        LiteralType::I32(v) => int(*v as i64, DataType::Int32, DataType::UInt32),
+        LiteralType::I64(v) => int(*v, DataType::Int64, DataType::UInt64),
+        LiteralType::Fp32(v) => (Lit::Float(*v as f64), DataType::Float32),
+        LiteralType::Fp64(v) => (Lit::Float(*v), DataType::Float64),
+        LiteralType::String(s) | LiteralType::FixedChar(s) => {
+            (Lit::Bytes(s.as_bytes().to_vec()), DataType::Utf8)
+        }
+        LiteralType::VarChar(v) => (Lit::Bytes(v.value.as_bytes().to_vec()), DataType::Utf8),
+        LiteralType::Binary(b) | LiteralType::FixedBinary(b) => {
+            (Lit::Bytes(b.clone()), DataType::Binary)
+        }
+        LiteralType::Date(d) => (Lit::Int(*d as i64), DataType::Date32),
+        LiteralType::PrecisionTimestamp(p) | LiteralType::PrecisionTimestampTz(p) => {
+            let t = map_type(&Type {
+                kind: Some(r#type::Kind::PrecisionTimestamp(
+                    r#type::PrecisionTimestamp {
+                        precision: p.precision,
+                        type_variation_reference: 0,
+                        nullability: 0,
+                    },
+                )),
+            })?;
+            (Lit::Int(p.value), t)
+        }
+        #[allow(deprecated)]
+        LiteralType::Timestamp(v) | LiteralType::TimestampTz(v) => {
+            (Lit::Int(*v), DataType::TimestampMicrosecond)
+        }
+        LiteralType::Null(t) => (Lit::Null, map_type(t)?),
+        LiteralType::Decimal(_) => {
+            return Err(unsupported("decimal literals are not supported in flows"))
+        }
+        LiteralType::IntervalDayToSecond(_)
+        | LiteralType::IntervalYearToMonth(_)
+        | LiteralType::IntervalCompound(_) => {
+            return Err(unsupported(
+                "interval values are not supported in flows (only as date_bin strides)",
+            ))
+        }
+        other => {
+            return Err(unsupported(format!(
+                "literal {other:?} is not supported in flows"
+            )))
+        }
+    })
+}
+
+fn field_index(fr: &substrait::proto::expression::FieldReference) -> Result<usize, FlowError> {
+    match &fr.root_type {
+        Some(RootType::RootReference(_)) | None => {}
+        Some(RootType::OuterReference(_)) => {
+            return Err(unsupported("subqueries are not supported in flows"))
+        }
+        Some(_) => {
+            return Err(unsupported(
+                "nested field references are not supported in flows",
+            ))
+        }
+    }
+    match &fr.reference_type {
+        Some(ReferenceType::DirectReference(seg)) => match &seg.reference_type {
+            Some(reference_segment::ReferenceType::StructField(sf)) => {
+                if sf.child.is_some() {
+                    return Err(unsupported(
+                        "nested field references are not supported in flows",
+                    ));
+                }
+                usize::try_from(sf.field).map_err(|_| bad("negative field reference"))
+            }
+            _ => Err(unsupported(
+                "only struct field references are supported in flows",
+            )),
+        },
+        _ => Err(unsupported(
+            "masked field references are not supported in flows",
+        )),
+    }
+}
+
+fn lower_expr(e: &Expression, schema: &Schema, ctx: &Ctx<'_>) -> Result<(Expr, bool), FlowError> {
+    let rex = e
+        .rex_type
+        .as_ref()
+        .ok_or_else(|| bad("expression without a kind"))?;
+    match rex {
+        RexType::Selection(fr) => {
+            let i = field_index(fr)?;
+            let (t, n) = schema
+                .get(i)
+                .copied()
+                .ok_or_else(|| bad(format!("field reference {i} is out of range")))?;
+            Ok((Expr::Col(i, t), n))
+        }
+        RexType::Literal(l) => {
+            let (v, t) = lower_literal(l)?;
+            let null = v == Lit::Null;
+            Ok((Expr::Lit(v, t), null || l.nullable && null))
+        }
+        RexType::Cast(c) => {
+            let input = c.input.as_ref().ok_or_else(|| bad("cast without input"))?;
+            let t = c.r#type.as_ref().ok_or_else(|| bad("cast without type"))?;
+            let to = map_type(t)?;
+            let (x, n) = lower_expr(input, schema, ctx)?;
+            if !cast_supported(x.ty(), to) {
+                return Err(unsupported(format!(
+                    "CAST from {} to {to} is not supported in flows",
+                    x.ty()
+                )));
+            }
+            if x.ty() == to {
+                return Ok((x, n));
+            }
+            Ok((Expr::Cast(Box::new(x), to), n))
+        }
+        RexType::IfThen(it) => {
+            let mut whens = Vec::new();
+            let mut out_ty: Option<DataType> = None;
+            let mut nullable = it.r#else.is_none();
+            let mut thens = Vec::new();
+            for clause in &it.ifs {
+                let c = clause
+                    .r#if
+                    .as_ref()
+                    .ok_or_else(|| bad("CASE without condition"))?;
+                let t = clause
+                    .then
+                    .as_ref()
+                    .ok_or_else(|| bad("CASE without result"))?;
+                let (c, _) = lower_expr(c, schema, ctx)?;
+                let (t, tn) = lower_expr(t, schema, ctx)?;
+                nullable |= tn;
+                if out_ty.is_none() && !matches!(t, Expr::Lit(Lit::Null, _)) {
+                    out_ty = Some(t.ty());
+                }
+                thens.push(t.ty());
+                whens.push((c, t));
+            }
+            let els = match &it.r#else {
+                Some(x) => {
+                    let (x, xn) = lower_expr(x, schema, ctx)?;
+                    nullable |= xn;
+                    if out_ty.is_none() && !matches!(x, Expr::Lit(Lit::Null, _)) {
+                        out_ty = Some(x.ty());
+                    }
+                    Some(Box::new(x))
+                }
+                None => None,
+            };
+            let t = out_ty
+                .or_else(|| thens.first().copied())
+                .unwrap_or(DataType::Int64);
+            Ok((Expr::Case(whens, els, t), nullable))
+        }
+        RexType::SingularOrList(s) => {
+            let v = s.value.as_ref().ok_or_else(|| bad("IN without a value"))?;
+            let (v, mut n) = lower_expr(v, schema, ctx)?;
+            let mut list = Vec::new();
+            for o in &s.options {
+                let (x, xn) = lower_expr(o, schema, ctx)?;
+                n |= xn;
+                list.push(x);
+            }
+            Ok((Expr::InList(Box::new(v), list), n))
+        }
+        RexType::ScalarFunction(f) => {
+            let name = ctx
+                .funcs
+                .get(&f.function_reference)
+                .cloned()
+                .ok_or_else(|| bad("function reference not declared in the plan"))?;
+            let raw_args = args_of(&f.arguments)?;
+            let out_ty = match &f.output_type {
+                Some(t) => Some(map_type(t)?),
+                None => None,
+            };
+            let out_null = f.output_type.as_ref().and_then(nullable_of);
+            lower_call(&name, &raw_args, out_ty, out_null, schema, ctx)
+        }
+        RexType::WindowFunction(_) => {
+            Err(unsupported("window functions are not supported in flows"))
+        }
+        RexType::Subquery(_) => Err(unsupported("subqueries are not supported in flows")),
+        RexType::SwitchExpression(_) => Err(unsupported(
+            "simple CASE (switch) expressions are not supported in flows",
+        )),
+        RexType::MultiOrList(_) => Err(unsupported(
+            "multi-column IN lists are not supported in flows",
+        )),
+        _ => Err(unsupported(
+            "this expression kind is not supported in flows",
+        )),
+    }
+}
+
+fn lower_call(
+    name: &str,
+    raw: &[&Expression],
+    out_ty: Option<DataType>,
+    out_null: Option<bool>,
+    schema: &Schema,
+    ctx: &Ctx<'_>,
+) -> Result<(Expr, bool), FlowError> {
+    let lower_all = |from: usize| -> Result<(Vec<Expr>, bool), FlowError> {
+        let mut v = Vec::new();
+        let mut n = false;
+        for a in raw.iter().skip(from) {
+            let (x, xn) = lower_expr(a, schema, ctx)?;
+            n |= xn;
+            v.push(x);
+        }
+        Ok((v, n))
+    };
+    let need = |k: usize| -> Result<(), FlowError> {
+        if raw.len() < k {
+            Err(bad(format!(
+                "function {name} needs {k} arguments, has {}",
+                raw.len()
+            )))
+        } else {
+            Ok(())
+        }
+    };
+    let func = match name {
+        "add" => Func::Arith(Arith::Add),
+        "subtract" => Func::Arith(Arith::Sub),
+        "multiply" => Func::Arith(Arith::Mul),
+        "divide" => Func::Arith(Arith::Div),
+        "modulus" | "mod" => Func::Arith(Arith::Mod),
+        "equal" => Func::Cmp(Cmp::Eq),
+        "not_equal" => Func::Cmp(Cmp::Ne),
+        "lt" => Func::Cmp(Cmp::Lt),
+        "lte" => Func::Cmp(Cmp::Le),
+        "gt" => Func::Cmp(Cmp::Gt),
+        "gte" => Func::Cmp(Cmp::Ge),
+        "is_distinct_from" => Func::Cmp(Cmp::Distinct),
+        "is_not_distinct_from" => Func::Cmp(Cmp::NotDistinct),
+        "and" => Func::And,
+        "or" => Func::Or,
+        "not" => Func::Not,
+        "negate" | "negative" => Func::Negate,
+        "is_null" => Func::IsNull,
+        "is_not_null" => Func::IsNotNull,
+        "is_true" => Func::IsTrue,
+        "is_false" => Func::IsFalse,
+        "is_not_true" => Func::IsNotTrue,
+        "is_not_false" => Func::IsNotFalse,
+        "like" => Func::Like {
+            case_insensitive: false,
+        },
+        "ilike" => Func::Like {
+            case_insensitive: true,
+        },
+        "abs" => Func::Abs,
+        "round" => Func::Round,
+        "trunc" => Func::Trunc,
+        "floor" => Func::Floor,
+        "ceil" | "ceiling" => Func::Ceil,
+        "concat" => Func::Concat,
+        "str_concat" | "||" => Func::StrConcat,
+        "lower" => Func::Lower,
+        "upper" => Func::Upper,
+        "character_length" | "char_length" | "length" => Func::CharLength,
+        "coalesce" => Func::Coalesce,
+        "date_bin" => {
+            need(2)?;
+            let stride_ns = interval_ns(raw[0])?;
+            if stride_ns <= 0 {
+                return Err(bad("date_bin stride must be positive"));
+            }
+            let origin_ns = match raw.get(2) {
+                None => 0,
+                Some(o) => {
+                    let (x, _) = lower_expr(o, schema, ctx)?;
+                    match x {
+                        Expr::Lit(Lit::Int(v), t) if t.is_timestamp() => (v as i128
+                            * t.timestamp_unit_nanos().unwrap_or(1) as i128)
+                            .clamp(i64::MIN as i128, i64::MAX as i128)
+                            as i64,
+                        _ => {
+                            return Err(unsupported(
+                                "date_bin needs a constant timestamp origin in flows",
+                            ))
+                        }
+                    }
+                }
+            };
+            let (ts, n) = lower_expr(raw[1], schema, ctx)?;
+            if !ts.ty().is_timestamp() {
+                return Err(unsupported(format!(
+                    "date_bin over {} is not supported in flows",
+                    ts.ty()
+                )));
+            }
+            let t = out_ty.unwrap_or(ts.ty());
+            if !t.is_timestamp() {
+                return Err(unsupported("date_bin must return a timestamp"));
+            }
+            return Ok((
+                Expr::Call(
+                    Func::DateBin {
+                        stride_ns,
+                        origin_ns,
+                    },
+                    vec![ts],
+                    t,
+                ),
+                out_null.unwrap_or(n),
+            ));
+        }
+        "date_trunc" => {
+            need(2)?;
+            let (g, _) = lower_expr(raw[0], schema, ctx)?;
+            let unit = match &g {
+                Expr::Lit(Lit::Bytes(b), _) => {
+                    match String::from_utf8_lossy(b).to_ascii_lowercase().as_str() {
+                        "microsecond" | "microseconds" => TruncUnit::Microsecond,
+                        "millisecond" | "milliseconds" => TruncUnit::Millisecond,
+                        "second" | "seconds" => TruncUnit::Second,
+                        "minute" | "minutes" => TruncUnit::Minute,
+                        "hour" | "hours" => TruncUnit::Hour,
+                        "day" | "days" => TruncUnit::Day,
+                        "week" | "weeks" => TruncUnit::Week,
+                        "month" | "months" => TruncUnit::Month,
+                        "quarter" | "quarters" => TruncUnit::Quarter,
+                        "year" | "years" => TruncUnit::Year,
+                        other => {
+                            return Err(unsupported(format!(
+                                "date_trunc to {other} is not supported in flows"
+                            )))
+                        }
+                    }
+                }
+                _ => {
+                    return Err(unsupported(
+                        "date_trunc needs a constant granularity in flows",
+                    ))
+                }
+            };
+            let (ts, n) = lower_expr(raw[1], schema, ctx)?;
+            if !ts.ty().is_timestamp() {
+                return Err(unsupported(format!(
+                    "date_trunc over {} is not supported in flows",
+                    ts.ty()
+                )));
+            }
+            let t = out_ty.unwrap_or(ts.ty());
+            if !t.is_timestamp() {
+                return Err(unsupported("date_trunc must return a timestamp"));
+            }
+            return Ok((
+                Expr::Call(Func::DateTrunc(unit), vec![ts], t),
+                out_null.unwrap_or(n),
+            ));
+        }
+        other => {
+            return Err(unsupported(format!(
+                "function {other} is not supported in flows"
+            )))
+        }
+    };
+    let (args, any_null) = lower_all(0)?;
+    let arity_ok = match &func {
+        Func::Arith(_) | Func::Cmp(_) => args.len() == 2,
+        Func::And | Func::Or | Func::Concat | Func::StrConcat | Func::Coalesce => !args.is_empty(),
+        Func::Like { .. } => args.len() == 2 || args.len() == 3,
+        Func::Round | Func::Trunc => args.len() == 1 || args.len() == 2,
+        _ => args.len() == 1,
+    };
+    if !arity_ok {
+        return Err(bad(format!(
+            "function {name} called with {} arguments",
+            args.len()
+        )));
+    }
+    let first = args.first().map(|a| a.ty()).unwrap_or(DataType::Int64);
+    let boolean = matches!(
+        func,
+        Func::Cmp(_)
+            | Func::And
+            | Func::Or
+            | Func::Not
+            | Func::IsNull
+            | Func::IsNotNull
+            | Func::IsTrue
+            | Func::IsFalse
+            | Func::IsNotTrue
+            | Func::IsNotFalse
+            | Func::Like { .. }
+    );
+    let t = if boolean {
+        DataType::Boolean
+    } else {
+        out_ty.unwrap_or(match func {
+            Func::Concat | Func::StrConcat | Func::Lower | Func::Upper => DataType::Utf8,
+            Func::CharLength => DataType::Int32,
+            Func::Round | Func::Trunc | Func::Floor | Func::Ceil => DataType::Float64,
+            _ => first,
+        })
+    };
+    // Type checks for what the evaluator implements.
+    let bad_types = |what: &str| {
+        unsupported(format!(
+            "{name} over {} is not supported in flows ({what})",
+            args.iter()
+                .map(|a| a.ty().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    };
+    match &func {
+        Func::Arith(_) => {
+            if !(t.is_numeric() && args.iter().all(|a| a.ty().is_numeric())) {
+                return Err(bad_types("only numeric arithmetic"));
+            }
+        }
+        Func::Negate | Func::Abs | Func::Round | Func::Trunc | Func::Floor | Func::Ceil => {
+            if !(first.is_numeric() && t.is_numeric()) {
+                return Err(bad_types("numeric only"));
+            }
+        }
+        Func::Lower | Func::Upper | Func::CharLength | Func::Like { .. } => {
+            if first != DataType::Utf8 {
+                return Err(bad_types("strings only"));
+            }
+        }
+        Func::Cmp(_) => {
+            let (a, b) = (args[0].ty().storage(), args[1].ty().storage());
+            if (a == crate::types::Storage::Bytes) != (b == crate::types::Storage::Bytes) {
+                return Err(bad_types("mixed comparison"));
+            }
+        }
+        Func::Concat | Func::StrConcat => {
+            if t != DataType::Utf8 {
+                return Err(bad_types("string concatenation only"));
+            }
+        }
+        Func::Coalesce => {
+            if args.iter().any(|a| !cast_supported(a.ty(), t)) {
+                return Err(bad_types("incompatible types"));
+            }
+        }
+        _ => {}
+    }
+    let nullable = match &func {
+        Func::IsNull | Func::IsNotNull | Func::IsTrue | Func::IsFalse | Func::IsNotTrue => false,
+        Func::IsNotFalse => false,
+        Func::Cmp(Cmp::Distinct | Cmp::NotDistinct) => false,
+        _ => out_null.unwrap_or(any_null),
+    };
+    Ok((Expr::Call(func, args, t), nullable))
+}

@@ -1,0 +1,476 @@
+//! Native mirror of the WIT `types` interface, plus row-oriented helpers for tests and hosts.
+
+use std::fmt;
+
+/// Logical column types (see `wit/flow.wit` for how each travels in a [`Column`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DataType {
+    Boolean,
+    Int8,
+    Int16,
+    Int32,
+    Int64,
+    UInt8,
+    UInt16,
+    UInt32,
+    UInt64,
+    Float32,
+    Float64,
+    Utf8,
+    Binary,
+    TimestampSecond,
+    TimestampMillisecond,
+    TimestampMicrosecond,
+    TimestampNanosecond,
+    Date32,
+}
+
+/// How values of a type are stored in a [`Column`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Storage {
+    Ints,
+    Floats,
+    Bytes,
+}
+
+impl DataType {
+    pub const ALL: [DataType; 18] = [
+        DataType::Boolean,
+        DataType::Int8,
+        DataType::Int16,
+        DataType::Int32,
+        DataType::Int64,
+        DataType::UInt8,
+        DataType::UInt16,
+        DataType::UInt32,
+        DataType::UInt64,
+        DataType::Float32,
+        DataType::Float64,
+        DataType::Utf8,
+        DataType::Binary,
+        DataType::TimestampSecond,
+        DataType::TimestampMillisecond,
+        DataType::TimestampMicrosecond,
+        DataType::TimestampNanosecond,
+        DataType::Date32,
+    ];
+
+    pub fn storage(self) -> Storage {
+        match self {
+            DataType::Float32 | DataType::Float64 => Storage::Floats,
+            DataType::Utf8 | DataType::Binary => Storage::Bytes,
+            _ => Storage::Ints,
+        }
+    }
+
+    pub fn code(self) -> u8 {
+        DataType::ALL.iter().position(|t| *t == self).unwrap_or(0) as u8
+    }
+
+    pub fn from_code(code: u8) -> Option<DataType> {
+        DataType::ALL.get(code as usize).copied()
+    }
+
+    pub fn is_timestamp(self) -> bool {
+        matches!(
+            self,
+            DataType::TimestampSecond
+                | DataType::TimestampMillisecond
+                | DataType::TimestampMicrosecond
+                | DataType::TimestampNanosecond
+        )
+    }
+
+    pub fn is_signed_int(self) -> bool {
+        matches!(
+            self,
+            DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64
+        )
+    }
+
+    pub fn is_unsigned_int(self) -> bool {
+        matches!(
+            self,
+            DataType::UInt8 | DataType::UInt16 | DataType::UInt32 | DataType::UInt64
+        )
+    }
+
+    pub fn is_integer(self) -> bool {
+        self.is_signed_int() || self.is_unsigned_int()
+    }
+
+    pub fn is_float(self) -> bool {
+        matches!(self, DataType::Float32 | DataType::Float64)
+    }
+
+    pub fn is_numeric(self) -> bool {
+        self.is_integer() || self.is_float()
+    }
+
+    /// Nanoseconds per unit of a timestamp type.
+    pub fn timestamp_unit_nanos(self) -> Option<i64> {
+        match self {
+            DataType::TimestampSecond => Some(1_000_000_000),
+            DataType::TimestampMillisecond => Some(1_000_000),
+            DataType::TimestampMicrosecond => Some(1_000),
+            DataType::TimestampNanosecond => Some(1),
+            _ => None,
+        }
+    }
+
+    /// Wraps an integer to this type's width (two's complement), as Arrow's wrapping kernels do.
+    pub fn wrap_int(self, v: i64) -> i64 {
+        match self {
+            DataType::Boolean => (v != 0) as i64,
+            DataType::Int8 => v as i8 as i64,
+            DataType::Int16 => v as i16 as i64,
+            DataType::Int32 => v as i32 as i64,
+            DataType::UInt8 => v as u8 as i64,
+            DataType::UInt16 => v as u16 as i64,
+            DataType::UInt32 => v as u32 as i64,
+            DataType::Date32 => v as i32 as i64,
+            _ => v,
+        }
+    }
+}
+
+impl fmt::Display for DataType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Field {
+    pub name: String,
+    pub data_type: DataType,
+    pub nullable: bool,
+}
+
+impl Field {
+    pub fn new(name: impl Into<String>, data_type: DataType, nullable: bool) -> Field {
+        Field {
+            name: name.into(),
+            data_type,
+            nullable,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceSchema {
+    pub name: String,
+    pub fields: Vec<Field>,
+}
+
+/// One column of a batch; only the list matching the column's type is filled.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Column {
+    pub ints: Vec<i64>,
+    pub floats: Vec<f64>,
+    pub bytes: Vec<u8>,
+    pub offsets: Vec<u32>,
+    pub nulls: Vec<u8>,
+}
+
+impl Column {
+    pub fn is_null(&self, i: usize) -> bool {
+        self.nulls.get(i).is_some_and(|n| *n != 0)
+    }
+
+    /// Bytes of row `i` of a utf8/binary column (empty when out of range).
+    pub fn bytes_at(&self, i: usize) -> &[u8] {
+        let (Some(&s), Some(&e)) = (self.offsets.get(i), self.offsets.get(i + 1)) else {
+            return &[];
+        };
+        self.bytes.get(s as usize..e as usize).unwrap_or(&[])
+    }
+
+    pub fn approx_bytes(&self) -> usize {
+        self.ints.len() * 8
+            + self.floats.len() * 8
+            + self.bytes.len()
+            + self.offsets.len() * 4
+            + self.nulls.len()
+    }
+}
+
+/// A batch of diff rows: row i is (columns[..][i], times[i], diffs[i]).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Batch {
+    pub rows: u32,
+    pub columns: Vec<Column>,
+    pub times: Vec<i64>,
+    pub diffs: Vec<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TickOutput {
+    pub output: Batch,
+    pub more: bool,
+    pub next_wakeup: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FlowError {
+    BadInput(String),
+    Unsupported(String),
+    LimitExceeded(String),
+    Internal(String),
+}
+
+impl fmt::Display for FlowError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FlowError::BadInput(m) => write!(f, "bad input: {m}"),
+            FlowError::Unsupported(m) => write!(f, "unsupported: {m}"),
+            FlowError::LimitExceeded(m) => write!(f, "limit exceeded: {m}"),
+            FlowError::Internal(m) => write!(f, "internal error: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for FlowError {}
+
+pub(crate) fn bad(msg: impl Into<String>) -> FlowError {
+    FlowError::BadInput(msg.into())
+}
+
+pub(crate) fn unsupported(msg: impl Into<String>) -> FlowError {
+    FlowError::Unsupported(msg.into())
+}
+
+pub(crate) fn internal(msg: impl Into<String>) -> FlowError {
+    FlowError::Internal(msg.into())
+}
+
+/// A row-oriented value, for building and reading batches in tests and hosts.
+///
+/// Booleans read back as `Bool`, signed integers, timestamps and dates as `Int`,
+/// unsigned integers as `UInt`, floats as `Float`, utf8 as `Str`, binary as `Bytes`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    Null,
+    Bool(bool),
+    Int(i64),
+    UInt(u64),
+    Float(f64),
+    Str(String),
+    Bytes(Vec<u8>),
+}
+
+impl Batch {
+    /// Builds a batch from rows of values (one `Vec<Value>` per row, in `fields` order).
+    pub fn from_rows(
+        fields: &[Field],
+        rows: &[Vec<Value>],
+        times: &[i64],
+        diffs: &[i64],
+    ) -> Result<Batch, FlowError> {
+        if times.len() != rows.len() || diffs.len() != rows.len() {
+            return Err(bad("rows, times and diffs must have the same length"));
+        }
+        let n = u32::try_from(rows.len()).map_err(|_| bad("too many rows"))?;
+        let mut columns: Vec<Column> = fields.iter().map(|_| Column::default()).collect();
+        for (ci, (f, col)) in fields.iter().zip(columns.iter_mut()).enumerate() {
+            let any_null = rows
+                .iter()
+                .any(|r| matches!(r.get(ci), Some(Value::Null) | None));
+            if any_null {
+                col.nulls = Vec::with_capacity(rows.len());
+            }
+            if f.data_type.storage() == Storage::Bytes {
+                col.offsets.push(0);
+            }
+            for r in rows {
+                if r.len() != fields.len() {
+                    return Err(bad(format!(
+                        "row has {} values, schema has {} fields",
+                        r.len(),
+                        fields.len()
+                    )));
+                }
+                let v = r.get(ci).unwrap_or(&Value::Null);
+                if any_null {
+                    col.nulls.push(matches!(v, Value::Null) as u8);
+                }
+                match f.data_type.storage() {
+                    Storage::Ints => col.ints.push(match v {
+                        Value::Null => 0,
+                        Value::Bool(b) => *b as i64,
+                        Value::Int(i) => f.data_type.wrap_int(*i),
+                        Value::UInt(u) => f.data_type.wrap_int(*u as i64),
+                        other => {
+                            return Err(bad(format!(
+                                "value {other:?} does not fit column {} of type {}",
+                                f.name, f.data_type
+                            )))
+                        }
+                    }),
+                    Storage::Floats => col.floats.push(match v {
+                        Value::Null => 0.0,
+                        Value::Float(x) => *x,
+                        Value::Int(i) => *i as f64,
+                        Value::UInt(u) => *u as f64,
+                        other => {
+                            return Err(bad(format!(
+                                "value {other:?} does not fit column {} of type {}",
+                                f.name, f.data_type
+                            )))
+                        }
+                    }),
+                    Storage::Bytes => {
+                        match v {
+                            Value::Null => {}
+                            Value::Str(s) => col.bytes.extend_from_slice(s.as_bytes()),
+                            Value::Bytes(b) => col.bytes.extend_from_slice(b),
+                            other => {
+                                return Err(bad(format!(
+                                    "value {other:?} does not fit column {} of type {}",
+                                    f.name, f.data_type
+                                )))
+                            }
+                        }
+                        let off = u32::try_from(col.bytes.len())
+                            .map_err(|_| bad("column bytes exceed 4 GiB"))?;
+                        col.offsets.push(off);
+                    }
+                }
+            }
+        }
+        Ok(Batch {
+            rows: n,
+            columns,
+            times: times.to_vec(),
+            diffs: diffs.to_vec(),
+        })
+    }
+
+    /// Reads a batch back as rows: (values, time, diff).
+    pub fn to_rows(&self, fields: &[Field]) -> Vec<(Vec<Value>, i64, i64)> {
+        let n = self.rows as usize;
+        (0..n)
+            .map(|i| {
+                let vals = fields
+                    .iter()
+                    .zip(self.columns.iter())
+                    .map(|(f, c)| value_at(f.data_type, c, i))
+                    .collect();
+                (
+                    vals,
+                    self.times.get(i).copied().unwrap_or(0),
+                    self.diffs.get(i).copied().unwrap_or(0),
+                )
+            })
+            .collect()
+    }
+}
+
+/// Reads one value of a column as a [`Value`].
+pub fn value_at(ty: DataType, c: &Column, i: usize) -> Value {
+    if c.is_null(i) {
+        return Value::Null;
+    }
+    match ty.storage() {
+        Storage::Ints => {
+            let v = c.ints.get(i).copied().unwrap_or(0);
+            if ty == DataType::Boolean {
+                Value::Bool(v != 0)
+            } else if ty.is_unsigned_int() {
+                Value::UInt(v as u64)
+            } else {
+                Value::Int(v)
+            }
+        }
+        Storage::Floats => Value::Float(c.floats.get(i).copied().unwrap_or(0.0)),
+        Storage::Bytes => {
+            let b = c.bytes_at(i);
+            if ty == DataType::Utf8 {
+                Value::Str(String::from_utf8_lossy(b).into_owned())
+            } else {
+                Value::Bytes(b.to_vec())
+            }
+        }
+    }
+}
+
+/// Checks that a batch matches `fields` exactly as the WIT contract describes.
+pub fn validate_batch(fields: &[Field], b: &Batch) -> Result<(), FlowError> {
+    let n = b.rows as usize;
+    if b.columns.len() != fields.len() {
+        return Err(bad(format!(
+            "batch has {} columns, source has {}",
+            b.columns.len(),
+            fields.len()
+        )));
+    }
+    if b.times.len() != n || b.diffs.len() != n {
+        return Err(bad(format!(
+            "batch of {n} rows has {} times and {} diffs",
+            b.times.len(),
+            b.diffs.len()
+        )));
+    }
+    for (f, c) in fields.iter().zip(b.columns.iter()) {
+        let name = &f.name;
+        if !(c.nulls.is_empty() || c.nulls.len() == n) {
+            return Err(bad(format!(
+                "column {name}: nulls must be empty or have one byte per row"
+            )));
+        }
+        if !f.nullable && c.nulls.iter().any(|x| *x != 0) {
+            return Err(bad(format!("column {name} is not nullable but has nulls")));
+        }
+        let (ni, nf, nb) = match f.data_type.storage() {
+            Storage::Ints => (n, 0, false),
+            Storage::Floats => (0, n, false),
+            Storage::Bytes => (0, 0, true),
+        };
+        if c.ints.len() != ni || c.floats.len() != nf {
+            return Err(bad(format!(
+                "column {name} of type {}: expected {ni} ints and {nf} floats, got {} and {}",
+                f.data_type,
+                c.ints.len(),
+                c.floats.len()
+            )));
+        }
+        if nb {
+            if c.offsets.len() != n + 1 {
+                return Err(bad(format!(
+                    "column {name}: offsets must have rows + 1 = {} entries, got {}",
+                    n + 1,
+                    c.offsets.len()
+                )));
+            }
+            if c.offsets.first() != Some(&0) {
+                return Err(bad(format!("column {name}: offsets must start at 0")));
+            }
+            if c.offsets.windows(2).any(|w| w[0] > w[1]) {
+                return Err(bad(format!("column {name}: offsets are not monotone")));
+            }
+            if c.offsets.last().copied().unwrap_or(0) as usize > c.bytes.len() {
+                return Err(bad(format!("column {name}: offsets run past the bytes")));
+            }
+            if f.data_type == DataType::Utf8 {
+                for i in 0..n {
+                    if std::str::from_utf8(c.bytes_at(i)).is_err() {
+                        return Err(bad(format!("column {name}: row {i} is not valid UTF-8")));
+                    }
+                }
+            }
+        } else if !c.bytes.is_empty() || !c.offsets.is_empty() {
+            return Err(bad(format!(
+                "column {name} of type {} must not carry bytes or offsets",
+                f.data_type
+            )));
+        }
+        if f.data_type == DataType::Boolean && c.ints.iter().any(|v| *v != 0 && *v != 1) {
+            return Err(bad(format!("column {name}: booleans must be 0 or 1")));
+        }
+        let t = f.data_type;
+        if c.ints.iter().any(|v| t.wrap_int(*v) != *v) {
+            return Err(bad(format!("column {name}: value out of range for {t}")));
+        }
+    }
+    Ok(())
+}

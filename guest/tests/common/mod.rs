@@ -1,0 +1,341 @@
+//! Test helpers: DataFusion-produced Substrait plans and DataFusion as the reference engine.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    Array, ArrayRef, BinaryArray, BooleanArray, Date32Array, Float32Array, Float64Array,
+    Int16Array, Int32Array, Int64Array, Int8Array, RecordBatch, StringArray, StringViewArray,
+    TimestampMicrosecondArray, TimestampMillisecondArray, TimestampNanosecondArray,
+    TimestampSecondArray, UInt16Array, UInt32Array, UInt64Array, UInt8Array,
+};
+use datafusion::arrow::datatypes::{DataType as A, Field as AField, Schema, TimeUnit};
+use datafusion::datasource::MemTable;
+use datafusion::prelude::SessionContext;
+use prost::Message;
+use sandflow_guest::{DataType, Field, SourceSchema, Value};
+
+pub fn arrow_type(t: DataType) -> A {
+    match t {
+        DataType::Boolean => A::Boolean,
+        DataType::Int8 => A::Int8,
+        DataType::Int16 => A::Int16,
+        DataType::Int32 => A::Int32,
+        DataType::Int64 => A::Int64,
+        DataType::UInt8 => A::UInt8,
+        DataType::UInt16 => A::UInt16,
+        DataType::UInt32 => A::UInt32,
+        DataType::UInt64 => A::UInt64,
+        DataType::Float32 => A::Float32,
+        DataType::Float64 => A::Float64,
+        DataType::Utf8 => A::Utf8,
+        DataType::Binary => A::Binary,
+        DataType::TimestampSecond => A::Timestamp(TimeUnit::Second, None),
+        DataType::TimestampMillisecond => A::Timestamp(TimeUnit::Millisecond, None),
+        DataType::TimestampMicrosecond => A::Timestamp(TimeUnit::Microsecond, None),
+        DataType::TimestampNanosecond => A::Timestamp(TimeUnit::Nanosecond, None),
+        DataType::Date32 => A::Date32,
+    }
+}
+
+pub fn from_arrow_type(t: &A) -> Option<DataType> {
+    Some(match t {
+        A::Boolean => DataType::Boolean,
+        A::Int8 => DataType::Int8,
+        A::Int16 => DataType::Int16,
+        A::Int32 => DataType::Int32,
+        A::Int64 => DataType::Int64,
+        A::UInt8 => DataType::UInt8,
+        A::UInt16 => DataType::UInt16,
+        A::UInt32 => DataType::UInt32,
+        A::UInt64 => DataType::UInt64,
+        A::Float32 => DataType::Float32,
+        A::Float64 => DataType::Float64,
+        A::Utf8 | A::Utf8View | A::LargeUtf8 => DataType::Utf8,
+        A::Binary => DataType::Binary,
+        A::Timestamp(TimeUnit::Second, _) => DataType::TimestampSecond,
+        A::Timestamp(TimeUnit::Millisecond, _) => DataType::TimestampMillisecond,
+        A::Timestamp(TimeUnit::Microsecond, _) => DataType::TimestampMicrosecond,
+        A::Timestamp(TimeUnit::Nanosecond, _) => DataType::TimestampNanosecond,
+        A::Date32 => DataType::Date32,
+        _ => return None,
+    })
+}
+
+pub fn arrow_schema(fields: &[Field]) -> Arc<Schema> {
+    Arc::new(Schema::new(
+        fields
+            .iter()
+            .map(|f| AField::new(&f.name, arrow_type(f.data_type), f.nullable))
+            .collect::<Vec<_>>(),
+    ))
+}
+
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime")
+}
+
+pub fn context(tables: &[SourceSchema], rows: &[Vec<Vec<Value>>]) -> SessionContext {
+    let ctx = SessionContext::new();
+    for (i, t) in tables.iter().enumerate() {
+        let schema = arrow_schema(&t.fields);
+        let data = rows.get(i).cloned().unwrap_or_default();
+        let batch = to_record_batch(&t.fields, &data, schema.clone());
+        let mem = MemTable::try_new(schema, vec![vec![batch]]).expect("memtable");
+        ctx.register_table(t.name.as_str(), Arc::new(mem))
+            .expect("register");
+    }
+    ctx
+}
+
+/// Substrait plan bytes for `sql`, as the host produces them, plus DataFusion's output schema.
+pub fn plan(
+    rt: &tokio::runtime::Runtime,
+    sql: &str,
+    tables: &[SourceSchema],
+    optimized: bool,
+) -> Result<(Vec<u8>, Vec<(String, Option<DataType>, bool)>), String> {
+    let ctx = context(tables, &[]);
+    rt.block_on(async {
+        let df = ctx.sql(sql).await.map_err(|e| e.to_string())?;
+        let lp = if optimized {
+            df.into_optimized_plan().map_err(|e| e.to_string())?
+        } else {
+            df.logical_plan().clone()
+        };
+        let schema = lp
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| {
+                (
+                    f.name().clone(),
+                    from_arrow_type(f.data_type()),
+                    f.is_nullable(),
+                )
+            })
+            .collect();
+        let p = datafusion_substrait::logical_plan::producer::to_substrait_plan(&lp, &ctx.state())
+            .map_err(|e| e.to_string())?;
+        Ok((p.encode_to_vec(), schema))
+    })
+}
+
+pub fn to_record_batch(fields: &[Field], rows: &[Vec<Value>], schema: Arc<Schema>) -> RecordBatch {
+    let cols: Vec<ArrayRef> = fields
+        .iter()
+        .enumerate()
+        .map(|(ci, f)| {
+            let vals = rows.iter().map(move |r| r[ci].clone());
+            let int = |v: Value| match v {
+                Value::Int(i) => Some(i),
+                Value::UInt(u) => Some(u as i64),
+                Value::Bool(b) => Some(b as i64),
+                _ => None,
+            };
+            let arr: ArrayRef = match f.data_type {
+                DataType::Boolean => Arc::new(BooleanArray::from(
+                    vals.map(|v| match v {
+                        Value::Bool(b) => Some(b),
+                        _ => None,
+                    })
+                    .collect::<Vec<_>>(),
+                )),
+                DataType::Int8 => Arc::new(Int8Array::from(
+                    vals.map(|v| int(v).map(|x| x as i8)).collect::<Vec<_>>(),
+                )),
+                DataType::Int16 => Arc::new(Int16Array::from(
+                    vals.map(|v| int(v).map(|x| x as i16)).collect::<Vec<_>>(),
+                )),
+                DataType::Int32 => Arc::new(Int32Array::from(
+                    vals.map(|v| int(v).map(|x| x as i32)).collect::<Vec<_>>(),
+                )),
+                DataType::Int64 => Arc::new(Int64Array::from(vals.map(int).collect::<Vec<_>>())),
+                DataType::UInt8 => Arc::new(UInt8Array::from(
+                    vals.map(|v| int(v).map(|x| x as u8)).collect::<Vec<_>>(),
+                )),
+                DataType::UInt16 => Arc::new(UInt16Array::from(
+                    vals.map(|v| int(v).map(|x| x as u16)).collect::<Vec<_>>(),
+                )),
+                DataType::UInt32 => Arc::new(UInt32Array::from(
+                    vals.map(|v| int(v).map(|x| x as u32)).collect::<Vec<_>>(),
+                )),
+                DataType::UInt64 => Arc::new(UInt64Array::from(
+                    vals.map(|v| int(v).map(|x| x as u64)).collect::<Vec<_>>(),
+                )),
+                DataType::Float32 => Arc::new(Float32Array::from(
+                    vals.map(|v| match v {
+                        Value::Float(x) => Some(x as f32),
+                        _ => None,
+                    })
+                    .collect::<Vec<_>>(),
+                )),
+                DataType::Float64 => Arc::new(Float64Array::from(
+                    vals.map(|v| match v {
+                        Value::Float(x) => Some(x),
+                        _ => None,
+                    })
+                    .collect::<Vec<_>>(),
+                )),
+                DataType::Utf8 => Arc::new(StringArray::from(
+                    vals.map(|v| match v {
+                        Value::Str(s) => Some(s),
+                        _ => None,
+                    })
+                    .collect::<Vec<_>>(),
+                )),
+                DataType::Binary => {
+                    let v: Vec<Option<Vec<u8>>> = vals
+                        .map(|v| match v {
+                            Value::Bytes(b) => Some(b),
+                            _ => None,
+                        })
+                        .collect();
+                    Arc::new(BinaryArray::from(
+                        v.iter().map(|x| x.as_deref()).collect::<Vec<_>>(),
+                    ))
+                }
+                DataType::TimestampSecond => Arc::new(TimestampSecondArray::from(
+                    vals.map(int).collect::<Vec<_>>(),
+                )),
+                DataType::TimestampMillisecond => Arc::new(TimestampMillisecondArray::from(
+                    vals.map(int).collect::<Vec<_>>(),
+                )),
+                DataType::TimestampMicrosecond => Arc::new(TimestampMicrosecondArray::from(
+                    vals.map(int).collect::<Vec<_>>(),
+                )),
+                DataType::TimestampNanosecond => Arc::new(TimestampNanosecondArray::from(
+                    vals.map(int).collect::<Vec<_>>(),
+                )),
+                DataType::Date32 => Arc::new(Date32Array::from(
+                    vals.map(|v| int(v).map(|x| x as i32)).collect::<Vec<_>>(),
+                )),
+            };
+            arr
+        })
+        .collect();
+    if rows.is_empty() {
+        return RecordBatch::new_empty(schema);
+    }
+    RecordBatch::try_new(schema, cols).expect("record batch")
+}
+
+pub fn arrow_value(a: &dyn Array, i: usize) -> Value {
+    if a.is_null(i) {
+        return Value::Null;
+    }
+    macro_rules! v {
+        ($t:ty, $f:expr) => {
+            $f(a.as_any().downcast_ref::<$t>().expect("downcast").value(i))
+        };
+    }
+    match a.data_type() {
+        A::Boolean => v!(BooleanArray, Value::Bool),
+        A::Int8 => v!(Int8Array, |x| Value::Int(x as i64)),
+        A::Int16 => v!(Int16Array, |x| Value::Int(x as i64)),
+        A::Int32 => v!(Int32Array, |x| Value::Int(x as i64)),
+        A::Int64 => v!(Int64Array, Value::Int),
+        A::UInt8 => v!(UInt8Array, |x| Value::UInt(x as u64)),
+        A::UInt16 => v!(UInt16Array, |x| Value::UInt(x as u64)),
+        A::UInt32 => v!(UInt32Array, |x| Value::UInt(x as u64)),
+        A::UInt64 => v!(UInt64Array, Value::UInt),
+        A::Float32 => v!(Float32Array, |x| Value::Float(x as f64)),
+        A::Float64 => v!(Float64Array, Value::Float),
+        A::Utf8 => v!(StringArray, |x: &str| Value::Str(x.to_string())),
+        A::Utf8View => v!(StringViewArray, |x: &str| Value::Str(x.to_string())),
+        A::Binary => v!(BinaryArray, |x: &[u8]| Value::Bytes(x.to_vec())),
+        A::Timestamp(TimeUnit::Second, _) => v!(TimestampSecondArray, Value::Int),
+        A::Timestamp(TimeUnit::Millisecond, _) => v!(TimestampMillisecondArray, Value::Int),
+        A::Timestamp(TimeUnit::Microsecond, _) => v!(TimestampMicrosecondArray, Value::Int),
+        A::Timestamp(TimeUnit::Nanosecond, _) => v!(TimestampNanosecondArray, Value::Int),
+        A::Date32 => v!(Date32Array, |x| Value::Int(x as i64)),
+        other => panic!("unexpected arrow type {other}"),
+    }
+}
+
+/// Runs `sql` in DataFusion over the given table contents.
+pub fn run_sql(
+    rt: &tokio::runtime::Runtime,
+    sql: &str,
+    tables: &[SourceSchema],
+    rows: &[Vec<Vec<Value>>],
+) -> Result<Vec<Vec<Value>>, String> {
+    let ctx = context(tables, rows);
+    rt.block_on(async {
+        let df = ctx.sql(sql).await.map_err(|e| e.to_string())?;
+        let batches = df.collect().await.map_err(|e| e.to_string())?;
+        let mut out = Vec::new();
+        for b in batches {
+            for i in 0..b.num_rows() {
+                out.push(
+                    b.columns()
+                        .iter()
+                        .map(|c| arrow_value(c.as_ref(), i))
+                        .collect(),
+                );
+            }
+        }
+        Ok(out)
+    })
+}
+
+fn close(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Float(x), Value::Float(y)) => {
+            x == y
+                || (x.is_nan() && y.is_nan())
+                || (x - y).abs() <= 1e-9 * x.abs().max(y.abs()).max(1.0)
+        }
+        _ => a == b,
+    }
+}
+
+/// Multiset equality with a float tolerance.
+pub fn same_multiset(expected: &[Vec<Value>], actual: &[Vec<Value>]) -> bool {
+    if expected.len() != actual.len() {
+        return false;
+    }
+    let mut used = vec![false; actual.len()];
+    'outer: for e in expected {
+        for (j, a) in actual.iter().enumerate() {
+            if !used[j] && a.len() == e.len() && a.iter().zip(e.iter()).all(|(x, y)| close(x, y)) {
+                used[j] = true;
+                continue 'outer;
+            }
+        }
+        return false;
+    }
+    true
+}
+
+/// Accumulates a flow's output deltas into the current result (a multiset of rows).
+#[derive(Default, Debug)]
+pub struct Sink {
+    pub rows: Vec<(Vec<Value>, i64)>,
+}
+
+impl Sink {
+    pub fn apply(&mut self, deltas: Vec<(Vec<Value>, i64, i64)>) {
+        for (row, _t, d) in deltas {
+            let key = format!("{row:?}");
+            if let Some(e) = self.rows.iter_mut().find(|(r, _)| format!("{r:?}") == key) {
+                e.1 += d;
+            } else {
+                self.rows.push((row, d));
+            }
+        }
+        self.rows.retain(|(_, c)| *c != 0);
+    }
+    pub fn contents(&self) -> Vec<Vec<Value>> {
+        let mut out = Vec::new();
+        for (r, c) in &self.rows {
+            assert!(*c > 0, "negative multiplicity {c} for {r:?}");
+            for _ in 0..*c {
+                out.push(r.clone());
+            }
+        }
+        out
+    }
+}
