@@ -11,7 +11,7 @@ wit_bindgen::generate!({
 });
 
 use exports::sandflow::flow::engine::{Guest, GuestFlow};
-use exports::sandflow::flow::types as w;
+use sandflow::flow::types as w;
 
 struct Component;
 
