@@ -1,1 +1,5 @@
-fn main(){}
+//! The `sandflow` binary; see `sandflow --help`.
+
+fn main() -> std::process::ExitCode {
+    sandflow::server::app::main()
+}

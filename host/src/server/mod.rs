@@ -1,1 +1,9 @@
-//! The front doors: PostgreSQL wire protocol and HTTP.
+//! The front doors: PostgreSQL wire protocol and HTTP, and the `sandflow`
+//! command line that starts them.
+
+pub mod app;
+pub mod http;
+pub mod influx;
+pub mod metrics;
+pub mod pg;
+pub mod sqltext;

@@ -1,0 +1,148 @@
+//! `sandflow start`: resolve settings, open the database, serve both front
+//! doors, shut down gracefully on SIGINT/SIGTERM.
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use tokio::sync::watch;
+use tracing::{error, info};
+use tracing_subscriber::EnvFilter;
+
+use crate::config::{Cli, Command, Config};
+use crate::database::Database;
+use crate::server::{http, metrics, pg};
+
+/// The whole binary: parses the command line and runs it.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    match cli.command {
+        Command::Start(args) => {
+            let config = match Config::resolve(&args) {
+                Ok(c) => c,
+                Err(e) => {
+                    error!("{e}");
+                    eprintln!("sandflow: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("sandflow: cannot start the async runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(start(config, shutdown_signal())) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(message) => {
+                    error!("{message}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+fn init_tracing() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
+}
+
+/// Resolves when SIGINT or SIGTERM arrives.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            error!("cannot listen for SIGINT: {e}");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                error!("cannot listen for SIGTERM: {e}");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => info!("SIGINT received"),
+        _ = term => info!("SIGTERM received"),
+    }
+}
+
+/// Opens the database in `config.data_dir`, serves until `shutdown`
+/// resolves, then stops both front doors and closes the database.
+pub async fn start(
+    config: Config,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), String> {
+    let _ = metrics::global();
+    info!(data_dir = %config.data_dir.display(), "opening database");
+    let db = Database::open(&config.data_dir)
+        .await
+        .map_err(|e| format!("cannot open database in {}: {e}", config.data_dir.display()))?;
+
+    let pg_listener = pg::bind(config.postgres_addr).await.map_err(|e| {
+        format!(
+            "cannot listen on {} for PostgreSQL: {e}",
+            config.postgres_addr
+        )
+    })?;
+    let http_listener = tokio::net::TcpListener::bind(config.http_addr)
+        .await
+        .map_err(|e| format!("cannot listen on {} for HTTP: {e}", config.http_addr))?;
+    let pg_addr = pg_listener.local_addr().map_err(|e| e.to_string())?;
+    let http_addr = http_listener.local_addr().map_err(|e| e.to_string())?;
+
+    let handlers = Arc::new(pg::PgHandlers::new(db.clone()).map_err(|e| e.to_string())?);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let pg_task = tokio::spawn(pg::serve(pg_listener, handlers, stop_rx.clone()));
+    let mut http_stop = stop_rx;
+    let http_task = tokio::spawn(http::serve(http_listener, db.clone(), async move {
+        let _ = http_stop.wait_for(|stop| *stop).await;
+    }));
+    info!("PostgreSQL server listening on {pg_addr}");
+    info!("HTTP server listening on {http_addr}");
+
+    shutdown.await;
+    info!("shutting down: no new connections, finishing requests in flight");
+    let _ = stop_tx.send(true);
+    if let Err(e) = pg_task.await {
+        error!("PostgreSQL server task failed: {e}");
+    }
+    match http_task.await {
+        Ok(Ok(())) => info!("HTTP server stopped"),
+        Ok(Err(e)) => error!("HTTP server failed: {e}"),
+        Err(e) => error!("HTTP server task failed: {e}"),
+    }
+    close_database(db).await;
+    info!("sandflow stopped");
+    Ok(())
+}
+
+async fn close_database(db: Arc<Database>) {
+    // Every front-door task has ended, so this is normally the last handle;
+    // dropping it closes the database.
+    let others = Arc::strong_count(&db) - 1;
+    if others > 0 {
+        info!("database still referenced {others} time(s) at shutdown");
+    }
+    drop(db);
+    info!("database closed");
+}

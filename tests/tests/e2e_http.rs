@@ -1,0 +1,174 @@
+//! End-to-end: the real binary over HTTP (/v1/sql, InfluxDB line protocol,
+//! /health, /metrics).
+
+use sandflow_tests::harness::{url_encode, Server};
+use serde_json::json;
+
+#[test]
+fn health_and_metrics() {
+    let s = Server::start();
+    let (status, body) = s.http("GET", "/health", None, "");
+    assert_eq!(status, 200);
+    assert_eq!(body.trim(), "{}");
+
+    // Some traffic on both front doors, one error each.
+    s.sql("SELECT 1");
+    let _ = s.psql("SELECT * FROM no_such_table");
+    let (status, _) = s.http_sql("SELECT * FROM no_such_table");
+    assert!(status >= 400);
+
+    let (status, text) = s.http("GET", "/metrics", None, "");
+    assert_eq!(status, 200);
+    for needle in [
+        "# TYPE sandflow_requests_total counter",
+        "sandflow_requests_total{frontdoor=\"postgres\"}",
+        "sandflow_requests_total{frontdoor=\"http\"}",
+        "sandflow_request_errors_total{frontdoor=\"postgres\"}",
+        "sandflow_request_errors_total{frontdoor=\"http\"}",
+        "sandflow_uptime_seconds",
+    ] {
+        assert!(text.contains(needle), "/metrics lacks {needle}:\n{text}");
+    }
+    let errors = |door: &str| -> f64 {
+        let key = format!("sandflow_request_errors_total{{frontdoor=\"{door}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&key))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    assert!(errors("postgres") >= 1.0, "{text}");
+    assert!(errors("http") >= 1.0, "{text}");
+}
+
+#[test]
+fn sql_endpoint() {
+    let s = Server::start();
+    let (status, v) = s.http_sql(
+        "CREATE TABLE m (host STRING, v DOUBLE, n BIGINT, ts TIMESTAMP(3) TIME INDEX, PRIMARY KEY (host))",
+    );
+    assert_eq!(status, 200, "{v}");
+
+    let (status, v) =
+        s.http_sql("INSERT INTO m VALUES ('a', 1.5, 7, 1000), ('b', 2.5, NULL, 2000)");
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["output"][0]["affectedrows"], json!(2), "{v}");
+
+    // SQL as a query parameter this time.
+    let path = format!(
+        "/v1/sql?db=public&sql={}",
+        url_encode("SELECT host, v, n, ts FROM m ORDER BY host")
+    );
+    let (status, text) = s.http("POST", &path, None, "");
+    assert_eq!(status, 200, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let records = &v["output"][0]["records"];
+    let names: Vec<&str> = records["schema"]["column_schemas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["host", "v", "n", "ts"], "{v}");
+    assert_eq!(records["total_rows"], json!(2), "{v}");
+    assert_eq!(records["rows"][0], json!(["a", 1.5, 7, 1000]), "{v}");
+    assert_eq!(records["rows"][1], json!(["b", 2.5, null, 2000]), "{v}");
+    assert!(v["execution_time_ms"].is_number(), "{v}");
+
+    // Errors: JSON with code and message, 4xx.
+    let (status, v) = s.http_sql("SELEC nonsense");
+    assert!((400..500).contains(&status), "{status} {v}");
+    assert!(v["code"].is_number() && v["error"].is_string(), "{v}");
+    let (status, v) = s.http_sql("SELECT * FROM nope");
+    assert!((400..500).contains(&status), "{status} {v}");
+    let (status, _) = s.http("POST", "/v1/sql", None, "");
+    assert_eq!(status, 400);
+
+    // Still serving.
+    let (status, v) = s.http_sql("SELECT count(*) AS c FROM m");
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["output"][0]["records"]["rows"][0][0], json!(2), "{v}");
+}
+
+#[test]
+fn influx_write_then_select() {
+    let s = Server::start();
+    let body = "\
+# a comment
+weather,city=Paris,sensor=a\\ b temp=21.5,hum=40i,ok=true,note=\"say \\\"hi\\\"\" 1700000000000
+weather,city=Oslo,sensor=x temp=-3.25,hum=80i,ok=f,note=\"cold, dry\" 1700000001000
+";
+    let (status, text) = s.http(
+        "POST",
+        "/v1/influxdb/write?db=public&precision=ms",
+        Some("text/plain"),
+        body,
+    );
+    assert_eq!(status, 204, "{text}\n{}", s.logs());
+
+    let out = s.sql("SELECT city, sensor, temp, hum, ok, note FROM weather ORDER BY city");
+    assert_eq!(
+        out,
+        "Oslo|x|-3.25|80|f|cold, dry\nParis|a b|21.5|40|t|say \"hi\""
+    );
+    let ts = s.sql("SELECT CAST(ts AS BIGINT) FROM weather ORDER BY city");
+    // The time index keeps the written instants (in the table's unit: ms).
+    assert_eq!(ts, "1700000001000\n1700000000000");
+
+    // A second write to the same table (upsert of Paris, new row), ns default
+    // precision, and a missing timestamp (now).
+    let (status, text) = s.http(
+        "POST",
+        "/v1/influxdb/write?db=public",
+        None,
+        "weather,city=Paris,sensor=a\\ b temp=22.5,hum=41i,ok=true,note=\"x\" 1700000000000000000\n\
+         weather,city=Rome,sensor=r temp=30,hum=10i,ok=true,note=\"now\"\n",
+    );
+    assert_eq!(status, 204, "{text}");
+    assert_eq!(s.sql("SELECT count(*) FROM weather"), "3");
+    assert_eq!(
+        s.sql("SELECT temp FROM weather WHERE city = 'Paris'"),
+        "22.5"
+    );
+
+    // Unsigned integers.
+    let (status, text) = s.http(
+        "POST",
+        "/v1/influxdb/write?precision=s",
+        None,
+        "counters,k=v c=18446744073709551615u 10\n",
+    );
+    assert_eq!(status, 204, "{text}");
+    assert_eq!(s.sql("SELECT c FROM counters"), "18446744073709551615");
+}
+
+#[test]
+fn influx_malformed_writes_nothing() {
+    let s = Server::start();
+    let body = "good,t=1 v=1i 1\nbad line without fields\n";
+    let (status, text) = s.http("POST", "/v1/influxdb/write", None, body);
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("line 2"), "{text}");
+    // Nothing was created or written.
+    let err = s.sql_err("SELECT * FROM good");
+    assert!(err.contains("ERROR"), "{err}");
+
+    for bad in [
+        "m v=\"unterminated 1\n",
+        "m v=1i,v=2i 1\n",
+        "m,t v=1 1\n",
+        "m v=12abc 1\n",
+        "m v=1 notatime\n",
+    ] {
+        let (status, text) = s.http("POST", "/v1/influxdb/write", None, bad);
+        assert_eq!(status, 400, "{bad:?}: {text}");
+    }
+    let (status, _) = s.http(
+        "POST",
+        "/v1/influxdb/write?precision=fortnight",
+        None,
+        "m v=1 1\n",
+    );
+    assert_eq!(status, 400);
+    // Still serving.
+    assert_eq!(s.sql("SELECT 1"), "1");
+}
