@@ -124,7 +124,7 @@ impl MultiSet {
         self.ints.is_empty() && self.bytes.is_empty()
     }
     fn approx_bytes(&self) -> usize {
-        self.ints.len() * 24 + self.bytes.iter().map(|(k, _)| k.len() + 40).sum::<usize>()
+        self.ints.len() * 24 + self.bytes.keys().map(|k| k.len() + 40).sum::<usize>()
     }
     fn write(&self, w: &mut Writer) {
         w.u64(self.ints.len() as u64);
@@ -1131,7 +1131,7 @@ fn update(
         }
         State::SumInt { s, n } => {
             for (i, (g, d)) in gids.iter().zip(diffs.iter()).enumerate() {
-                if !simple && !(keep(i) && valid(i)) {
+                if !(simple || keep(i) && valid(i)) {
                     continue;
                 }
                 let gi = *g as usize;
@@ -1144,7 +1144,7 @@ fn update(
         }
         State::AvgInt { s, n } => {
             for (i, (g, d)) in gids.iter().zip(diffs.iter()).enumerate() {
-                if !simple && !(keep(i) && valid(i)) {
+                if !(simple || keep(i) && valid(i)) {
                     continue;
                 }
                 let gi = *g as usize;
@@ -1162,7 +1162,7 @@ fn update(
         }
         State::SumFloat { s, n } | State::AvgFloat { s, n } => {
             for (i, (g, d)) in gids.iter().zip(diffs.iter()).enumerate() {
-                if !simple && !(keep(i) && valid(i)) {
+                if !(simple || keep(i) && valid(i)) {
                     continue;
                 }
                 let gi = *g as usize;

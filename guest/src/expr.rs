@@ -211,7 +211,7 @@ fn bool_col(vals: Vec<i64>, nulls: Vec<u8>) -> Column {
     }
 }
 
-fn arg<'a>(args: &'a [Expr], i: usize) -> Result<&'a Expr, FlowError> {
+fn arg(args: &[Expr], i: usize) -> Result<&Expr, FlowError> {
     args.get(i)
         .ok_or_else(|| crate::types::internal("missing function argument"))
 }

@@ -1,6 +1,6 @@
 //! Lowering of a Substrait plan to the engine's operator plan.
 
-use std::collections::HashMap;
+use crate::hash::FxHashMap;
 
 use prost::Message;
 use substrait::proto::aggregate_function::AggregationInvocation;
@@ -61,7 +61,7 @@ pub(crate) struct Lowered {
 type Schema = Vec<(DataType, bool)>;
 
 struct Ctx<'a> {
-    funcs: HashMap<u32, String>,
+    funcs: FxHashMap<u32, String>,
     sources: &'a [SourceSchema],
     source: Option<usize>,
 }
@@ -69,7 +69,7 @@ struct Ctx<'a> {
 pub(crate) fn lower(plan_bytes: &[u8], sources: &[SourceSchema]) -> Result<Lowered, FlowError> {
     let plan =
         Plan::decode(plan_bytes).map_err(|e| bad(format!("plan is not a Substrait plan: {e}")))?;
-    let mut funcs = HashMap::new();
+    let mut funcs = FxHashMap::default();
     for ext in &plan.extensions {
         if let Some(MappingType::ExtensionFunction(f)) = &ext.mapping_type {
             let name = f.name.split(':').next().unwrap_or("").to_ascii_lowercase();
@@ -693,7 +693,7 @@ fn lower_expr(e: &Expression, schema: &Schema, ctx: &Ctx<'_>) -> Result<(Expr, b
         RexType::Literal(l) => {
             let (v, t) = lower_literal(l)?;
             let null = v == Lit::Null;
-            Ok((Expr::Lit(v, t), null || l.nullable && null))
+            Ok((Expr::Lit(v, t), null))
         }
         RexType::Cast(c) => {
             let input = c.input.as_ref().ok_or_else(|| bad("cast without input"))?;
@@ -1006,39 +1006,33 @@ fn lower_call(
                 .join(", ")
         ))
     };
-    match &func {
-        Func::Arith(_) => {
-            if !(t.is_numeric() && args.iter().all(|a| a.ty().is_numeric())) {
-                return Err(bad_types("only numeric arithmetic"));
-            }
-        }
+    let (ok, what) = match &func {
+        Func::Arith(_) => (
+            t.is_numeric() && args.iter().all(|a| a.ty().is_numeric()),
+            "only numeric arithmetic",
+        ),
         Func::Negate | Func::Abs | Func::Round | Func::Trunc | Func::Floor | Func::Ceil => {
-            if !(first.is_numeric() && t.is_numeric()) {
-                return Err(bad_types("numeric only"));
-            }
+            (first.is_numeric() && t.is_numeric(), "numeric only")
         }
         Func::Lower | Func::Upper | Func::CharLength | Func::Like { .. } => {
-            if first != DataType::Utf8 {
-                return Err(bad_types("strings only"));
-            }
+            (first == DataType::Utf8, "strings only")
         }
         Func::Cmp(_) => {
-            let (a, b) = (args[0].ty().storage(), args[1].ty().storage());
-            if (a == crate::types::Storage::Bytes) != (b == crate::types::Storage::Bytes) {
-                return Err(bad_types("mixed comparison"));
-            }
+            let bytes = |e: &Expr| e.ty().storage() == crate::types::Storage::Bytes;
+            (
+                args.first().map(bytes) == args.get(1).map(bytes),
+                "mixed comparison",
+            )
         }
-        Func::Concat | Func::StrConcat => {
-            if t != DataType::Utf8 {
-                return Err(bad_types("string concatenation only"));
-            }
-        }
-        Func::Coalesce => {
-            if args.iter().any(|a| !cast_supported(a.ty(), t)) {
-                return Err(bad_types("incompatible types"));
-            }
-        }
-        _ => {}
+        Func::Concat | Func::StrConcat => (t == DataType::Utf8, "string concatenation only"),
+        Func::Coalesce => (
+            args.iter().all(|a| cast_supported(a.ty(), t)),
+            "incompatible types",
+        ),
+        _ => (true, ""),
+    };
+    if !ok {
+        return Err(bad_types(what));
     }
     let nullable = match &func {
         Func::IsNull | Func::IsNotNull | Func::IsTrue | Func::IsFalse | Func::IsNotTrue => false,

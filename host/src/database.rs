@@ -1,17 +1,36 @@
-//! The library API of the database: `Database::open(dir)`, `execute(sql)`.
+//! The library API of the database: `Database::open(dir)`, `execute(sql)`,
+//! typed batch inserts, the change feed, and the lookups the flow layer uses.
 //!
-//! STUB: backed by a plain in-memory DataFusion `SessionContext` until storage,
-//! catalog and the SQL layer land. The signatures are the contract the
-//! front doors (server/) build against.
+//! ```no_run
+//! # async fn demo() -> sandflow::Result<()> {
+//! let db = sandflow::Database::open("./data").await?;
+//! db.execute("CREATE TABLE t (host STRING, v DOUBLE, ts TIMESTAMP TIME INDEX, PRIMARY KEY (host))").await?;
+//! let mut feed = db.subscribe("t")?;
+//! db.execute("INSERT INTO t VALUES ('a', 1.0, '2024-01-01 00:00:00')").await?;
+//! let change = feed.recv().await.unwrap(); // diffs: [+1]
+//! # Ok(()) }
+//! ```
 
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::array::{ArrayRef, RecordBatchOptions};
+use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::prelude::SessionContext;
+use datafusion::common::DFSchema;
+use datafusion::logical_expr::simplify::SimplifyContext;
+use datafusion::logical_expr::{cast, Expr};
+use datafusion::optimizer::simplify_expressions::ExprSimplifier;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use tokio::sync::mpsc::UnboundedReceiver;
 
-use crate::error::{Result, SqlSnafu};
+use crate::catalog::{
+    Catalog, ColumnSchema, Table, TableId, TableSchema, DEFAULT_CATALOG, DEFAULT_DATABASE,
+};
+use crate::error::{InvalidDataSnafu, Result, SqlSnafu};
+use crate::sql::provider::{blocking, SandCatalog};
+use crate::storage::{ChangeBatch, CommitInfo, Snapshot, Store, WriteSet};
 
 /// The result of one statement.
 #[derive(Debug, Clone)]
@@ -26,38 +45,305 @@ pub enum Output {
     Affected { tag: String, rows: u64 },
 }
 
+/// Storage, catalog and column defaults, shared by the database handle and
+/// the DataFusion providers.
+pub(crate) struct Core {
+    pub(crate) store: Store,
+    pub(crate) catalog: Catalog,
+    /// Parses default expressions (a private context: no tables needed).
+    expr_ctx: SessionContext,
+    defaults: RwLock<HashMap<TableId, Arc<HashMap<String, Expr>>>>,
+}
+
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Core")
+    }
+}
+
+impl Core {
+    /// The DataFusion expression of a column's default, cast to its type.
+    pub(crate) fn default_expr(&self, column: &ColumnSchema) -> Result<Option<Expr>> {
+        let Some(sql) = &column.default else {
+            return Ok(None);
+        };
+        let expr = self
+            .expr_ctx
+            .parse_sql_expr(sql, &DFSchema::empty())
+            .map_err(|e| {
+                SqlSnafu {
+                    message: format!("invalid DEFAULT {sql} for column '{}': {e}", column.name),
+                }
+                .build()
+            })?;
+        Ok(Some(cast(expr, column.data_type.to_arrow())))
+    }
+
+    /// Evaluates a default for `rows` rows (`now()` is the current time).
+    pub(crate) fn eval_default(
+        &self,
+        column: &ColumnSchema,
+        rows: usize,
+    ) -> Result<Option<ArrayRef>> {
+        let Some(expr) = self.default_expr(column)? else {
+            return Ok(None);
+        };
+        let fail = |e: datafusion::error::DataFusionError| {
+            InvalidDataSnafu {
+                message: format!(
+                    "DEFAULT {} does not give a {} for column '{}': {e}",
+                    column.default.as_deref().unwrap_or_default(),
+                    column.data_type.sql_name(),
+                    column.name
+                ),
+            }
+            .build()
+        };
+        let schema = DFSchema::empty();
+        let simplifier = ExprSimplifier::new(
+            SimplifyContext::builder()
+                .with_schema(Arc::new(schema.clone()))
+                .with_current_time()
+                .build(),
+        );
+        let expr = simplifier.simplify(expr).map_err(fail)?;
+        let phys = self
+            .expr_ctx
+            .create_physical_expr(expr, &schema)
+            .map_err(fail)?;
+        let batch = RecordBatch::try_new_with_options(
+            Arc::new(Schema::empty()),
+            vec![],
+            &RecordBatchOptions::new().with_row_count(Some(rows)),
+        )
+        .map_err(|e| fail(e.into()))?;
+        let array = phys
+            .evaluate(&batch)
+            .and_then(|v| v.into_array(rows))
+            .map_err(fail)?;
+        Ok(Some(array))
+    }
+
+    /// Column defaults of a table for DataFusion's INSERT planning (cached).
+    pub(crate) fn defaults(&self, table: &Table) -> Arc<HashMap<String, Expr>> {
+        if let Ok(cache) = self.defaults.read() {
+            if let Some(d) = cache.get(&table.id()) {
+                return d.clone();
+            }
+        }
+        let mut map = HashMap::new();
+        for c in &table.schema().columns {
+            match self.default_expr(c) {
+                Ok(Some(e)) => {
+                    map.insert(c.name.clone(), e);
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!("ignoring default of {}: {e}", c.name),
+            }
+        }
+        let map = Arc::new(map);
+        if let Ok(mut cache) = self.defaults.write() {
+            cache.insert(table.id(), map.clone());
+        }
+        map
+    }
+
+    pub(crate) fn forget_defaults(&self, id: TableId) {
+        if let Ok(mut cache) = self.defaults.write() {
+            cache.remove(&id);
+        }
+    }
+
+    /// Resolves `t` (default database) or `db.t` for the library API.
+    pub(crate) fn resolve(&self, name: &str) -> Result<Arc<Table>> {
+        let (database, table) = split_name(name);
+        self.catalog.require_table(database, table)
+    }
+}
+
+fn split_name(name: &str) -> (&str, &str) {
+    match name.split_once('.') {
+        Some((d, t)) => (d, t),
+        None => (DEFAULT_DATABASE, name),
+    }
+}
+
+/// A sandflow database: open it on a data dir, then run SQL or use the typed API.
 pub struct Database {
+    core: Arc<Core>,
     ctx: SessionContext,
 }
 
 impl Database {
-    pub async fn open(_dir: impl AsRef<Path>) -> Result<Arc<Database>> {
-        Ok(Arc::new(Database {
-            ctx: SessionContext::new(),
-        }))
+    /// Opens (or creates) the database in `dir`.
+    pub async fn open(dir: impl AsRef<Path>) -> Result<Arc<Database>> {
+        let dir = dir.as_ref().to_path_buf();
+        let (store, catalog) = blocking(move || {
+            let store = Store::open(&dir)?;
+            let catalog = Catalog::load(&store)?;
+            Ok((store, catalog))
+        })
+        .await?;
+        let core = Arc::new(Core {
+            store,
+            catalog,
+            expr_ctx: SessionContext::new(),
+            defaults: RwLock::new(HashMap::new()),
+        });
+        let config = SessionConfig::new()
+            .with_information_schema(true)
+            .with_create_default_catalog_and_schema(false)
+            .with_default_catalog_and_schema(DEFAULT_CATALOG, DEFAULT_DATABASE);
+        let ctx = SessionContext::new_with_config(config);
+        ctx.register_catalog(
+            DEFAULT_CATALOG,
+            Arc::new(SandCatalog { core: core.clone() }),
+        );
+        Ok(Arc::new(Database { core, ctx }))
     }
 
     /// Runs one or more `;`-separated statements, returning one output each.
+    /// Statements run in order; on an error the earlier ones stay applied.
     pub async fn execute(&self, sql: &str) -> Result<Vec<Output>> {
-        let df = self.ctx.sql(sql).await.map_err(|e| {
-            SqlSnafu {
-                message: e.to_string(),
-            }
-            .build()
-        })?;
-        let schema = Arc::new(df.schema().as_arrow().clone());
-        let batches = df.collect().await.map_err(|e| {
-            SqlSnafu {
-                message: e.to_string(),
-            }
-            .build()
-        })?;
-        Ok(vec![Output::Rows { schema, batches }])
+        crate::sql::execute(&self.core, &self.ctx, sql).await
     }
 
     /// A DataFusion context whose catalog sees sandflow's tables, for the
-    /// PostgreSQL extended-query path (parameter binding of SELECTs).
+    /// PostgreSQL extended-query path (parameter binding of SELECTs and DML).
     pub fn session_context(&self) -> SessionContext {
         self.ctx.clone()
+    }
+
+    /// A table by name: `t` (database `public`) or `db.t`. Its
+    /// [`Table::schema`] gives columns, time index and primary key.
+    pub fn table(&self, name: &str) -> Result<Arc<Table>> {
+        self.core.resolve(name)
+    }
+
+    /// All tables of a database, by name.
+    pub fn tables(&self, database: &str) -> Result<Vec<Arc<Table>>> {
+        self.core.catalog.tables(database)
+    }
+
+    /// Creates a table programmatically (e.g. a flow's sink). `name` is `t`
+    /// or `db.t`. Returns the table and whether it was created now.
+    pub async fn create_table(
+        &self,
+        name: &str,
+        schema: TableSchema,
+        if_not_exists: bool,
+    ) -> Result<(Arc<Table>, bool)> {
+        let (database, table) = split_name(name);
+        crate::sql::create_table(
+            &self.core,
+            database,
+            table,
+            schema,
+            Default::default(),
+            if_not_exists,
+        )
+        .await
+    }
+
+    /// Drops a table; `Ok(false)` if it did not exist and `if_exists`.
+    pub async fn drop_table(&self, name: &str, if_exists: bool) -> Result<bool> {
+        let (database, table) = split_name(name);
+        crate::sql::drop_table(&self.core, database, table, if_exists).await
+    }
+
+    /// Writes a batch of rows in one durable commit. Columns are matched by
+    /// name; missing columns take their DEFAULT or NULL; types are cast.
+    /// Returns the number of rows written.
+    pub async fn insert_batch(&self, table: &str, batch: RecordBatch) -> Result<u64> {
+        let table = self.core.resolve(table)?;
+        let batch = self.fill_defaults(&table, batch)?;
+        let mut set = WriteSet::new();
+        set.upsert(table, batch);
+        Ok(self.commit(set).await?.rows)
+    }
+
+    /// Deletes the rows with the (primary key, time index) of `keys`' rows.
+    /// Returns how many rows were deleted.
+    pub async fn delete_batch(&self, table: &str, keys: RecordBatch) -> Result<u64> {
+        let table = self.core.resolve(table)?;
+        let mut set = WriteSet::new();
+        set.delete(table, keys);
+        Ok(self.commit(set).await?.rows)
+    }
+
+    /// Commits a [`WriteSet`] (upserts and deletes on several tables plus
+    /// metadata entries) as ONE durable transaction, then publishes its
+    /// changes. Metadata keys must not start with `catalog/` or `store/`.
+    pub async fn commit(&self, set: WriteSet) -> Result<CommitInfo> {
+        set.check_user_meta()?;
+        let core = self.core.clone();
+        blocking(move || core.store.commit(set)).await
+    }
+
+    /// Reads a metadata entry written through [`Database::commit`].
+    pub fn get_meta(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        self.core.store.get_meta(key)
+    }
+
+    /// Metadata entries whose key starts with `prefix`, in key order.
+    pub fn scan_meta(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
+        self.core.store.scan_meta(prefix)
+    }
+
+    /// Every change to `table` committed from now on, as diff batches.
+    pub fn subscribe(&self, table: &str) -> Result<UnboundedReceiver<ChangeBatch>> {
+        let table = self.core.resolve(table)?;
+        self.core.store.subscribe(&table)
+    }
+
+    /// The table's current rows plus a feed of every later change (no gap,
+    /// no overlap): the back-fill for a new flow.
+    pub fn subscribe_with_snapshot(
+        &self,
+        table: &str,
+    ) -> Result<(Snapshot, UnboundedReceiver<ChangeBatch>)> {
+        let table = self.core.resolve(table)?;
+        self.core.store.subscribe_with_snapshot(&table)
+    }
+
+    /// A consistent copy of the table's rows with the commit sequence it reflects.
+    pub fn snapshot(&self, table: &str) -> Result<Snapshot> {
+        let table = self.core.resolve(table)?;
+        self.core.store.scan(&table)
+    }
+
+    /// The sequence number of the last durable commit.
+    pub fn last_seq(&self) -> Result<u64> {
+        self.core.store.last_seq()
+    }
+
+    /// Adds DEFAULT columns missing from `batch`.
+    fn fill_defaults(&self, table: &Table, batch: RecordBatch) -> Result<RecordBatch> {
+        let input = batch.schema();
+        let mut fields: Vec<Field> = input.fields().iter().map(|f| f.as_ref().clone()).collect();
+        let mut columns = batch.columns().to_vec();
+        for col in &table.schema().columns {
+            if input.index_of(&col.name).is_ok() {
+                continue;
+            }
+            if let Some(array) = self.core.eval_default(col, batch.num_rows())? {
+                fields.push(Field::new(&col.name, array.data_type().clone(), true));
+                columns.push(array);
+            }
+        }
+        if columns.len() == batch.num_columns() {
+            return Ok(batch);
+        }
+        RecordBatch::try_new_with_options(
+            Arc::new(Schema::new(fields)),
+            columns,
+            &RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
+        )
+        .map_err(|e| {
+            InvalidDataSnafu {
+                message: format!("cannot add default columns: {e}"),
+            }
+            .build()
+        })
     }
 }

@@ -29,3 +29,33 @@ pub enum Error {
     #[snafu(display("internal error: {message}"))]
     Internal { message: String },
 }
+
+impl Error {
+    /// A copy of this error (same kind and message); used to carry our errors
+    /// through DataFusion, whose error type owns them.
+    pub fn duplicate(&self) -> Error {
+        match self {
+            Error::Sql { message } => Error::Sql {
+                message: message.clone(),
+            },
+            Error::NotFound { message } => Error::NotFound {
+                message: message.clone(),
+            },
+            Error::Unsupported { message } => Error::Unsupported {
+                message: message.clone(),
+            },
+            Error::InvalidData { message } => Error::InvalidData {
+                message: message.clone(),
+            },
+            Error::Storage { message } => Error::Storage {
+                message: message.clone(),
+            },
+            Error::Flow { message } => Error::Flow {
+                message: message.clone(),
+            },
+            Error::Internal { message } => Error::Internal {
+                message: message.clone(),
+            },
+        }
+    }
+}

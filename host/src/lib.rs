@@ -1,11 +1,14 @@
 //! sandflow: a time-series database whose continuous queries (flows) each run
 //! in their own WebAssembly sandbox. See ARCHITECTURE.md for the map.
 
+pub mod catalog;
 pub mod config;
 pub mod database;
 pub mod error;
 pub mod runtime;
 pub mod server;
+pub mod sql;
+pub mod storage;
 
 pub use database::{Database, Output};
 pub use error::{Error, Result};

@@ -90,13 +90,16 @@ pub fn context(tables: &[SourceSchema], rows: &[Vec<Vec<Value>>]) -> SessionCont
     ctx
 }
 
+/// A column of DataFusion's plan schema: name, type (None if not a sandflow type), nullable.
+pub type PlanField = (String, Option<DataType>, bool);
+
 /// Substrait plan bytes for `sql`, as the host produces them, plus DataFusion's output schema.
 pub fn plan(
     rt: &tokio::runtime::Runtime,
     sql: &str,
     tables: &[SourceSchema],
     optimized: bool,
-) -> Result<(Vec<u8>, Vec<(String, Option<DataType>, bool)>), String> {
+) -> Result<(Vec<u8>, Vec<PlanField>), String> {
     let ctx = context(tables, &[]);
     rt.block_on(async {
         let df = ctx.sql(sql).await.map_err(|e| e.to_string())?;

@@ -1,0 +1,456 @@
+//! The SQL layer: sandflow's own statements (DDL, SHOW, DESC) run here;
+//! queries and DML are planned and run by DataFusion over
+//! [`provider`]'s tables.
+
+pub mod parser;
+pub mod provider;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, StringArray, UInt64Array};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::error::DataFusionError;
+use datafusion::logical_expr::{
+    LogicalPlan, Statement as DfStatement, TransactionConclusion, WriteOp,
+};
+use datafusion::prelude::SessionContext;
+use datafusion::sql::parser::Statement as DFStatement;
+
+use crate::catalog::{ColumnSchema, Table, TableSchema, DEFAULT_DATABASE};
+use crate::database::{Core, Output};
+use crate::error::{
+    Error, InternalSnafu, InvalidDataSnafu, NotFoundSnafu, Result, SqlSnafu, UnsupportedSnafu,
+};
+use parser::{like_match, CreateTable, Stmt, TableName};
+use provider::blocking;
+
+/// Converts a DataFusion error, recovering sandflow errors carried inside it.
+pub fn from_df(e: DataFusionError) -> Error {
+    if let DataFusionError::External(inner) = e.find_root() {
+        if let Some(ours) = inner.downcast_ref::<Error>() {
+            return ours.duplicate();
+        }
+    }
+    let root = e.find_root();
+    let message = e.strip_backtrace();
+    match root {
+        DataFusionError::ArrowError(..) | DataFusionError::Execution(_) => {
+            InvalidDataSnafu { message }.build()
+        }
+        DataFusionError::NotImplemented(_) => UnsupportedSnafu { message }.build(),
+        DataFusionError::Plan(m) if m.contains("not found") && m.starts_with("table") => {
+            NotFoundSnafu {
+                message: format!("{m}; create it with CREATE TABLE or check SHOW TABLES"),
+            }
+            .build()
+        }
+        _ => SqlSnafu { message }.build(),
+    }
+}
+
+pub(crate) async fn execute(
+    core: &Arc<Core>,
+    ctx: &SessionContext,
+    sql: &str,
+) -> Result<Vec<Output>> {
+    let stmts = parser::parse(sql)?;
+    let mut outputs = Vec::with_capacity(stmts.len());
+    for stmt in stmts {
+        outputs.push(execute_stmt(core, ctx, stmt).await?);
+    }
+    Ok(outputs)
+}
+
+fn affected(tag: &str, rows: u64) -> Output {
+    Output::Affected {
+        tag: tag.to_string(),
+        rows,
+    }
+}
+
+async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Result<Output> {
+    match stmt {
+        Stmt::CreateTable(ct) => {
+            let (schema, options) = schema_from_create(&ct)?;
+            create_table(
+                core,
+                &ct.name.database,
+                &ct.name.table,
+                schema,
+                options,
+                ct.if_not_exists,
+            )
+            .await?;
+            Ok(affected("CREATE TABLE", 0))
+        }
+        Stmt::CreateDatabase {
+            name,
+            if_not_exists,
+        } => {
+            let c = core.clone();
+            let created =
+                blocking(move || c.catalog.create_database(&c.store, &name, if_not_exists)).await?;
+            Ok(affected("CREATE DATABASE", created as u64))
+        }
+        Stmt::DropTable { names, if_exists } => {
+            for n in names {
+                drop_table(core, &n.database, &n.table, if_exists).await?;
+            }
+            Ok(affected("DROP TABLE", 0))
+        }
+        Stmt::DropDatabase { name, if_exists } => {
+            let c = core.clone();
+            let dropped =
+                blocking(move || c.catalog.drop_database(&c.store, &name, if_exists)).await?;
+            for t in dropped.unwrap_or_default() {
+                core.forget_defaults(t.id());
+            }
+            Ok(affected("DROP DATABASE", 0))
+        }
+        Stmt::ShowTables { database, like } => {
+            let database = database.unwrap_or_else(|| DEFAULT_DATABASE.to_string());
+            if !core.catalog.database_exists(&database)? {
+                return NotFoundSnafu {
+                    message: format!("database '{database}' does not exist; see SHOW DATABASES"),
+                }
+                .fail();
+            }
+            let names: Vec<String> = core
+                .catalog
+                .tables(&database)?
+                .iter()
+                .map(|t| t.info.name.clone())
+                .filter(|n| like.as_deref().is_none_or(|p| like_match(p, n)))
+                .collect();
+            string_rows(&["Tables"], names.into_iter().map(|n| vec![n]).collect())
+        }
+        Stmt::ShowDatabases { like } => {
+            let names: Vec<String> = core
+                .catalog
+                .database_names()?
+                .into_iter()
+                .filter(|n| like.as_deref().is_none_or(|p| like_match(p, n)))
+                .collect();
+            string_rows(&["Database"], names.into_iter().map(|n| vec![n]).collect())
+        }
+        Stmt::ShowCreateTable(name) => {
+            let table = core.catalog.require_table(&name.database, &name.table)?;
+            string_rows(
+                &["Table", "Create Table"],
+                vec![vec![table.info.name.clone(), show_create_table(&table)]],
+            )
+        }
+        Stmt::Describe(name) => describe(core, &name),
+        Stmt::Query(stmt) => run_datafusion(ctx, *stmt).await,
+    }
+}
+
+async fn run_datafusion(
+    ctx: &SessionContext,
+    stmt: datafusion::sql::sqlparser::ast::Statement,
+) -> Result<Output> {
+    let state = ctx.state();
+    let plan = state
+        .statement_to_plan(DFStatement::Statement(Box::new(stmt)))
+        .await
+        .map_err(from_df)?;
+    let tag = match &plan {
+        LogicalPlan::Ddl(ddl) => {
+            return UnsupportedSnafu {
+                message: format!(
+                    "{} is not supported by sandflow; supported DDL: CREATE/DROP TABLE, CREATE/DROP DATABASE",
+                    ddl.name()
+                ),
+            }
+            .fail()
+        }
+        LogicalPlan::Dml(dml) => match dml.op {
+            WriteOp::Insert(_) => Some("INSERT"),
+            WriteOp::Delete => Some("DELETE"),
+            WriteOp::Update => Some("UPDATE"),
+            _ => Some("INSERT"),
+        },
+        LogicalPlan::Statement(s) => match s {
+            DfStatement::TransactionStart(_) => return Ok(affected("BEGIN", 0)),
+            DfStatement::TransactionEnd(end) => {
+                return Ok(affected(
+                    match end.conclusion {
+                        TransactionConclusion::Commit => "COMMIT",
+                        TransactionConclusion::Rollback => "ROLLBACK",
+                    },
+                    0,
+                ))
+            }
+            DfStatement::SetVariable(_) | DfStatement::ResetVariable(_) => Some("SET"),
+            DfStatement::Prepare(_) => Some("PREPARE"),
+            DfStatement::Deallocate(_) => Some("DEALLOCATE"),
+            DfStatement::Execute(_) => None,
+        },
+        _ => None,
+    };
+    let df = ctx.execute_logical_plan(plan).await.map_err(from_df)?;
+    let schema = Arc::new(df.schema().as_arrow().clone());
+    let batches = df.collect().await.map_err(from_df)?;
+    match tag {
+        Some(tag) => {
+            let rows = batches
+                .iter()
+                .filter(|b| b.num_columns() > 0)
+                .filter_map(|b| b.column(0).as_any().downcast_ref::<UInt64Array>().cloned())
+                .map(|a| a.iter().flatten().sum::<u64>())
+                .sum();
+            Ok(affected(tag, rows))
+        }
+        None => Ok(Output::Rows { schema, batches }),
+    }
+}
+
+/// Creates a table after checking its column defaults.
+pub(crate) async fn create_table(
+    core: &Arc<Core>,
+    database: &str,
+    name: &str,
+    schema: TableSchema,
+    options: BTreeMap<String, String>,
+    if_not_exists: bool,
+) -> Result<(Arc<Table>, bool)> {
+    schema.validate()?;
+    for c in &schema.columns {
+        core.eval_default(c, 1)?;
+    }
+    let mut options = options;
+    if schema.append_mode {
+        options.insert("append_mode".into(), "true".into());
+    }
+    let (c, database, name) = (core.clone(), database.to_string(), name.to_string());
+    blocking(move || {
+        c.catalog
+            .create_table(&c.store, &database, &name, schema, options, if_not_exists)
+    })
+    .await
+}
+
+pub(crate) async fn drop_table(
+    core: &Arc<Core>,
+    database: &str,
+    name: &str,
+    if_exists: bool,
+) -> Result<bool> {
+    let (c, database, name) = (core.clone(), database.to_string(), name.to_string());
+    let dropped =
+        blocking(move || c.catalog.drop_table(&c.store, &database, &name, if_exists)).await?;
+    if let Some(t) = &dropped {
+        core.forget_defaults(t.id());
+    }
+    Ok(dropped.is_some())
+}
+
+/// Turns a parsed CREATE TABLE into a table schema and options.
+pub fn schema_from_create(ct: &CreateTable) -> Result<(TableSchema, BTreeMap<String, String>)> {
+    let table = &ct.name;
+    let sql_fail = |message: String| Err(SqlSnafu { message }.build());
+    let inline_ts: Vec<&str> = ct
+        .columns
+        .iter()
+        .filter(|c| c.time_index)
+        .map(|c| c.name.as_str())
+        .collect();
+    let time_index = match (inline_ts.as_slice(), &ct.time_index) {
+        ([], None) => {
+            return sql_fail(format!(
+                "table '{table}' has no time index; mark one TIMESTAMP column with TIME INDEX, \
+                 e.g. `ts TIMESTAMP TIME INDEX`, or add `TIME INDEX (ts)`"
+            ))
+        }
+        ([one], None) => one.to_string(),
+        ([], Some(c)) => c.clone(),
+        ([one], Some(c)) if *one == c.as_str() => c.clone(),
+        _ => {
+            return sql_fail(format!(
+                "table '{table}' can have only one TIME INDEX column"
+            ))
+        }
+    };
+    let inline_pk: Vec<&str> = ct
+        .columns
+        .iter()
+        .filter(|c| c.primary_key)
+        .map(|c| c.name.as_str())
+        .collect();
+    let primary_key: Vec<String> = match (&ct.primary_key, inline_pk.is_empty()) {
+        (Some(pk), true) => pk.clone(),
+        (None, _) => inline_pk.iter().map(|s| s.to_string()).collect(),
+        (Some(_), false) => {
+            return sql_fail(format!(
+                "table '{table}' declares PRIMARY KEY both on columns and as a constraint; use one"
+            ))
+        }
+    };
+    for name in primary_key.iter().chain(std::iter::once(&time_index)) {
+        if !ct.columns.iter().any(|c| &c.name == name) {
+            return sql_fail(format!(
+                "column '{name}' in TIME INDEX / PRIMARY KEY is not defined in table '{table}'"
+            ));
+        }
+    }
+    let mut columns = Vec::with_capacity(ct.columns.len());
+    for c in &ct.columns {
+        let is_ts = c.name == time_index;
+        if is_ts && c.nullable == Some(true) {
+            return sql_fail(format!("time index column '{}' cannot be NULL", c.name));
+        }
+        if is_ts && !c.data_type.is_timestamp() {
+            return sql_fail(format!(
+                "time index column '{}' must be a TIMESTAMP, not {}",
+                c.name,
+                c.data_type.sql_name()
+            ));
+        }
+        columns.push(ColumnSchema {
+            name: c.name.clone(),
+            data_type: c.data_type,
+            nullable: !is_ts && c.nullable.unwrap_or(true),
+            default: c.default.as_ref().map(|e| e.to_string()),
+            comment: c.comment.clone(),
+        });
+    }
+    let mut append_mode = false;
+    let mut options = BTreeMap::new();
+    for (k, v) in &ct.options {
+        match k.as_str() {
+            "append_mode" => {
+                append_mode = match v.to_ascii_lowercase().as_str() {
+                    "true" => true,
+                    "false" => false,
+                    _ => {
+                        return sql_fail(format!(
+                            "append_mode must be 'true' or 'false', not '{v}'"
+                        ))
+                    }
+                };
+                if append_mode {
+                    options.insert(k.clone(), "true".to_string());
+                }
+            }
+            _ => {
+                return UnsupportedSnafu {
+                    message: format!("table option '{k}' is not supported; supported: append_mode"),
+                }
+                .fail()
+            }
+        }
+    }
+    let pk: Vec<&str> = primary_key.iter().map(String::as_str).collect();
+    let schema = TableSchema::new(columns, &time_index, &pk, append_mode)?;
+    Ok((schema, options))
+}
+
+fn string_rows(columns: &[&str], rows: Vec<Vec<String>>) -> Result<Output> {
+    let schema = Arc::new(Schema::new(
+        columns
+            .iter()
+            .map(|c| Field::new(*c, DataType::Utf8, false))
+            .collect::<Vec<_>>(),
+    ));
+    let arrays: Vec<ArrayRef> = (0..columns.len())
+        .map(|i| {
+            Arc::new(StringArray::from_iter_values(
+                rows.iter().map(|r| r[i].as_str()),
+            )) as ArrayRef
+        })
+        .collect();
+    let batch = RecordBatch::try_new(schema.clone(), arrays).map_err(|e| {
+        InternalSnafu {
+            message: format!("cannot build result: {e}"),
+        }
+        .build()
+    })?;
+    Ok(Output::Rows {
+        schema,
+        batches: vec![batch],
+    })
+}
+
+fn describe(core: &Core, name: &TableName) -> Result<Output> {
+    let table = core.catalog.require_table(&name.database, &name.table)?;
+    let schema = table.schema();
+    let rows = schema
+        .columns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let semantic = schema.semantic_type(i);
+            let key = if semantic == crate::catalog::SemanticType::Field {
+                ""
+            } else {
+                "PRI"
+            };
+            vec![
+                c.name.clone(),
+                c.data_type.display_name().to_string(),
+                key.to_string(),
+                if c.nullable { "YES" } else { "NO" }.to_string(),
+                c.default.clone().unwrap_or_default(),
+                semantic.as_str().to_string(),
+            ]
+        })
+        .collect();
+    string_rows(
+        &["Column", "Type", "Key", "Null", "Default", "Semantic Type"],
+        rows,
+    )
+}
+
+fn quote(ident: &str) -> String {
+    format!("\"{}\"", ident.replace('"', "\"\""))
+}
+
+/// GreptimeDB-style `SHOW CREATE TABLE` text (parses back to the same table).
+pub fn show_create_table(table: &Table) -> String {
+    let schema = table.schema();
+    let mut lines = Vec::new();
+    for c in &schema.columns {
+        let mut line = format!(
+            "  {} {} {}",
+            quote(&c.name),
+            c.data_type.sql_name(),
+            if c.nullable { "NULL" } else { "NOT NULL" }
+        );
+        if let Some(d) = &c.default {
+            line.push_str(&format!(" DEFAULT {d}"));
+        }
+        if let Some(comment) = &c.comment {
+            line.push_str(&format!(" COMMENT '{}'", comment.replace('\'', "''")));
+        }
+        lines.push(line);
+    }
+    lines.push(format!(
+        "  TIME INDEX ({})",
+        quote(&schema.time_index_column().name)
+    ));
+    if !schema.primary_key.is_empty() {
+        let pk: Vec<String> = schema
+            .primary_key_names()
+            .iter()
+            .map(|n| quote(n))
+            .collect();
+        lines.push(format!("  PRIMARY KEY ({})", pk.join(", ")));
+    }
+    let mut out = format!(
+        "CREATE TABLE IF NOT EXISTS {} (\n{}\n)\n",
+        quote(&table.info.name),
+        lines.join(",\n")
+    );
+    if !table.info.options.is_empty() {
+        let opts: Vec<String> = table
+            .info
+            .options
+            .iter()
+            .map(|(k, v)| format!("  {k} = '{}'", v.replace('\'', "''")))
+            .collect();
+        out.push_str(&format!("\nWITH(\n{}\n)", opts.join(",\n")));
+    }
+    out.trim_end().to_string()
+}

@@ -1,0 +1,361 @@
+//! DataFusion sees sandflow's catalog through these providers: a catalog
+//! (`greptime`) whose schemas are sandflow databases and whose tables scan,
+//! insert into and delete from the store — so DataFusion-planned DML (also
+//! prepared statements from the PostgreSQL extended protocol) takes the same
+//! path, with upsert semantics and the change feed.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::array::{BooleanArray, RecordBatch, UInt64Array};
+use datafusion::arrow::compute::and;
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::catalog::{CatalogProvider, SchemaProvider, Session, TableProvider};
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{Column, DFSchema, DataFusionError};
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::datasource::sink::{DataSink, DataSinkExec};
+use datafusion::execution::TaskContext;
+use datafusion::logical_expr::dml::InsertOp;
+use datafusion::logical_expr::{Expr, TableType};
+use datafusion::physical_plan::{
+    common::collect, DisplayAs, DisplayFormatType, ExecutionPlan, SendableRecordBatchStream,
+};
+
+use crate::catalog::Table;
+use crate::database::Core;
+use crate::error::{Error, InvalidDataSnafu, UnsupportedSnafu};
+use crate::storage::WriteSet;
+
+pub(crate) fn to_df(e: Error) -> DataFusionError {
+    DataFusionError::External(Box::new(e))
+}
+
+/// Runs blocking storage work (fsync'd commits) off the async threads.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> crate::Result<T> + Send + 'static,
+) -> crate::Result<T> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| {
+        crate::error::InternalSnafu {
+            message: format!("storage task failed: {e}"),
+        }
+        .build()
+    })?
+}
+
+/// The `greptime` catalog: one schema per sandflow database.
+#[derive(Debug)]
+pub struct SandCatalog {
+    pub(crate) core: Arc<Core>,
+}
+
+impl CatalogProvider for SandCatalog {
+    fn schema_names(&self) -> Vec<String> {
+        self.core.catalog.database_names().unwrap_or_default()
+    }
+
+    fn schema(&self, name: &str) -> Option<Arc<dyn SchemaProvider>> {
+        match self.core.catalog.database_exists(name) {
+            Ok(true) => Some(Arc::new(SandSchema {
+                core: self.core.clone(),
+                database: name.to_string(),
+            })),
+            _ => None,
+        }
+    }
+
+    fn register_schema(
+        &self,
+        name: &str,
+        _schema: Arc<dyn SchemaProvider>,
+    ) -> datafusion::common::Result<Option<Arc<dyn SchemaProvider>>> {
+        Err(to_df(
+            UnsupportedSnafu {
+                message: format!("use CREATE DATABASE {name} to create a database"),
+            }
+            .build(),
+        ))
+    }
+}
+
+#[derive(Debug)]
+pub struct SandSchema {
+    core: Arc<Core>,
+    database: String,
+}
+
+#[async_trait]
+impl SchemaProvider for SandSchema {
+    fn table_names(&self) -> Vec<String> {
+        self.core
+            .catalog
+            .tables(&self.database)
+            .unwrap_or_default()
+            .iter()
+            .map(|t| t.info.name.clone())
+            .collect()
+    }
+
+    async fn table(
+        &self,
+        name: &str,
+    ) -> datafusion::common::Result<Option<Arc<dyn TableProvider>>> {
+        let table = self
+            .core
+            .catalog
+            .table(&self.database, name)
+            .map_err(to_df)?;
+        Ok(table.map(|t| Arc::new(SandTable::new(self.core.clone(), t)) as Arc<dyn TableProvider>))
+    }
+
+    fn register_table(
+        &self,
+        name: String,
+        _table: Arc<dyn TableProvider>,
+    ) -> datafusion::common::Result<Option<Arc<dyn TableProvider>>> {
+        Err(to_df(
+            UnsupportedSnafu {
+                message: format!(
+                    "cannot register '{name}' as a table; create tables with CREATE TABLE ... TIME INDEX"
+                ),
+            }
+            .build(),
+        ))
+    }
+
+    fn deregister_table(
+        &self,
+        name: &str,
+    ) -> datafusion::common::Result<Option<Arc<dyn TableProvider>>> {
+        Err(to_df(
+            UnsupportedSnafu {
+                message: format!("use DROP TABLE {name}"),
+            }
+            .build(),
+        ))
+    }
+
+    fn table_exist(&self, name: &str) -> bool {
+        matches!(self.core.catalog.table(&self.database, name), Ok(Some(_)))
+    }
+}
+
+/// A stored table as a DataFusion table.
+#[derive(Debug)]
+pub struct SandTable {
+    core: Arc<Core>,
+    table: Arc<Table>,
+    defaults: Arc<HashMap<String, Expr>>,
+    /// The table schema with every column nullable. DataFusion plans INSERT
+    /// VALUES with the target's nullability and then fails with an opaque
+    /// message on a NULL; with this the store reports it, naming the column.
+    schema: SchemaRef,
+}
+
+impl SandTable {
+    pub(crate) fn new(core: Arc<Core>, table: Arc<Table>) -> SandTable {
+        let defaults = core.defaults(&table);
+        let schema = nullable_schema(&table.arrow_schema);
+        SandTable {
+            core,
+            table,
+            defaults,
+            schema,
+        }
+    }
+
+    pub fn table(&self) -> &Arc<Table> {
+        &self.table
+    }
+}
+
+fn nullable_schema(schema: &SchemaRef) -> SchemaRef {
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone().with_nullable(true))
+        .collect();
+    Arc::new(Schema::new(fields))
+}
+
+fn count_plan(count: u64) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
+    let schema = Arc::new(Schema::new(vec![Field::new(
+        "count",
+        DataType::UInt64,
+        false,
+    )]));
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        vec![Arc::new(UInt64Array::from(vec![count]))],
+    )?;
+    let exec: Arc<dyn ExecutionPlan> =
+        MemorySourceConfig::try_new_exec(&[vec![batch]], schema, None)?;
+    Ok(exec)
+}
+
+#[async_trait]
+impl TableProvider for SandTable {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    fn get_column_default(&self, column: &str) -> Option<&Expr> {
+        self.defaults.get(column)
+    }
+
+    async fn scan(
+        &self,
+        _state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
+        let snapshot = self.core.store.scan(&self.table).map_err(to_df)?;
+        let batches = snapshot
+            .batches
+            .into_iter()
+            .map(|b| b.with_schema(self.schema.clone()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let exec: Arc<dyn ExecutionPlan> =
+            MemorySourceConfig::try_new_exec(&[batches], self.schema.clone(), projection.cloned())?;
+        Ok(exec)
+    }
+
+    async fn insert_into(
+        &self,
+        _state: &dyn Session,
+        input: Arc<dyn ExecutionPlan>,
+        insert_op: InsertOp,
+    ) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
+        if insert_op != InsertOp::Append {
+            return Err(to_df(
+                UnsupportedSnafu {
+                    message: format!(
+                        "{insert_op} is not supported; INSERT INTO already replaces rows with the same primary key and time index"
+                    ),
+                }
+                .build(),
+            ));
+        }
+        // Nullability is checked by the store with a message naming the column.
+        let sink = SandSink {
+            core: self.core.clone(),
+            table: self.table.clone(),
+            schema: self.schema.clone(),
+        };
+        Ok(Arc::new(DataSinkExec::new(input, Arc::new(sink), None)))
+    }
+
+    async fn delete_from(
+        &self,
+        state: &dyn Session,
+        filters: Vec<Expr>,
+    ) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
+        let df_schema = DFSchema::try_from(self.table.arrow_schema.clone())?;
+        let mut predicates = Vec::with_capacity(filters.len());
+        for f in filters {
+            // Filters name the table (`t.col`); the rows we test have bare columns.
+            let f = f
+                .transform(|e| {
+                    Ok(match e {
+                        Expr::Column(c) => {
+                            Transformed::yes(Expr::Column(Column::new_unqualified(c.name)))
+                        }
+                        other => Transformed::no(other),
+                    })
+                })?
+                .data;
+            predicates.push(state.create_physical_expr(f, &df_schema)?);
+        }
+        let core = self.core.clone();
+        let table = self.table.clone();
+        let info = blocking(move || {
+            let mut predicate = |batch: &RecordBatch| -> crate::Result<BooleanArray> {
+                let mut mask: Option<BooleanArray> = None;
+                for p in &predicates {
+                    let value = p
+                        .evaluate(batch)
+                        .and_then(|v| v.into_array(batch.num_rows()))
+                        .map_err(|e| {
+                            InvalidDataSnafu {
+                                message: e.to_string(),
+                            }
+                            .build()
+                        })?;
+                    let Some(b) = value.as_any().downcast_ref::<BooleanArray>() else {
+                        return InvalidDataSnafu {
+                            message: "the DELETE condition is not a boolean expression",
+                        }
+                        .fail();
+                    };
+                    mask = Some(match mask {
+                        None => b.clone(),
+                        Some(m) => and(&m, b).map_err(|e| {
+                            InvalidDataSnafu {
+                                message: e.to_string(),
+                            }
+                            .build()
+                        })?,
+                    });
+                }
+                Ok(mask.unwrap_or_else(|| BooleanArray::from(vec![true; batch.num_rows()])))
+            };
+            core.store.delete_where(&table, &mut predicate)
+        })
+        .await
+        .map_err(to_df)?;
+        count_plan(info.rows)
+    }
+}
+
+/// Writes everything DataFusion inserts into one table as ONE commit.
+#[derive(Debug)]
+struct SandSink {
+    core: Arc<Core>,
+    table: Arc<Table>,
+    schema: SchemaRef,
+}
+
+impl DisplayAs for SandSink {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "SandflowSink: table={}", self.table.qualified_name())
+    }
+}
+
+#[async_trait]
+impl DataSink for SandSink {
+    fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    async fn write_all(
+        &self,
+        data: SendableRecordBatchStream,
+        _context: &Arc<TaskContext>,
+    ) -> datafusion::common::Result<u64> {
+        let batches = collect(data).await?;
+        let core = self.core.clone();
+        let table = self.table.clone();
+        let info = blocking(move || {
+            let mut set = WriteSet::new();
+            for b in batches {
+                if b.num_rows() > 0 {
+                    set.upsert(table.clone(), b);
+                }
+            }
+            if set.is_empty() {
+                return Ok(0);
+            }
+            Ok(core.store.commit(set)?.rows)
+        })
+        .await
+        .map_err(to_df)?;
+        Ok(info)
+    }
+}

@@ -1,0 +1,680 @@
+//! Durable storage of table rows and metadata, with a change feed.
+//!
+//! Layers, bottom up:
+//! * [`kv`]: the engine interface (ordered key spaces, atomic durable
+//!   transactions); [`redb`](self::redb) implements it.
+//! * [`codec`]: rows ⇄ (key, value) bytes; keys sort by (primary key, time).
+//! * [`Store`]: table semantics on top — upsert by (primary key, time index)
+//!   or append, deletes, consistent scans, metadata entries, and the change
+//!   feed published after each durable commit.
+
+pub(crate) mod codec;
+pub mod kv;
+pub mod redb;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use datafusion::arrow::array::{new_null_array, Array, ArrayRef, BooleanArray};
+use datafusion::arrow::compute::{cast_with_options, CastOptions};
+use datafusion::arrow::record_batch::RecordBatch;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+
+use crate::catalog::{Table, TableId};
+use crate::error::{InternalSnafu, InvalidDataSnafu, Result};
+use codec::{ColumnReader, RowDecoder};
+pub use kv::{KvReadTxn, KvSpace, KvStorage, KvWriteTxn, Space};
+
+/// Meta key holding the sequence number of the last commit.
+const COMMIT_SEQ_KEY: &[u8] = b"store/commit_seq";
+/// Rows per batch produced by scans and feeds.
+const SCAN_BATCH_ROWS: usize = 8192;
+
+/// One committed change to one table, as diff rows: `+1` insert, `-1` delete;
+/// a replacing upsert is `-old` then `+new`. Sent only after the commit is
+/// durable, in commit order (`seq` increases strictly across batches).
+#[derive(Debug, Clone)]
+pub struct ChangeBatch {
+    pub table_id: TableId,
+    /// The commit sequence number of the transaction that made the change.
+    pub seq: u64,
+    /// Full rows in the table's schema.
+    pub batch: RecordBatch,
+    /// One diff per row of `batch`.
+    pub diffs: Vec<i64>,
+}
+
+/// A table's contents at one commit: every later change has a larger `seq`.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub seq: u64,
+    pub batches: Vec<RecordBatch>,
+}
+
+/// A change to metadata, committed atomically with the rest of a transaction.
+#[derive(Debug, Clone)]
+pub enum MetaWrite {
+    Put(String, Vec<u8>),
+    Delete(String),
+    /// Creates the (empty) key space of a new table.
+    CreateTable(TableId),
+    /// Removes a table's key space and rows.
+    DropTable(TableId),
+}
+
+#[derive(Debug, Clone)]
+enum RowOp {
+    Upsert(Arc<Table>, RecordBatch),
+    Delete(Arc<Table>, RecordBatch),
+}
+
+/// A set of writes committed as ONE storage transaction: row upserts and
+/// deletes on any number of tables plus metadata entries (e.g. a flow's
+/// state blob and its source positions).
+#[derive(Debug, Clone, Default)]
+pub struct WriteSet {
+    rows: Vec<RowOp>,
+    meta: Vec<MetaWrite>,
+}
+
+impl WriteSet {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Writes rows (upsert by key, or append for append-mode tables).
+    /// The batch may have the table's columns in any order; missing nullable
+    /// columns are NULL, types are cast to the column types.
+    pub fn upsert(&mut self, table: Arc<Table>, batch: RecordBatch) -> &mut Self {
+        self.rows.push(RowOp::Upsert(table, batch));
+        self
+    }
+
+    /// Deletes the rows whose (primary key, time index) equal those of the
+    /// given rows; other columns of `keys` are ignored. In append-mode tables
+    /// every row with that key is deleted.
+    pub fn delete(&mut self, table: Arc<Table>, keys: RecordBatch) -> &mut Self {
+        self.rows.push(RowOp::Delete(table, keys));
+        self
+    }
+
+    pub fn put_meta(&mut self, key: impl Into<String>, value: Vec<u8>) -> &mut Self {
+        self.meta.push(MetaWrite::Put(key.into(), value));
+        self
+    }
+
+    pub fn delete_meta(&mut self, key: impl Into<String>) -> &mut Self {
+        self.meta.push(MetaWrite::Delete(key.into()));
+        self
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty() && self.meta.is_empty()
+    }
+
+    /// Metadata written by users of the library must stay out of the
+    /// catalog's and the store's own key ranges.
+    pub fn check_user_meta(&self) -> Result<()> {
+        for w in &self.meta {
+            let key = match w {
+                MetaWrite::Put(k, _) | MetaWrite::Delete(k) => k,
+                MetaWrite::CreateTable(_) | MetaWrite::DropTable(_) => {
+                    return InvalidDataSnafu {
+                        message: "create and drop tables through the catalog",
+                    }
+                    .fail()
+                }
+            };
+            if key.starts_with("catalog/") || key.starts_with("store/") {
+                return InvalidDataSnafu {
+                    message: format!(
+                        "metadata key '{key}' is reserved; use another prefix (e.g. flow/)"
+                    ),
+                }
+                .fail();
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a commit did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommitInfo {
+    pub seq: u64,
+    /// Rows written (upserts, including identical rewrites) plus rows deleted.
+    pub rows: u64,
+}
+
+type Subscribers = HashMap<TableId, Vec<UnboundedSender<ChangeBatch>>>;
+
+struct CommitState {
+    last_seq: u64,
+    subscribers: Subscribers,
+}
+
+/// Table storage with upsert semantics and a change feed.
+pub struct Store {
+    kv: Box<dyn KvStorage>,
+    /// Held across commit + publish so feeds see commits in seq order.
+    state: Mutex<CommitState>,
+}
+
+/// One (key, value, diff) change collected while applying a write.
+type Changes = Vec<(Vec<u8>, Vec<u8>, i64)>;
+
+fn poisoned() -> crate::error::Error {
+    InternalSnafu {
+        message: "storage lock poisoned by an earlier panic; restart sandflow".to_string(),
+    }
+    .build()
+}
+
+impl Store {
+    /// Opens the redb-backed store in `dir` (created if missing).
+    pub fn open(dir: &Path) -> Result<Store> {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            crate::error::StorageSnafu {
+                message: format!("cannot create data dir {}: {e}", dir.display()),
+            }
+            .build()
+        })?;
+        let kv = redb::RedbStorage::open(&dir.join("sandflow.redb"))?;
+        Store::with_engine(Box::new(kv))
+    }
+
+    pub fn with_engine(kv: Box<dyn KvStorage>) -> Result<Store> {
+        let last_seq = read_seq(kv.begin_read()?.as_ref())?;
+        Ok(Store {
+            kv,
+            state: Mutex::new(CommitState {
+                last_seq,
+                subscribers: HashMap::new(),
+            }),
+        })
+    }
+
+    /// The sequence number of the last durable commit.
+    pub fn last_seq(&self) -> Result<u64> {
+        Ok(self.state.lock().map_err(|_| poisoned())?.last_seq)
+    }
+
+    /// Commits metadata changes (catalog DDL) as one transaction.
+    pub fn commit_meta(&self, writes: Vec<MetaWrite>) -> Result<u64> {
+        let set = WriteSet {
+            rows: Vec::new(),
+            meta: writes,
+        };
+        Ok(self.commit(set)?.seq)
+    }
+
+    pub fn get_meta(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        self.kv.begin_read()?.get(Space::Meta, key.as_bytes())
+    }
+
+    /// All metadata entries whose key starts with `prefix`.
+    pub fn scan_meta(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
+        let txn = self.kv.begin_read()?;
+        let mut out = Vec::new();
+        txn.scan(Space::Meta, prefix.as_bytes(), &mut |k, v| {
+            if !k.starts_with(prefix.as_bytes()) {
+                return Ok(false);
+            }
+            out.push((String::from_utf8_lossy(k).into_owned(), v.to_vec()));
+            Ok(true)
+        })?;
+        Ok(out)
+    }
+
+    /// Commits a write set atomically and durably, then publishes its changes.
+    pub fn commit(&self, set: WriteSet) -> Result<CommitInfo> {
+        // Validate and normalise every batch before touching storage.
+        let mut ops = Vec::with_capacity(set.rows.len());
+        for op in set.rows {
+            ops.push(match op {
+                RowOp::Upsert(t, b) => {
+                    let b = conform_batch(&t, &b, false)?;
+                    RowOp::Upsert(t, b)
+                }
+                RowOp::Delete(t, b) => {
+                    let b = conform_batch(&t, &b, true)?;
+                    RowOp::Delete(t, b)
+                }
+            });
+        }
+        let mut state = self.state.lock().map_err(|_| poisoned())?;
+        let seq = state.last_seq + 1;
+        let mut txn = self.kv.begin_write()?;
+        let mut rows = 0u64;
+        // Per table, in op order: the changes to publish (only if watched).
+        let mut changes: Vec<(Arc<Table>, Changes)> = Vec::new();
+        for (op_index, op) in ops.iter().enumerate() {
+            let (table, batch, delete) = match op {
+                RowOp::Upsert(t, b) => (t, b, false),
+                RowOp::Delete(t, b) => (t, b, true),
+            };
+            let watched = state.subscribers.contains_key(&table.id());
+            let mut out: Changes = Vec::new();
+            txn.space(Space::Table(table.id()), &mut |space| {
+                rows += if delete {
+                    delete_rows(table, batch, space, watched.then_some(&mut out))?
+                } else {
+                    upsert_rows(
+                        table,
+                        batch,
+                        seq,
+                        op_index as u32,
+                        space,
+                        watched.then_some(&mut out),
+                    )?
+                };
+                Ok(())
+            })?;
+            if watched && !out.is_empty() {
+                match changes.iter_mut().find(|(t, _)| t.id() == table.id()) {
+                    Some((_, c)) => c.append(&mut out),
+                    None => changes.push((table.clone(), out)),
+                }
+            }
+        }
+        let mut dropped = Vec::new();
+        txn.space(Space::Meta, &mut |space| {
+            space.put(COMMIT_SEQ_KEY, &seq.to_be_bytes())?;
+            for w in &set.meta {
+                match w {
+                    MetaWrite::Put(k, v) => {
+                        space.put(k.as_bytes(), v)?;
+                    }
+                    MetaWrite::Delete(k) => {
+                        space.delete(k.as_bytes())?;
+                    }
+                    MetaWrite::CreateTable(_) | MetaWrite::DropTable(_) => {}
+                }
+            }
+            Ok(())
+        })?;
+        for w in &set.meta {
+            match w {
+                MetaWrite::CreateTable(id) => txn.space(Space::Table(*id), &mut |_| Ok(()))?,
+                MetaWrite::DropTable(id) => {
+                    txn.drop_space(Space::Table(*id))?;
+                    dropped.push(*id);
+                }
+                _ => {}
+            }
+        }
+        txn.commit()?;
+        state.last_seq = seq;
+        // Durable: publish.
+        for (table, entries) in changes {
+            let batch = publish_batch(&table, seq, &entries);
+            let Some(subs) = state.subscribers.get_mut(&table.id()) else {
+                continue;
+            };
+            match batch {
+                Ok(change) => subs.retain(|s| s.send(change.clone()).is_ok()),
+                Err(e) => tracing::error!(
+                    "cannot build change batch for {}: {e}",
+                    table.qualified_name()
+                ),
+            }
+            if subs.is_empty() {
+                state.subscribers.remove(&table.id());
+            }
+        }
+        for id in dropped {
+            state.subscribers.remove(&id);
+        }
+        Ok(CommitInfo { seq, rows })
+    }
+
+    /// Deletes, in one transaction, every row for which `predicate` is true
+    /// (NULL counts as false). `predicate` sees rows in the table schema.
+    pub fn delete_where(
+        &self,
+        table: &Arc<Table>,
+        predicate: &mut dyn FnMut(&RecordBatch) -> Result<BooleanArray>,
+    ) -> Result<CommitInfo> {
+        let mut state = self.state.lock().map_err(|_| poisoned())?;
+        let seq = state.last_seq + 1;
+        let watched = state.subscribers.contains_key(&table.id());
+        let mut txn = self.kv.begin_write()?;
+        let mut out: Changes = Vec::new();
+        let mut rows = 0u64;
+        txn.space(Space::Table(table.id()), &mut |space| {
+            // Collect matching keys chunk by chunk, then delete them.
+            let mut doomed: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+            let mut chunk: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+            let mut flush = |chunk: &mut Vec<(Vec<u8>, Vec<u8>)>,
+                             doomed: &mut Vec<(Vec<u8>, Vec<u8>)>|
+             -> Result<()> {
+                if chunk.is_empty() {
+                    return Ok(());
+                }
+                let mut dec = RowDecoder::new(table, chunk.len());
+                for (k, v) in chunk.iter() {
+                    dec.push(k, v)?;
+                }
+                let mask = predicate(&dec.finish()?)?;
+                for (i, entry) in chunk.drain(..).enumerate() {
+                    if mask.is_valid(i) && mask.value(i) {
+                        doomed.push(entry);
+                    }
+                }
+                Ok(())
+            };
+            let mut failure = None;
+            space.scan(&[], &mut |k, v| {
+                chunk.push((k.to_vec(), v.to_vec()));
+                if chunk.len() >= SCAN_BATCH_ROWS {
+                    if let Err(e) = flush(&mut chunk, &mut doomed) {
+                        failure = Some(e);
+                        return Ok(false);
+                    }
+                }
+                Ok(true)
+            })?;
+            if let Some(e) = failure {
+                return Err(e);
+            }
+            flush(&mut chunk, &mut doomed)?;
+            for (k, v) in doomed {
+                space.delete(&k)?;
+                rows += 1;
+                if watched {
+                    out.push((k, v, -1));
+                }
+            }
+            Ok(())
+        })?;
+        txn.space(Space::Meta, &mut |space| {
+            space.put(COMMIT_SEQ_KEY, &seq.to_be_bytes())?;
+            Ok(())
+        })?;
+        txn.commit()?;
+        state.last_seq = seq;
+        if !out.is_empty() {
+            let change = publish_batch(table, seq, &out)?;
+            if let Some(subs) = state.subscribers.get_mut(&table.id()) {
+                subs.retain(|s| s.send(change.clone()).is_ok());
+            }
+        }
+        Ok(CommitInfo { seq, rows })
+    }
+
+    /// A consistent copy of a table's rows (in key order) with the commit
+    /// sequence it reflects.
+    pub fn scan(&self, table: &Table) -> Result<Snapshot> {
+        let txn = self.kv.begin_read()?;
+        let seq = read_seq(txn.as_ref())?;
+        let mut batches = Vec::new();
+        let mut dec = RowDecoder::new(table, SCAN_BATCH_ROWS.min(1024));
+        let mut failure = None;
+        txn.scan(Space::Table(table.id()), &[], &mut |k, v| {
+            if let Err(e) = dec.push(k, v) {
+                failure = Some(e);
+                return Ok(false);
+            }
+            if dec.len() >= SCAN_BATCH_ROWS {
+                match dec.finish() {
+                    Ok(b) => batches.push(b),
+                    Err(e) => {
+                        failure = Some(e);
+                        return Ok(false);
+                    }
+                }
+            }
+            Ok(true)
+        })?;
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        if dec.len() > 0 || batches.is_empty() {
+            batches.push(dec.finish()?);
+        }
+        Ok(Snapshot { seq, batches })
+    }
+
+    /// Receives every change to `table` committed after this call returns.
+    pub fn subscribe(&self, table: &Table) -> Result<UnboundedReceiver<ChangeBatch>> {
+        let (tx, rx) = unbounded_channel();
+        let mut state = self.state.lock().map_err(|_| poisoned())?;
+        state.subscribers.entry(table.id()).or_default().push(tx);
+        Ok(rx)
+    }
+
+    /// A snapshot of `table` and a feed of every change after it, with no gap
+    /// and no overlap: the feed's batches all have `seq > snapshot.seq`.
+    pub fn subscribe_with_snapshot(
+        &self,
+        table: &Table,
+    ) -> Result<(Snapshot, UnboundedReceiver<ChangeBatch>)> {
+        let (tx, rx) = unbounded_channel();
+        let mut state = self.state.lock().map_err(|_| poisoned())?;
+        let snapshot = self.scan(table)?;
+        state.subscribers.entry(table.id()).or_default().push(tx);
+        Ok((snapshot, rx))
+    }
+
+    /// Forgets subscribers of a dropped table (their receivers end).
+    pub fn table_dropped(&self, id: TableId) {
+        if let Ok(mut state) = self.state.lock() {
+            state.subscribers.remove(&id);
+        }
+    }
+}
+
+fn read_seq(txn: &dyn KvReadTxn) -> Result<u64> {
+    match txn.get(Space::Meta, COMMIT_SEQ_KEY)? {
+        None => Ok(0),
+        Some(v) => {
+            let bytes: [u8; 8] = v.as_slice().try_into().map_err(|_| {
+                InternalSnafu {
+                    message: "stored commit sequence is corrupt".to_string(),
+                }
+                .build()
+            })?;
+            Ok(u64::from_be_bytes(bytes))
+        }
+    }
+}
+
+fn readers<'a>(table: &Table, batch: &'a RecordBatch) -> Vec<ColumnReader<'a>> {
+    batch
+        .columns()
+        .iter()
+        .zip(&table.schema().columns)
+        .map(|(a, c)| ColumnReader::new(a, c.data_type))
+        .collect()
+}
+
+fn upsert_rows(
+    table: &Table,
+    batch: &RecordBatch,
+    seq: u64,
+    op_index: u32,
+    space: &mut dyn KvSpace,
+    mut out: Option<&mut Changes>,
+) -> Result<u64> {
+    let readers = readers(table, batch);
+    let append = table.schema().append_mode;
+    let mut key = Vec::with_capacity(64);
+    let mut value = Vec::with_capacity(64);
+    for row in 0..batch.num_rows() {
+        key.clear();
+        value.clear();
+        codec::encode_key(table, &readers, row, &mut key);
+        if append {
+            codec::append_suffix(seq, op_index, row as u32, &mut key);
+        }
+        let old = space.put(&key, value_bytes(table, &readers, row, &mut value))?;
+        if let Some(out) = out.as_deref_mut() {
+            match old {
+                Some(old) if old == value => {}
+                Some(old) => {
+                    out.push((key.clone(), old, -1));
+                    out.push((key.clone(), value.clone(), 1));
+                }
+                None => out.push((key.clone(), value.clone(), 1)),
+            }
+        }
+    }
+    Ok(batch.num_rows() as u64)
+}
+
+fn value_bytes<'v>(
+    table: &Table,
+    readers: &[ColumnReader<'_>],
+    row: usize,
+    value: &'v mut Vec<u8>,
+) -> &'v [u8] {
+    codec::encode_value(table, readers, row, value);
+    value
+}
+
+fn delete_rows(
+    table: &Table,
+    batch: &RecordBatch,
+    space: &mut dyn KvSpace,
+    mut out: Option<&mut Changes>,
+) -> Result<u64> {
+    let readers = readers(table, batch);
+    let mut deleted = 0;
+    let mut key = Vec::with_capacity(64);
+    for row in 0..batch.num_rows() {
+        key.clear();
+        codec::encode_key(table, &readers, row, &mut key);
+        let victims: Vec<(Vec<u8>, Vec<u8>)> = if table.schema().append_mode {
+            let mut v = Vec::new();
+            space.scan(&key, &mut |k, val| {
+                if !k.starts_with(&key) {
+                    return Ok(false);
+                }
+                v.push((k.to_vec(), val.to_vec()));
+                Ok(true)
+            })?;
+            v
+        } else {
+            match space.get(&key)? {
+                Some(v) => vec![(key.clone(), v)],
+                None => vec![],
+            }
+        };
+        for (k, v) in victims {
+            space.delete(&k)?;
+            deleted += 1;
+            if let Some(out) = out.as_deref_mut() {
+                out.push((k, v, -1));
+            }
+        }
+    }
+    Ok(deleted)
+}
+
+fn publish_batch(table: &Table, seq: u64, entries: &Changes) -> Result<ChangeBatch> {
+    let mut dec = RowDecoder::new(table, entries.len());
+    let mut diffs = Vec::with_capacity(entries.len());
+    for (k, v, d) in entries {
+        dec.push(k, v)?;
+        diffs.push(*d);
+    }
+    Ok(ChangeBatch {
+        table_id: table.id(),
+        seq,
+        batch: dec.finish()?,
+        diffs,
+    })
+}
+
+/// Reorders, casts and checks a batch against the table schema. For deletes
+/// (`keys_only`) only the key columns must be present; the others are NULL.
+pub fn conform_batch(table: &Table, batch: &RecordBatch, keys_only: bool) -> Result<RecordBatch> {
+    let schema = table.schema();
+    let input = batch.schema();
+    for f in input.fields() {
+        if schema.column_index(f.name()).is_none() {
+            return InvalidDataSnafu {
+                message: format!(
+                    "column '{}' does not exist in table '{}'",
+                    f.name(),
+                    table.qualified_name()
+                ),
+            }
+            .fail();
+        }
+    }
+    let n = batch.num_rows();
+    let options = CastOptions {
+        safe: false,
+        ..Default::default()
+    };
+    let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.columns.len());
+    for (i, col) in schema.columns.iter().enumerate() {
+        let target = col.data_type.to_arrow();
+        let is_key = table.key_columns.contains(&i);
+        let array = match input.index_of(&col.name) {
+            Ok(idx) => {
+                let a = batch.column(idx);
+                if a.data_type() == &target {
+                    a.clone()
+                } else {
+                    cast_with_options(a, &target, &options).map_err(|e| {
+                        InvalidDataSnafu {
+                            message: format!(
+                                "column '{}' expects {} but got {}: {e}",
+                                col.name,
+                                col.data_type.sql_name(),
+                                a.data_type()
+                            ),
+                        }
+                        .build()
+                    })?
+                }
+            }
+            Err(_) if keys_only && !is_key => new_null_array(&target, n),
+            Err(_) if col.nullable => new_null_array(&target, n),
+            Err(_) => {
+                return InvalidDataSnafu {
+                    message: format!(
+                        "column '{}' of table '{}' is NOT NULL and has no value; provide it",
+                        col.name,
+                        table.qualified_name()
+                    ),
+                }
+                .fail()
+            }
+        };
+        let must_be_set = !col.nullable && (is_key || !keys_only);
+        if must_be_set && array.null_count() > 0 {
+            let message = if i == schema.time_index {
+                format!(
+                    "time index column '{}' cannot be NULL; give every row a timestamp",
+                    col.name
+                )
+            } else {
+                format!("column '{}' is NOT NULL but a row has NULL", col.name)
+            };
+            return InvalidDataSnafu { message }.fail();
+        }
+        columns.push(array);
+    }
+    // Key-only batches (deletes) carry NULLs in value columns.
+    let schema_ref = if keys_only {
+        let fields: Vec<_> = table
+            .arrow_schema
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone().with_nullable(true))
+            .collect();
+        Arc::new(datafusion::arrow::datatypes::Schema::new(fields))
+    } else {
+        table.arrow_schema.clone()
+    };
+    RecordBatch::try_new(schema_ref, columns).map_err(|e| {
+        InvalidDataSnafu {
+            message: format!("rows do not fit table '{}': {e}", table.qualified_name()),
+        }
+        .build()
+    })
+}

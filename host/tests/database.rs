@@ -1,0 +1,697 @@
+//! The database core through its library API: SQL round trips, errors,
+//! restarts, the change feed.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    Float64Array, Int64Array, RecordBatch, StringArray, TimestampMillisecondArray,
+};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+use datafusion::arrow::util::pretty::pretty_format_batches;
+use sandflow::catalog::{ColumnSchema, ColumnType, TableSchema};
+use sandflow::storage::{ChangeBatch, WriteSet};
+use sandflow::{Database, Error, Output};
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> TempDir {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let dir = std::env::temp_dir().join(format!(
+            "sandflow-db-test-{}-{}-{nanos}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+async fn run(db: &Database, sql: &str) -> Vec<Output> {
+    match db.execute(sql).await {
+        Ok(o) => o,
+        Err(e) => panic!("{sql}: {e}"),
+    }
+}
+
+/// The one result set of `sql`, pretty-printed.
+async fn query(db: &Database, sql: &str) -> String {
+    let mut out = run(db, sql).await;
+    assert_eq!(out.len(), 1, "{sql}");
+    match out.remove(0) {
+        Output::Rows { batches, .. } => pretty_format_batches(&batches).unwrap().to_string(),
+        other => panic!("{sql}: expected rows, got {other:?}"),
+    }
+}
+
+async fn affected(db: &Database, sql: &str) -> (String, u64) {
+    let mut out = run(db, sql).await;
+    match out.remove(0) {
+        Output::Affected { tag, rows } => (tag, rows),
+        other => panic!("{sql}: expected a count, got {other:?}"),
+    }
+}
+
+async fn error(db: &Database, sql: &str) -> Error {
+    match db.execute(sql).await {
+        Ok(o) => panic!("{sql}: expected an error, got {o:?}"),
+        Err(e) => e,
+    }
+}
+
+fn lines(s: &str) -> Vec<&str> {
+    s.lines().collect()
+}
+
+const CPU: &str =
+    "CREATE TABLE cpu (host STRING, usage DOUBLE, ts TIMESTAMP TIME INDEX, PRIMARY KEY (host))";
+
+#[tokio::test]
+async fn create_insert_upsert_delete_select() {
+    let dir = TempDir::new();
+    let db = Database::open(&dir.0).await.unwrap();
+    assert_eq!(affected(&db, CPU).await, ("CREATE TABLE".into(), 0));
+    assert_eq!(
+        affected(
+            &db,
+            "INSERT INTO cpu VALUES ('a', 1.0, '2024-01-01 00:00:00'), ('b', 2.0, '2024-01-01 00:00:00.250'), ('a', 3.0, 1704067201000)"
+        )
+        .await,
+        ("INSERT".into(), 3)
+    );
+    // Same (host, ts): replaces.
+    affected(
+        &db,
+        "INSERT INTO cpu VALUES ('a', 10.0, '2024-01-01 00:00:00')",
+    )
+    .await;
+    let got = query(&db, "SELECT host, usage, ts FROM cpu ORDER BY host, ts").await;
+    assert_eq!(
+        lines(&got),
+        vec![
+            "+------+-------+-------------------------+",
+            "| host | usage | ts                      |",
+            "+------+-------+-------------------------+",
+            "| a    | 10.0  | 2024-01-01T00:00:00     |",
+            "| a    | 3.0   | 2024-01-01T00:00:01     |",
+            "| b    | 2.0   | 2024-01-01T00:00:00.250 |",
+            "+------+-------+-------------------------+",
+        ]
+    );
+    assert_eq!(
+        affected(&db, "DELETE FROM cpu WHERE host = 'a' AND usage > 5").await,
+        ("DELETE".into(), 1)
+    );
+    assert_eq!(
+        query(&db, "SELECT count(*) AS n FROM cpu")
+            .await
+            .contains("| 2 |"),
+        true
+    );
+    assert_eq!(affected(&db, "DELETE FROM cpu").await, ("DELETE".into(), 2));
+    assert!(query(&db, "SELECT count(*) AS n FROM cpu")
+        .await
+        .contains("| 0 |"));
+
+    // INSERT ... SELECT, with column list and missing columns (NULL).
+    run(&db, "CREATE TABLE cpu2 (host STRING, usage DOUBLE, note STRING, ts TIMESTAMP(3) TIME INDEX, PRIMARY KEY (host))").await;
+    affected(&db, "INSERT INTO cpu VALUES ('x', 1.5, 0), ('y', 2.5, 0)").await;
+    assert_eq!(
+        affected(
+            &db,
+            "INSERT INTO cpu2 (host, usage, ts) SELECT host, usage * 2, ts FROM cpu"
+        )
+        .await,
+        ("INSERT".into(), 2)
+    );
+    let got = query(&db, "SELECT host, usage, note FROM cpu2 ORDER BY host").await;
+    assert!(got.contains("| x    | 3.0   |      |"), "{got}");
+    // Several statements, one output each.
+    let outs = run(
+        &db,
+        "SELECT 1; INSERT INTO cpu VALUES ('z', 0, 0); SELECT 2;",
+    )
+    .await;
+    assert_eq!(outs.len(), 3);
+    assert!(matches!(&outs[1], Output::Affected { tag, rows: 1 } if tag == "INSERT"));
+}
+
+#[tokio::test]
+async fn errors_are_clear() {
+    let dir = TempDir::new();
+    let db = Database::open(&dir.0).await.unwrap();
+    run(&db, CPU).await;
+
+    let e = error(&db, "SELEC 1").await;
+    assert!(matches!(e, Error::Sql { .. }), "{e:?}");
+    assert!(e.to_string().contains("syntax"), "{e}");
+
+    let e = error(&db, "SELECT * FROM nope").await;
+    assert!(matches!(e, Error::NotFound { .. }), "{e:?}");
+    assert!(e.to_string().contains("nope"), "{e}");
+    let e = error(&db, "INSERT INTO nope VALUES (1)").await;
+    assert!(e.to_string().contains("nope"), "{e}");
+    let e = error(&db, "DESC TABLE nope").await;
+    assert!(matches!(e, Error::NotFound { .. }), "{e:?}");
+    let e = error(&db, "DROP TABLE nope").await;
+    assert!(matches!(e, Error::NotFound { .. }), "{e:?}");
+    run(&db, "DROP TABLE IF EXISTS nope").await;
+
+    let e = error(&db, "INSERT INTO cpu VALUES ('a', 'not a number', 0)").await;
+    assert!(matches!(e, Error::InvalidData { .. }), "{e:?}");
+    assert!(e.to_string().contains("not a number"), "{e}");
+
+    let e = error(&db, "CREATE TABLE t (a INT, ts TIMESTAMP)").await;
+    assert!(e.to_string().contains("time index"), "{e}");
+
+    let e = error(&db, "INSERT INTO cpu VALUES ('a', 1.0, NULL)").await;
+    assert!(
+        e.to_string()
+            .contains("time index column 'ts' cannot be NULL"),
+        "{e}"
+    );
+    let e = error(&db, "INSERT INTO cpu (host, usage) VALUES ('a', 1.0)").await;
+    assert!(e.to_string().contains("'ts'"), "{e}");
+
+    let e = error(&db, CPU).await;
+    assert!(e.to_string().contains("already exists"), "{e}");
+    run(
+        &db,
+        "CREATE TABLE IF NOT EXISTS cpu (x INT, ts TIMESTAMP TIME INDEX)",
+    )
+    .await;
+
+    let e = error(
+        &db,
+        "CREATE TABLE t (a DECIMAL(10, 2), ts TIMESTAMP TIME INDEX)",
+    )
+    .await;
+    assert!(matches!(e, Error::Unsupported { .. }), "{e:?}");
+    let e = error(
+        &db,
+        "CREATE TABLE t (a INT, ts TIMESTAMP TIME INDEX, PRIMARY KEY (b))",
+    )
+    .await;
+    assert!(e.to_string().contains("'b'"), "{e}");
+    let e = error(
+        &db,
+        "CREATE TABLE t (a INT, ts TIMESTAMP TIME INDEX) WITH (ttl = '1d')",
+    )
+    .await;
+    assert!(e.to_string().contains("ttl"), "{e}");
+    let e = error(
+        &db,
+        "CREATE TABLE t (a INT DEFAULT 'x', ts TIMESTAMP TIME INDEX)",
+    )
+    .await;
+    assert!(e.to_string().contains("DEFAULT"), "{e}");
+    let e = error(&db, "CREATE VIEW v AS SELECT 1").await;
+    assert!(matches!(e, Error::Unsupported { .. }), "{e:?}");
+    // Nothing half-done: no table t.
+    assert!(!query(&db, "SHOW TABLES").await.contains("| t "));
+    // A failing statement in a batch leaves earlier ones applied.
+    assert!(db
+        .execute("INSERT INTO cpu VALUES ('q', 1, 0); SELECT * FROM nope")
+        .await
+        .is_err());
+    assert!(query(&db, "SELECT host FROM cpu").await.contains("q"));
+}
+
+#[tokio::test]
+async fn defaults_units_and_types() {
+    let dir = TempDir::new();
+    let db = Database::open(&dir.0).await.unwrap();
+    run(
+        &db,
+        "CREATE TABLE m (host VARCHAR(10) NOT NULL, n INT UNSIGNED DEFAULT 7, f FLOAT, b BOOLEAN, \
+         s SMALLINT, t TINYINT, bin BYTEA, d DATE, \
+         ts TIMESTAMP(0) DEFAULT now() TIME INDEX, PRIMARY KEY (host))",
+    )
+    .await;
+    affected(&db, "INSERT INTO m (host, ts) VALUES ('h', 5)").await;
+    affected(&db, "INSERT INTO m (host) VALUES ('now')").await;
+    affected(
+        &db,
+        "INSERT INTO m VALUES ('all', 1, 1.5, true, -2, 3, 'xyz', '2024-02-03', '2024-01-01 00:00:09')",
+    )
+    .await;
+    let got = query(
+        &db,
+        "SELECT host, n, f, b, s, t, d, ts FROM m WHERE host <> 'now' ORDER BY host",
+    )
+    .await;
+    assert_eq!(
+        lines(&got)[3..5],
+        [
+            "| all  | 1 | 1.5 | true | -2 | 3 | 2024-02-03 | 2024-01-01T00:00:09 |",
+            "| h    | 7 |     |      |    |   |            | 1970-01-01T00:00:05 |",
+        ]
+    );
+    // now() default: a recent timestamp.
+    let got = query(
+        &db,
+        "SELECT ts > '2025-01-01' AS recent FROM m WHERE host = 'now'",
+    )
+    .await;
+    assert!(got.contains("| true "), "{got}");
+    let e = error(&db, "INSERT INTO m (n, ts) VALUES (1, 0)").await;
+    assert!(e.to_string().contains("host"), "{e}");
+
+    // Timestamp units: integers are in the column's unit.
+    run(&db, "CREATE TABLE u (v INT, ts TIMESTAMP_NS TIME INDEX)").await;
+    affected(&db, "INSERT INTO u VALUES (1, 1500000000)").await;
+    let got = query(&db, "SELECT ts FROM u").await;
+    assert!(got.contains("1970-01-01T00:00:01.500"), "{got}");
+}
+
+#[tokio::test]
+async fn show_describe_information_schema() {
+    let dir = TempDir::new();
+    let db = Database::open(&dir.0).await.unwrap();
+    run(
+        &db,
+        "CREATE TABLE req (host STRING, status INT, bytes DOUBLE DEFAULT 0, ts TIMESTAMP(3) DEFAULT now() TIME INDEX, PRIMARY KEY (host, status)); \
+         CREATE TABLE logs (line STRING, ts TIMESTAMP, TIME INDEX (ts)) WITH (append_mode = 'true')",
+    )
+    .await;
+    let got = query(&db, "SHOW TABLES").await;
+    assert_eq!(lines(&got)[1], "| Tables |");
+    assert_eq!(lines(&got)[3..5], ["| logs   |", "| req    |"]);
+    assert!(query(&db, "SHOW TABLES LIKE 'r%'").await.contains("req"));
+    assert!(!query(&db, "SHOW TABLES LIKE 'r%'").await.contains("logs"));
+
+    let got = query(&db, "DESC TABLE req").await;
+    assert_eq!(
+        lines(&got),
+        vec![
+            "+--------+----------------------+-----+------+---------+---------------+",
+            "| Column | Type                 | Key | Null | Default | Semantic Type |",
+            "+--------+----------------------+-----+------+---------+---------------+",
+            "| host   | String               | PRI | YES  |         | TAG           |",
+            "| status | Int32                | PRI | YES  |         | TAG           |",
+            "| bytes  | Float64              |     | YES  | 0       | FIELD         |",
+            "| ts     | TimestampMillisecond | PRI | NO   | now()   | TIMESTAMP     |",
+            "+--------+----------------------+-----+------+---------+---------------+",
+        ]
+    );
+    assert_eq!(query(&db, "DESCRIBE req").await, got);
+
+    let mut out = run(&db, "SHOW CREATE TABLE logs").await;
+    let Output::Rows { batches, .. } = out.remove(0) else {
+        panic!()
+    };
+    let text = batches[0]
+        .column(1)
+        .as_any()
+        .downcast_ref::<StringArray>()
+        .unwrap()
+        .value(0)
+        .to_string();
+    assert_eq!(
+        text,
+        "CREATE TABLE IF NOT EXISTS \"logs\" (\n  \"line\" STRING NULL,\n  \"ts\" TIMESTAMP(3) NOT NULL,\n  TIME INDEX (\"ts\")\n)\n\nWITH(\n  append_mode = 'true'\n)"
+    );
+    // SHOW CREATE TABLE output creates the same table again.
+    let mut out = run(&db, "SHOW CREATE TABLE req").await;
+    let Output::Rows { batches, .. } = out.remove(0) else {
+        panic!()
+    };
+    let text = batches[0]
+        .column(1)
+        .as_any()
+        .downcast_ref::<StringArray>()
+        .unwrap()
+        .value(0)
+        .to_string();
+    assert!(
+        text.contains("PRIMARY KEY (\"host\", \"status\")"),
+        "{text}"
+    );
+    run(&db, "CREATE DATABASE other").await;
+    run(&db, &text.replace("\"req\"", "other.req")).await;
+    assert_eq!(
+        db.table("other.req").unwrap().schema(),
+        db.table("req").unwrap().schema()
+    );
+
+    let got = query(
+        &db,
+        "SELECT table_schema, table_name FROM information_schema.tables WHERE table_catalog = 'greptime' AND table_schema <> 'information_schema' ORDER BY 1, 2",
+    )
+    .await;
+    assert!(got.contains("| other        | req        |"), "{got}");
+    assert!(got.contains("| public       | logs       |"), "{got}");
+    let got = query(
+        &db,
+        "SELECT column_name, data_type, is_nullable FROM information_schema.columns WHERE table_name = 'req' AND table_schema = 'public' ORDER BY ordinal_position",
+    )
+    .await;
+    assert!(got.contains("| host        | Utf8"), "{got}");
+    let got = query(&db, "SHOW DATABASES").await;
+    assert!(got.contains("other") && got.contains("public"), "{got}");
+}
+
+#[tokio::test]
+async fn databases_and_qualified_names() {
+    let dir = TempDir::new();
+    let db = Database::open(&dir.0).await.unwrap();
+    assert_eq!(
+        affected(&db, "CREATE DATABASE x").await,
+        ("CREATE DATABASE".into(), 1)
+    );
+    assert!(db.execute("CREATE DATABASE x").await.is_err());
+    run(&db, "CREATE DATABASE IF NOT EXISTS x").await;
+    run(&db, "CREATE TABLE x.t (v INT, ts TIMESTAMP TIME INDEX)").await;
+    run(&db, "CREATE TABLE t (v INT, ts TIMESTAMP TIME INDEX)").await;
+    run(
+        &db,
+        "INSERT INTO x.t VALUES (1, 0); INSERT INTO t VALUES (2, 0)",
+    )
+    .await;
+    assert!(query(&db, "SELECT v FROM x.t").await.contains("| 1 |"));
+    assert!(query(&db, "SELECT v FROM greptime.x.t")
+        .await
+        .contains("| 1 |"));
+    assert!(query(&db, "SELECT v FROM t").await.contains("| 2 |"));
+    assert!(query(&db, "SHOW TABLES FROM x").await.contains("| t  "));
+    let e = error(&db, "CREATE TABLE nodb.t (v INT, ts TIMESTAMP TIME INDEX)").await;
+    assert!(e.to_string().contains("CREATE DATABASE nodb"), "{e}");
+    run(&db, "DROP DATABASE x").await;
+    assert!(db.execute("SELECT * FROM x.t").await.is_err());
+}
+
+#[tokio::test]
+async fn restart_keeps_every_row_once() {
+    let dir = TempDir::new();
+    {
+        let db = Database::open(&dir.0).await.unwrap();
+        run(&db, CPU).await;
+        run(
+            &db,
+            "CREATE TABLE logs (line STRING, ts TIMESTAMP TIME INDEX) WITH (append_mode = 'true')",
+        )
+        .await;
+        run(
+            &db,
+            "CREATE DATABASE d; CREATE TABLE d.gone (v INT, ts TIMESTAMP TIME INDEX)",
+        )
+        .await;
+        for i in 0..20 {
+            run(
+                &db,
+                &format!("INSERT INTO cpu VALUES ('h{}', {i}, {})", i % 5, i / 5),
+            )
+            .await;
+        }
+        run(
+            &db,
+            "INSERT INTO logs VALUES ('x', 0), ('x', 0); INSERT INTO logs VALUES ('x', 0)",
+        )
+        .await;
+        run(&db, "DROP TABLE d.gone").await;
+    }
+    let db = Database::open(&dir.0).await.unwrap();
+    let got = query(
+        &db,
+        "SELECT count(*) AS n, count(DISTINCT host) AS h, sum(usage) AS s FROM cpu",
+    )
+    .await;
+    assert!(got.contains("| 20 | 5 | 190.0 |"), "{got}");
+    assert!(query(&db, "SELECT count(*) AS n FROM logs")
+        .await
+        .contains("| 3 |"));
+    assert!(db.execute("SELECT * FROM d.gone").await.is_err());
+    // Still upserts after a restart, and new table ids do not collide.
+    run(&db, "INSERT INTO cpu VALUES ('h0', 100, 0)").await;
+    assert!(query(&db, "SELECT count(*) AS n FROM cpu")
+        .await
+        .contains("| 20 |"));
+    run(&db, "CREATE TABLE d.new (v INT, ts TIMESTAMP TIME INDEX)").await;
+    assert!(db.table("d.new").unwrap().id() > db.table("logs").unwrap().id());
+    assert!(query(&db, "SELECT count(*) AS n FROM d.new")
+        .await
+        .contains("| 0 |"));
+    // DESC survives too.
+    assert!(query(&db, "DESC cpu").await.contains("| host   | String"));
+}
+
+fn rows(change: &ChangeBatch) -> Vec<String> {
+    let host = change
+        .batch
+        .column(0)
+        .as_any()
+        .downcast_ref::<StringArray>()
+        .unwrap();
+    let usage = change
+        .batch
+        .column(1)
+        .as_any()
+        .downcast_ref::<Float64Array>()
+        .unwrap();
+    (0..change.batch.num_rows())
+        .map(|i| {
+            format!(
+                "{}{} {} {}",
+                if change.diffs[i] > 0 { "+" } else { "-" },
+                change.diffs[i].abs(),
+                host.value(i),
+                usage.value(i)
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn change_feed() {
+    let dir = TempDir::new();
+    let db = Database::open(&dir.0).await.unwrap();
+    run(&db, CPU).await;
+    let mut feed = db.subscribe("cpu").unwrap();
+
+    run(&db, "INSERT INTO cpu VALUES ('a', 1, 0)").await;
+    let c1 = feed.recv().await.unwrap();
+    assert_eq!(rows(&c1), vec!["+1 a 1"]);
+    assert_eq!(c1.table_id, db.table("cpu").unwrap().id());
+
+    // Replacing upsert: -old, +new.
+    run(&db, "INSERT INTO cpu VALUES ('a', 2, 0)").await;
+    let c2 = feed.recv().await.unwrap();
+    assert_eq!(rows(&c2), vec!["-1 a 1", "+1 a 2"]);
+    assert!(c2.seq > c1.seq);
+
+    // Identical rewrite: nothing at all.
+    run(&db, "INSERT INTO cpu VALUES ('a', 2, 0)").await;
+    // Multi-row statement: one batch, one seq.
+    run(
+        &db,
+        "INSERT INTO cpu VALUES ('b', 1, 0), ('c', 1, 0), ('a', 3, 0)",
+    )
+    .await;
+    let c3 = feed.recv().await.unwrap();
+    assert_eq!(rows(&c3), vec!["+1 b 1", "+1 c 1", "-1 a 2", "+1 a 3"]);
+    assert!(c3.seq > c2.seq + 1, "the identical rewrite still committed");
+
+    // Delete: -1 per row, in one batch.
+    run(&db, "DELETE FROM cpu WHERE usage = 1").await;
+    let c4 = feed.recv().await.unwrap();
+    assert_eq!(rows(&c4), vec!["-1 b 1", "-1 c 1"]);
+
+    // Deleting nothing publishes nothing; nothing else is pending.
+    run(&db, "DELETE FROM cpu WHERE host = 'zzz'").await;
+    assert!(feed.try_recv().is_err());
+
+    // Typed API: insert_batch, delete_batch, snapshot + feed.
+    let (snap, mut feed2) = db.subscribe_with_snapshot("cpu").unwrap();
+    assert_eq!(snap.batches.iter().map(|b| b.num_rows()).sum::<usize>(), 1);
+    assert_eq!(snap.seq, db.last_seq().unwrap());
+    let schema = Arc::new(Schema::new(vec![
+        Field::new(
+            "ts",
+            DataType::Timestamp(TimeUnit::Millisecond, None),
+            false,
+        ),
+        Field::new("host", DataType::Utf8, false),
+        Field::new("usage", DataType::Int64, true),
+    ]));
+    let batch = RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(TimestampMillisecondArray::from(vec![0, 0])),
+            Arc::new(StringArray::from(vec!["a", "d"])),
+            Arc::new(Int64Array::from(vec![Some(9), None])),
+        ],
+    )
+    .unwrap();
+    assert_eq!(db.insert_batch("cpu", batch.clone()).await.unwrap(), 2);
+    let c5 = feed2.recv().await.unwrap();
+    assert!(c5.seq > snap.seq);
+    assert_eq!(c5.diffs, vec![-1, 1, 1]);
+    let c5b = feed.recv().await.unwrap();
+    assert_eq!(c5b.seq, c5.seq);
+    assert_eq!(
+        db.delete_batch("cpu", batch.project(&[0, 1]).unwrap())
+            .await
+            .unwrap(),
+        2
+    );
+    assert_eq!(feed2.recv().await.unwrap().diffs, vec![-1, -1]);
+    assert_eq!(feed.recv().await.unwrap().diffs, vec![-1, -1]);
+
+    // Dropping the table ends the feed.
+    run(&db, "DROP TABLE cpu").await;
+    assert!(feed.recv().await.is_none());
+}
+
+#[tokio::test]
+async fn append_mode_keeps_duplicates() {
+    let dir = TempDir::new();
+    let db = Database::open(&dir.0).await.unwrap();
+    run(&db, "CREATE TABLE logs (host STRING, line STRING, ts TIMESTAMP TIME INDEX, PRIMARY KEY (host)) WITH (append_mode = 'true')").await;
+    let mut feed = db.subscribe("logs").unwrap();
+    run(&db, "INSERT INTO logs VALUES ('a', 'x', 0), ('a', 'x', 0)").await;
+    run(&db, "INSERT INTO logs VALUES ('a', 'x', 0)").await;
+    assert_eq!(feed.recv().await.unwrap().diffs, vec![1, 1]);
+    assert_eq!(feed.recv().await.unwrap().diffs, vec![1]);
+    assert!(query(&db, "SELECT count(*) AS n FROM logs")
+        .await
+        .contains("| 3 |"));
+    assert_eq!(
+        affected(&db, "DELETE FROM logs WHERE host = 'a'").await.1,
+        3
+    );
+    assert_eq!(feed.recv().await.unwrap().diffs, vec![-1, -1, -1]);
+}
+
+#[tokio::test]
+async fn programmatic_sink_and_one_transaction() {
+    let dir = TempDir::new();
+    let db = Database::open(&dir.0).await.unwrap();
+    run(&db, CPU).await;
+    let schema = TableSchema::new(
+        vec![
+            ColumnSchema::new("host", ColumnType::String, true),
+            ColumnSchema::new("n", ColumnType::Int64, true),
+            ColumnSchema::new("update_at", ColumnType::TimestampMillisecond, true)
+                .with_default("now()"),
+            ColumnSchema::new("__ts_placeholder", ColumnType::TimestampMillisecond, false),
+        ],
+        "__ts_placeholder",
+        &["host"],
+        false,
+    )
+    .unwrap();
+    let (sink, created) = db.create_table("sink", schema.clone(), true).await.unwrap();
+    assert!(created);
+    assert!(!db.create_table("sink", schema, true).await.unwrap().1);
+    assert_eq!(sink.schema().time_index_column().name, "__ts_placeholder");
+
+    let rows = |hosts: Vec<&str>, n: Vec<i64>| {
+        let len = hosts.len();
+        RecordBatch::try_new(
+            Arc::new(Schema::new(vec![
+                Field::new("host", DataType::Utf8, true),
+                Field::new("n", DataType::Int64, true),
+                Field::new(
+                    "__ts_placeholder",
+                    DataType::Timestamp(TimeUnit::Millisecond, None),
+                    false,
+                ),
+            ])),
+            vec![
+                Arc::new(StringArray::from(hosts)),
+                Arc::new(Int64Array::from(n)),
+                Arc::new(TimestampMillisecondArray::from(vec![0; len])),
+            ],
+        )
+        .unwrap()
+    };
+    let mut set = WriteSet::new();
+    set.upsert(sink.clone(), rows(vec!["a", "b"], vec![1, 2]))
+        .put_meta("flow/f/state", b"blob".to_vec())
+        .put_meta("flow/f/positions", b"42".to_vec());
+    let info = db.commit(set).await.unwrap();
+    assert_eq!(info.rows, 2);
+    let mut set = WriteSet::new();
+    set.delete(sink.clone(), rows(vec!["a"], vec![0]))
+        .upsert(sink.clone(), rows(vec!["b"], vec![5]))
+        .put_meta("flow/f/state", b"blob2".to_vec());
+    db.commit(set).await.unwrap();
+    assert_eq!(
+        db.get_meta("flow/f/state").unwrap(),
+        Some(b"blob2".to_vec())
+    );
+    assert_eq!(db.scan_meta("flow/f/").unwrap().len(), 2);
+    let got = query(&db, "SELECT host, n FROM sink").await;
+    assert!(
+        got.contains("| b    | 5 |") && !got.contains("| a "),
+        "{got}"
+    );
+
+    // A failing write set changes nothing (the bad batch is rejected before commit).
+    let mut set = WriteSet::new();
+    set.upsert(sink.clone(), rows(vec!["c"], vec![1]))
+        .upsert(db.table("cpu").unwrap(), rows(vec!["c"], vec![1]))
+        .put_meta("flow/f/state", b"blob3".to_vec());
+    assert!(db.commit(set).await.is_err());
+    assert_eq!(
+        db.get_meta("flow/f/state").unwrap(),
+        Some(b"blob2".to_vec())
+    );
+    assert!(!query(&db, "SELECT host FROM sink").await.contains("| c "));
+    // Reserved keys are refused.
+    let mut set = WriteSet::new();
+    set.put_meta("catalog/x", vec![]);
+    assert!(db.commit(set).await.is_err());
+}
+
+#[tokio::test]
+async fn datafusion_planned_dml_with_parameters() {
+    use datafusion::common::ScalarValue;
+    let dir = TempDir::new();
+    let db = Database::open(&dir.0).await.unwrap();
+    run(&db, CPU).await;
+    let mut feed = db.subscribe("cpu").unwrap();
+    let ctx = db.session_context();
+    for (host, v) in [("a", 1.0), ("a", 2.0)] {
+        let df = ctx
+            .sql("INSERT INTO cpu VALUES ($1, $2, '2024-01-01 00:00:00')")
+            .await
+            .unwrap()
+            .with_param_values(vec![ScalarValue::from(host), ScalarValue::from(v)])
+            .unwrap();
+        df.collect().await.unwrap();
+    }
+    assert_eq!(feed.recv().await.unwrap().diffs, vec![1]);
+    assert_eq!(feed.recv().await.unwrap().diffs, vec![-1, 1]);
+    let df = ctx
+        .sql("DELETE FROM cpu WHERE host = $1")
+        .await
+        .unwrap()
+        .with_param_values(vec![ScalarValue::from("a")])
+        .unwrap();
+    df.collect().await.unwrap();
+    assert_eq!(feed.recv().await.unwrap().diffs, vec![-1]);
+    let got = ctx
+        .sql("SELECT count(*) FROM cpu")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    assert!(pretty_format_batches(&got)
+        .unwrap()
+        .to_string()
+        .contains("| 0 "));
+}
