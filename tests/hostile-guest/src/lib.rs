@@ -60,10 +60,9 @@ mod component {
     }
 
     #[allow(unconditional_recursion)]
-    fn recurse(depth: u64, sink: &mut Vec<u64>) -> u64 {
-        let local = [depth; 64];
-        sink.push(local[(depth % 64) as usize]);
-        recurse(depth + 1, sink) + local[0]
+    fn recurse(depth: u64) -> u64 {
+        let local = std::hint::black_box([depth; 4]);
+        recurse(depth + 1).wrapping_add(local[(depth % 4) as usize])
     }
 
     impl GuestFlow for Evil {
@@ -106,8 +105,7 @@ mod component {
                     }
                 }
                 "recurse" => {
-                    let mut sink = Vec::new();
-                    let r = recurse(0, &mut sink);
+                    let r = recurse(0);
                     one_row(now, r as i64)
                 }
                 "panic" => panic!("hostile guest panics on purpose"),

@@ -1,0 +1,232 @@
+//! Compiling a flow's query: SQL → DataFusion logical plan → Substrait bytes,
+//! plus what the host needs around it: the source tables in the order the
+//! guest is told about them, the output columns, and which output columns are
+//! GROUP BY keys (they become the sink's primary key).
+
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::common::TableReference;
+use datafusion::logical_expr::{Expr, LogicalPlan};
+use datafusion::prelude::SessionContext;
+use prost::Message;
+
+use super::arrow::{fields_from_arrow, ConvertError};
+use crate::runtime::{Field, SourceSchema};
+
+/// A flow query ready to be handed to a guest.
+#[derive(Debug, Clone)]
+pub struct CompiledFlow {
+    /// Substrait `Plan` message bytes.
+    pub plan: Vec<u8>,
+    /// Source tables, in the order of the guest's source indexes.
+    pub sources: Vec<FlowSource>,
+    /// The query's output columns (names as DataFusion displays them).
+    pub output: Vec<Field>,
+    /// Names of output columns that are GROUP BY keys, in output order.
+    pub group_keys: Vec<String>,
+    /// Whether the query aggregates.
+    pub aggregates: bool,
+}
+
+/// One table a flow reads.
+#[derive(Debug, Clone)]
+pub struct FlowSource {
+    /// The table as the query named it (resolved against the session's defaults).
+    pub table: TableReference,
+    /// Its full schema, as rows are pushed to the guest.
+    pub schema: SourceSchema,
+}
+
+/// Why a query cannot become a flow.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompileError(pub String);
+
+impl std::fmt::Display for CompileError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<ConvertError> for CompileError {
+    fn from(e: ConvertError) -> Self {
+        CompileError(e.0)
+    }
+}
+
+/// Plans `sql` in `ctx` and encodes it for the guest.
+pub async fn compile(ctx: &SessionContext, sql: &str) -> Result<CompiledFlow, CompileError> {
+    let df = ctx.sql(sql).await.map_err(|e| CompileError(format!("cannot plan the flow's query: {e}")))?;
+    let plan = df
+        .into_optimized_plan()
+        .map_err(|e| CompileError(format!("cannot optimise the flow's query: {e}")))?;
+    compile_plan(ctx, &plan)
+}
+
+/// Encodes an already planned query for the guest.
+pub fn compile_plan(ctx: &SessionContext, plan: &LogicalPlan) -> Result<CompiledFlow, CompileError> {
+    let sources = sources_of(plan)?;
+    if sources.is_empty() {
+        return Err(CompileError("a flow must read from at least one table".into()));
+    }
+    let output = fields_from_arrow(plan.schema().as_arrow())?;
+    let (aggregates, group_keys) = group_keys_of(plan);
+    let substrait = datafusion_substrait::logical_plan::producer::to_substrait_plan(plan, &ctx.state())
+        .map_err(|e| CompileError(format!("cannot encode the flow's query as Substrait: {e}")))?;
+    Ok(CompiledFlow {
+        plan: substrait.encode_to_vec(),
+        sources,
+        output,
+        group_keys,
+        aggregates,
+    })
+}
+
+/// Every table the plan scans, first appearance first.
+fn sources_of(plan: &LogicalPlan) -> Result<Vec<FlowSource>, CompileError> {
+    let mut sources: Vec<FlowSource> = Vec::new();
+    let mut failure = None;
+    plan.apply(|node| {
+        if let LogicalPlan::TableScan(scan) = node {
+            if !sources.iter().any(|s| s.table == scan.table_name) {
+                let schema = scan.source.schema();
+                match fields_from_arrow(&schema) {
+                    Ok(fields) => sources.push(FlowSource {
+                        table: scan.table_name.clone(),
+                        schema: SourceSchema {
+                            name: scan.table_name.table().to_string(),
+                            fields,
+                        },
+                    }),
+                    Err(e) => {
+                        failure = Some(CompileError(format!("table {}: {e}", scan.table_name)));
+                        return Ok(TreeNodeRecursion::Stop);
+                    }
+                }
+            }
+        }
+        // Subqueries are plans inside expressions; visit them too.
+        Ok(TreeNodeRecursion::Continue)
+    })
+    .map_err(|e| CompileError(e.to_string()))?;
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(sources),
+    }
+}
+
+/// Output columns that are plain references to GROUP BY keys of the topmost
+/// aggregate (through projections, filters and sorts above it).
+fn group_keys_of(plan: &LogicalPlan) -> (bool, Vec<String>) {
+    // Names (qualified) of the columns, at the current node, that carry a group key.
+    fn walk(plan: &LogicalPlan) -> Option<Vec<datafusion::common::Column>> {
+        match plan {
+            LogicalPlan::Aggregate(agg) => {
+                let n = agg.group_expr.len();
+                Some(agg.schema.columns().into_iter().take(n).collect())
+            }
+            LogicalPlan::Projection(p) => {
+                let below = walk(&p.input)?;
+                let out = p.schema.columns();
+                Some(
+                    p.expr
+                        .iter()
+                        .zip(out)
+                        .filter_map(|(e, out_col)| {
+                            let inner = match e {
+                                Expr::Alias(a) => a.expr.as_ref(),
+                                other => other,
+                            };
+                            match inner {
+                                Expr::Column(c) if below.contains(c) => Some(out_col),
+                                _ => None,
+                            }
+                        })
+                        .collect(),
+                )
+            }
+            LogicalPlan::Filter(f) => walk(&f.input),
+            LogicalPlan::Sort(s) => walk(&s.input),
+            LogicalPlan::Limit(l) => walk(&l.input),
+            LogicalPlan::SubqueryAlias(s) => {
+                let below = walk(&s.input)?;
+                let names: Vec<String> = below.iter().map(|c| c.name.clone()).collect();
+                Some(s.schema.columns().into_iter().filter(|c| names.contains(&c.name)).collect())
+            }
+            _ => None,
+        }
+    }
+    match walk(plan) {
+        Some(cols) => {
+            let keys = plan
+                .schema()
+                .columns()
+                .into_iter()
+                .filter(|c| cols.contains(c))
+                .map(|c| c.name)
+                .collect();
+            (true, keys)
+        }
+        None => (false, Vec::new()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use datafusion::arrow::datatypes::{DataType as A, Field as F, Schema, TimeUnit};
+    use datafusion::datasource::MemTable;
+
+    use super::*;
+    use crate::runtime::DataType;
+
+    fn ctx() -> SessionContext {
+        let ctx = SessionContext::new();
+        let schema = Arc::new(Schema::new(vec![
+            F::new("host", A::Utf8, true),
+            F::new("status", A::Int32, true),
+            F::new("bytes", A::Float64, true),
+            F::new("ts", A::Timestamp(TimeUnit::Millisecond, None), false),
+        ]));
+        ctx.register_table("requests", Arc::new(MemTable::try_new(schema, vec![vec![]]).unwrap()))
+            .unwrap();
+        ctx
+    }
+
+    #[tokio::test]
+    async fn group_keys_sources_and_output_columns() {
+        let ctx = ctx();
+        let f = compile(
+            &ctx,
+            "SELECT status, count(*) AS hits, sum(bytes), date_bin(INTERVAL '1 minute', ts) AS minute \
+             FROM requests GROUP BY status, minute",
+        )
+        .await
+        .unwrap();
+        assert!(f.aggregates);
+        assert_eq!(f.group_keys, vec!["status".to_string(), "minute".to_string()]);
+        let names: Vec<_> = f.output.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, vec!["status", "hits", "sum(requests.bytes)", "minute"]);
+        assert_eq!(f.output[3].data_type, DataType::TimestampMillisecond);
+        assert_eq!(f.sources.len(), 1);
+        assert_eq!(f.sources[0].schema.name, "requests");
+        assert_eq!(f.sources[0].schema.fields.len(), 4, "sources carry the full table schema");
+        assert!(!f.plan.is_empty());
+    }
+
+    #[tokio::test]
+    async fn filter_only_queries_have_no_group_keys() {
+        let f = compile(&ctx(), "SELECT host, bytes * 2 AS b2 FROM requests WHERE status >= 500")
+            .await
+            .unwrap();
+        assert!(!f.aggregates);
+        assert!(f.group_keys.is_empty());
+    }
+
+    #[tokio::test]
+    async fn planning_errors_are_reported() {
+        let e = compile(&ctx(), "SELECT nope FROM requests").await.unwrap_err();
+        assert!(e.0.contains("cannot plan"), "{e}");
+        let e = compile(&ctx(), "SELECT 1").await.unwrap_err();
+        assert!(e.0.contains("at least one table"), "{e}");
+    }
+}
