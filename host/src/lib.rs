@@ -5,6 +5,7 @@ pub mod catalog;
 pub mod config;
 pub mod database;
 pub mod error;
+pub mod flow;
 pub mod runtime;
 pub mod server;
 pub mod sql;
