@@ -523,6 +523,7 @@ pub(crate) struct AggOp {
     old_present: Vec<bool>,
     old_vals: Vec<Out>,
     initialized: bool,
+    global: bool,
     /// Index of the key used for expiry and its type.
     time_key: Option<(usize, DataType)>,
     expire_ms: Option<i64>,
@@ -572,6 +573,7 @@ impl AggOp {
             .enumerate()
             .find(|(_, t)| t.is_timestamp())
             .map(|(i, t)| (i, *t));
+        let global = key_types.is_empty();
         let mut op = AggOp {
             spec,
             key_types,
@@ -586,6 +588,7 @@ impl AggOp {
             old_present: Vec::new(),
             old_vals: Vec::new(),
             initialized: false,
+            global,
             time_key,
             expire_ms,
             key_buf: Vec::new(),
@@ -640,9 +643,9 @@ impl AggOp {
     }
 
     fn present(&self, g: usize) -> bool {
-        match self.keys {
-            Keys::Global => self.initialized,
-            _ => {
+        match self.global {
+            true => self.initialized,
+            false => {
                 self.alive.get(g).copied().unwrap_or(false)
                     && self.rows.get(g).is_some_and(|r| *r > 0)
             }
@@ -685,6 +688,42 @@ impl AggOp {
                         }
                     }
                 }
+            }
+            Keys::Int { .. }
+                if threshold.is_none() && keys.first().is_some_and(|c| c.nulls.is_empty()) =>
+            {
+                // Fast path: one non-null integer key, no expiry. The key table is moved out of
+                // `self` so that the loop works on a local map.
+                let empty = Column::default();
+                let col = keys.first().map_or(&empty, |c| c.as_ref());
+                let mut table = std::mem::replace(&mut self.keys, Keys::Global);
+                if let Keys::Int {
+                    map, vals, nulls, ..
+                } = &mut table
+                {
+                    for &k in col.ints.iter().take(n) {
+                        let g = match map.get(&k) {
+                            Some(&g) => g,
+                            None => {
+                                let g = self.alloc_gid();
+                                map.insert(k, g);
+                                let gi = g as usize;
+                                if vals.len() <= gi {
+                                    vals.resize(gi + 1, 0);
+                                    nulls.resize(gi + 1, false);
+                                }
+                                set(vals, gi, k);
+                                set(nulls, gi, false);
+                                g
+                            }
+                        };
+                        if !self.mark.get(g as usize).copied().unwrap_or(true) {
+                            self.touch(g);
+                        }
+                        gids.push(g);
+                    }
+                }
+                self.keys = table;
             }
             Keys::Int { .. } => {
                 let col = keys.first().map(|c| c.as_ref());
