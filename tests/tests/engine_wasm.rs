@@ -4,7 +4,9 @@
 
 use rand::RngExt;
 use sandflow_guest::types::{DataType, Field, SourceSchema};
-use sandflow_tests::engine::{apply, drain, multiset, oracle, plan, Engine, Multiset, Native, Stream, Wasm};
+use sandflow_tests::engine::{
+    apply, drain, multiset, oracle, plan, Engine, Multiset, Native, Stream, Wasm,
+};
 
 fn sources() -> Vec<SourceSchema> {
     vec![
@@ -53,9 +55,14 @@ fn check_stream(sql: &str, seed: u64, steps: usize) {
     let srcs = sources();
     let plan = plan(sql, &srcs);
     let mut stream = Stream::new(seed, srcs.clone());
-    let mut native = Native::create(&plan, &srcs).unwrap_or_else(|e| panic!("native create {sql}: {e}"));
+    let mut native =
+        Native::create(&plan, &srcs).unwrap_or_else(|e| panic!("native create {sql}: {e}"));
     let mut wasm = Wasm::create(&plan, &srcs);
-    assert_eq!(native.output_schema(), wasm.output_schema(), "{sql}: output schemas differ");
+    assert_eq!(
+        native.output_schema(),
+        wasm.output_schema(),
+        "{sql}: output schemas differ"
+    );
     let mut sink: Vec<(Vec<sandflow_guest::types::Value>, i64)> = Vec::new();
     for step_no in 0..steps {
         let now = step_no as i64 * 1000;
@@ -64,19 +71,41 @@ fn check_stream(sql: &str, seed: u64, steps: usize) {
         apply(&mut wasm, &srcs, &step, now);
         let out_native = drain(&mut native, now);
         let out_wasm = drain(&mut wasm, now);
-        assert_eq!(out_native, out_wasm, "{sql} seed {seed} step {step_no}: wasm and native outputs differ");
-        for (_, d) in &out_wasm {
-            assert!(*d == 1 || *d == -1, "{sql}: output diff {d} is not consolidated to ±1");
-        }
+        assert_eq!(
+            out_native, out_wasm,
+            "{sql} seed {seed} step {step_no}: wasm and native outputs differ"
+        );
+        // Consolidated: every row appears at most once per tick, never with diff 0.
+        let keys: std::collections::BTreeSet<String> = out_wasm
+            .iter()
+            .map(|(r, _)| sandflow_tests::engine::row_key(r))
+            .collect();
+        assert_eq!(keys.len(), out_wasm.len(), "{sql}: a row appears twice in one tick's output");
+        assert!(out_wasm.iter().all(|(_, d)| *d != 0), "{sql}: output holds a zero diff");
         sink.extend(out_wasm);
         let got: Multiset = multiset(sink.clone());
         for (_, (row, n)) in &got {
-            assert!(*n > 0, "{sql} seed {seed} step {step_no}: sink holds a negative count for {row:?}");
+            assert!(
+                *n > 0,
+                "{sql} seed {seed} step {step_no}: sink holds a negative count for {row:?}"
+            );
         }
-        let want = multiset(oracle(sql, &srcs, &stream.contents).into_iter().map(|r| (r, 1)));
+        let want = multiset(
+            oracle(sql, &srcs, &stream.contents)
+                .into_iter()
+                .map(|r| (r, 1)),
+        );
         if got != want {
-            let missing: Vec<_> = want.iter().filter(|(k, v)| got.get(*k) != Some(v)).map(|(_, v)| v).collect();
-            let extra: Vec<_> = got.iter().filter(|(k, v)| want.get(*k) != Some(v)).map(|(_, v)| v).collect();
+            let missing: Vec<_> = want
+                .iter()
+                .filter(|(k, v)| got.get(*k) != Some(v))
+                .map(|(_, v)| v)
+                .collect();
+            let extra: Vec<_> = got
+                .iter()
+                .filter(|(k, v)| want.get(*k) != Some(v))
+                .map(|(_, v)| v)
+                .collect();
             panic!("{sql} seed {seed} step {step_no}: sink differs from DataFusion\n missing {missing:?}\n extra {extra:?}");
         }
     }
@@ -111,7 +140,11 @@ fn snapshot_restore_continues_identically_in_wasm() {
         let state = original.snapshot();
         let mut restored = Wasm::restore(&state);
         let mut native = Native::restore(&state);
-        assert_eq!(restored.snapshot(), state, "{sql}: snapshot of a restored flow differs");
+        assert_eq!(
+            restored.snapshot(),
+            state,
+            "{sql}: snapshot of a restored flow differs"
+        );
         for step_no in cut..cut + 10 {
             let now = step_no as i64 * 1000;
             let step = stream.step(10);
@@ -140,14 +173,22 @@ fn unsupported_plans_fail_at_create_with_a_named_construct() {
             .create_flow(&plan, &srcs, &[], sandflow_tests::engine::test_limits())
             .err()
             .unwrap_or_else(|| panic!("{sql} was accepted"));
-        assert!(err.to_string().to_lowercase().contains(word), "{sql}: error {err} does not name {word}");
+        assert!(
+            err.to_string().to_lowercase().contains(word),
+            "{sql}: error {err} does not name {word}"
+        );
     }
 }
 
 #[test]
 fn garbage_plan_bytes_are_a_clear_error() {
     let err = sandflow_tests::engine::wasm_runtime()
-        .create_flow(b"\xff\x00not a plan", &sources(), &[], sandflow_tests::engine::test_limits())
+        .create_flow(
+            b"\xff\x00not a plan",
+            &sources(),
+            &[],
+            sandflow_tests::engine::test_limits(),
+        )
         .err()
         .expect("garbage accepted");
     let text = err.to_string();
