@@ -183,7 +183,7 @@ impl Registry {
     pub fn render(&self) -> String {
         // Collect callbacks outside the lock: a callback may itself touch the
         // registry.
-        let snapshot: Vec<(String, String, Kind, Vec<(Labels, SeriesValue)>)> = {
+        let snapshot: Vec<FamilySnapshot> = {
             let families = self.families.lock().unwrap_or_else(|e| e.into_inner());
             families
                 .iter()
@@ -238,6 +238,8 @@ impl Registry {
         out
     }
 }
+
+type FamilySnapshot = (String, String, Kind, Vec<(Labels, SeriesValue)>);
 
 enum SeriesValue {
     Int(u64),

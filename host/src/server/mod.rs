@@ -6,4 +6,5 @@ pub mod http;
 pub mod influx;
 pub mod metrics;
 pub mod pg;
+pub mod pg_catalog;
 pub mod sqltext;

@@ -21,14 +21,11 @@ use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::{DFSchema, ParamValues, ScalarValue};
 use datafusion::logical_expr::{EmptyRelation, LogicalPlan};
-use datafusion::prelude::SessionContext;
 use datafusion::sql::sqlparser;
 use datafusion_postgres::arrow_pg::datatypes::df::deserialize_parameters_with_server_types;
 use datafusion_postgres::arrow_pg::datatypes::{
     arrow_schema_to_pg_fields, encode_recordbatch, into_pg_type,
 };
-use datafusion_postgres::datafusion_pg_catalog::pg_catalog::context::EmptyContextProvider;
-use datafusion_postgres::datafusion_pg_catalog::pg_catalog::setup_pg_catalog;
 use datafusion_postgres::{DfSessionService, Parser as DfParser};
 use futures::Sink;
 use pgwire::api::auth::noop::NoopStartupHandler;
@@ -50,6 +47,7 @@ use tracing::{debug, info, warn};
 use crate::database::{Database, Output};
 use crate::error::Error;
 use crate::server::metrics::FrontDoor;
+use crate::server::pg_catalog::pg_session_context;
 use crate::server::sqltext::{self, Route};
 
 /// datafusion-postgres' prepared-statement type.
@@ -646,15 +644,7 @@ impl PgHandlers {
     /// Installs pg_catalog into the database's session context and builds
     /// the handlers.
     pub fn new(db: Arc<Database>) -> crate::Result<PgHandlers> {
-        let ctx: SessionContext = db.session_context();
-        let catalog = ctx
-            .state()
-            .config()
-            .options()
-            .catalog
-            .default_catalog
-            .clone();
-        setup_pg_catalog(&ctx, &catalog, EmptyContextProvider).map_err(|e| Error::Internal {
+        let ctx = pg_session_context(&db.session_context()).map_err(|e| Error::Internal {
             message: format!("cannot install pg_catalog: {e}"),
         })?;
         let inner = Arc::new(DfSessionService::new(Arc::new(ctx)));

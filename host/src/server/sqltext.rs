@@ -262,11 +262,8 @@ pub fn route(sql: &str) -> Route {
         ["ADMIN", ..] => db(false),
         ["DESC" | "DESCRIBE", ..] => db(true),
         ["TQL", ..] => db(true),
-        ["SHOW", second, ..] => match *second {
-            "TABLES" | "FLOWS" | "CREATE" | "DATABASES" | "SCHEMAS" | "COLUMNS" | "FULL"
-            | "INDEX" | "VIEWS" | "TABLE" | "FLOW" | "REGIONS" => db(true),
-            _ => Route::DataFusion,
-        },
+        ["SHOW", "TABLES" | "FLOWS" | "CREATE" | "DATABASES" | "SCHEMAS" | "COLUMNS" | "FULL" | "INDEX"
+        | "VIEWS" | "TABLE" | "FLOW" | "REGIONS", ..] => db(true),
         _ => Route::DataFusion,
     }
 }
