@@ -197,3 +197,35 @@ print("ok")
         ),
     }
 }
+
+/// pgjdbc (every statement through the extended protocol). Needs `java` and
+/// the driver jar (Debian: `apt-get install libpostgresql-jdbc-java`, or set
+/// PGJDBC_JAR); skipped with a message when either is missing.
+#[test]
+fn jdbc() {
+    let jar =
+        std::env::var("PGJDBC_JAR").unwrap_or_else(|_| "/usr/share/java/postgresql.jar".into());
+    let have_java = std::process::Command::new("java")
+        .arg("-version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !have_java || !std::path::Path::new(&jar).exists() {
+        eprintln!("SKIPPED: jdbc test needs java and {jar}");
+        return;
+    }
+    let s = Server::start();
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/jdbc/Main.java");
+    let out = std::process::Command::new("timeout")
+        .args(["-k", "5", "180", "java", "-cp", &jar, src])
+        .env("PGPORT", s.pg_port.to_string())
+        .output()
+        .expect("run java");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("ok"),
+        "JDBC check failed:\n{stdout}\n{}\n--- server log ---\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        s.logs()
+    );
+}
