@@ -117,6 +117,25 @@ async fn create_insert_upsert_delete_select() {
     assert!(query(&db, "SELECT count(*) AS n FROM cpu")
         .await
         .contains("| 2 |"));
+    affected(
+        &db,
+        "INSERT INTO cpu VALUES ('old', 1, '2020-01-01 00:00:00')",
+    )
+    .await;
+    assert_eq!(
+        affected(
+            &db,
+            "DELETE FROM cpu WHERE ts < '2021-01-01' AND ts < now()"
+        )
+        .await,
+        ("DELETE".into(), 1)
+    );
+    let got = query(
+        &db,
+        "SELECT date_bin(INTERVAL '1 minute', ts) AS m, count(*) AS n FROM cpu GROUP BY m",
+    )
+    .await;
+    assert!(got.contains("| 2024-01-01T00:00:00 | 2 |"), "{got}");
     assert_eq!(affected(&db, "DELETE FROM cpu").await, ("DELETE".into(), 2));
     assert!(query(&db, "SELECT count(*) AS n FROM cpu")
         .await
