@@ -202,11 +202,16 @@ impl Server {
     /// SIGTERM, then wait (SIGKILL after 30 s). Returns whether it exited
     /// cleanly (status 0) within the time.
     pub fn stop(&mut self) -> bool {
+        self.stop_with("-TERM")
+    }
+
+    /// Sends `signal` (e.g. "-INT"), then waits like [`Server::stop`].
+    pub fn stop_with(&mut self, signal: &str) -> bool {
         let Some(mut child) = self.child.take() else {
             return true;
         };
         let _ = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
+            .args([signal, &child.id().to_string()])
             .status();
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {

@@ -113,3 +113,14 @@ fn sigterm_shuts_down_cleanly() {
     assert!(logs.contains("shutting down"), "{logs}");
     assert!(logs.contains("sandflow stopped"), "{logs}");
 }
+
+#[test]
+fn sigint_shuts_down_cleanly_and_data_survives() {
+    let mut s = Server::start();
+    s.sql("CREATE TABLE t (v DOUBLE, ts TIMESTAMP TIME INDEX)");
+    s.sql("INSERT INTO t VALUES (1.5, 1000)");
+    assert!(s.stop_with("-INT"), "not a clean exit:\n{}", s.logs());
+    assert!(s.logs().contains("SIGINT received"), "{}", s.logs());
+    let s = Server::start_in(s.dir());
+    assert_eq!(s.sql("SELECT v FROM t"), "1.5");
+}
