@@ -14,6 +14,8 @@ setup:
 	@rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
 	@command -v protoc >/dev/null || { (apt-get update -qq || true) && apt-get install -y -qq protobuf-compiler; }
 	@command -v psql >/dev/null || { (apt-get update -qq || true) && apt-get install -y -qq postgresql-client; }
+	@test -f /usr/share/java/postgresql.jar || { (apt-get update -qq || true) && apt-get install -y -qq libpostgresql-jdbc-java; }
+	@python3 -c 'import psycopg, psycopg2' 2>/dev/null || python3 -m pip install -q "psycopg[binary]" psycopg2-binary
 
 ## Builds the server (release) with the guest component embedded.
 build: setup

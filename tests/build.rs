@@ -6,9 +6,17 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn main() {
-    let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
-    let root = manifest_dir.parent().expect("tests/ lives in the workspace root").to_path_buf();
-    for path in ["tests/hostile-guest/src", "tests/hostile-guest/Cargo.toml", "wit"] {
+    let manifest_dir =
+        PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let root = manifest_dir
+        .parent()
+        .expect("tests/ lives in the workspace root")
+        .to_path_buf();
+    for path in [
+        "tests/hostile-guest/src",
+        "tests/hostile-guest/Cargo.toml",
+        "wit",
+    ] {
         println!("cargo:rerun-if-changed={}", root.join(path).display());
     }
     let target_dir = match env::var_os("CARGO_TARGET_DIR") {
@@ -17,10 +25,24 @@ fn main() {
     };
     let mut cmd = Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.current_dir(&root)
-        .args(["build", "-p", "sandflow-hostile-guest", "--lib", "--target", "wasm32-wasip2", "--release"])
+        .args([
+            "build",
+            "-p",
+            "sandflow-hostile-guest",
+            "--lib",
+            "--target",
+            "wasm32-wasip2",
+            "--release",
+        ])
         .arg("--target-dir")
         .arg(&target_dir);
-    for var in ["RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS", "CARGO_BUILD_RUSTFLAGS", "RUSTC_WRAPPER", "RUSTC_WORKSPACE_WRAPPER"] {
+    for var in [
+        "RUSTFLAGS",
+        "CARGO_ENCODED_RUSTFLAGS",
+        "CARGO_BUILD_RUSTFLAGS",
+        "RUSTC_WRAPPER",
+        "RUSTC_WORKSPACE_WRAPPER",
+    ] {
         cmd.env_remove(var);
     }
     let status = cmd.status().expect("run cargo to build the hostile guest");

@@ -21,7 +21,13 @@ fn batches() -> Vec<Batch> {
             let start = (b * BATCH) as i64;
             let ks: Vec<i64> = (start..start + BATCH as i64).map(|i| i % KEYS).collect();
             let vs: Vec<i64> = (start..start + BATCH as i64).collect();
-            let col = |ints| Column { ints, floats: vec![], bytes: vec![], offsets: vec![], nulls: vec![] };
+            let col = |ints| Column {
+                ints,
+                floats: vec![],
+                bytes: vec![],
+                offsets: vec![],
+                nulls: vec![],
+            };
             Batch {
                 rows: BATCH as u32,
                 columns: vec![col(ks), col(vs)],
@@ -33,7 +39,11 @@ fn batches() -> Vec<Batch> {
 }
 
 /// Runs the workload once; returns the elapsed time and a checksum of the output.
-fn run(mut push: impl FnMut(Batch), mut tick: impl FnMut(i64) -> (u32, i64), input: Vec<Batch>) -> (Duration, i64) {
+fn run(
+    mut push: impl FnMut(Batch),
+    mut tick: impl FnMut(i64) -> (u32, i64),
+    input: Vec<Batch>,
+) -> (Duration, i64) {
     let mut checksum = 0i64;
     let started = Instant::now();
     for (i, b) in input.into_iter().enumerate() {
@@ -52,9 +62,15 @@ fn median(mut xs: Vec<Duration>) -> Duration {
 fn main() {
     let sources = vec![SourceSchema {
         name: "t".into(),
-        fields: vec![Field::new("k", DataType::Int64, false), Field::new("v", DataType::Int64, false)],
+        fields: vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("v", DataType::Int64, false),
+        ],
     }];
-    let plan = plan("SELECT k, count(*) AS c, sum(v) AS s FROM t GROUP BY k", &sources);
+    let plan = plan(
+        "SELECT k, count(*) AS c, sum(v) AS s FROM t GROUP BY k",
+        &sources,
+    );
     let input = batches();
     let read = |out: &Batch| -> (u32, i64) {
         // Read the delta back: every value of every column and every diff.
@@ -62,16 +78,24 @@ fn main() {
         for c in &out.columns {
             sum = c.ints.iter().fold(sum, |a, v| a.wrapping_add(*v));
         }
-        (out.rows, out.diffs.iter().fold(sum, |a, d| a.wrapping_add(*d)))
+        (
+            out.rows,
+            out.diffs.iter().fold(sum, |a, d| a.wrapping_add(*d)),
+        )
     };
 
     let runtime = Runtime::new(RuntimeConfig::default()).expect("wasm runtime");
-    let limits = FlowLimits { max_output_rows: u32::MAX, ..FlowLimits::default() };
+    let limits = FlowLimits {
+        max_output_rows: u32::MAX,
+        ..FlowLimits::default()
+    };
     let mut wasm_times = Vec::new();
     let mut native_times = Vec::new();
     let mut sums = (0, 0);
     for _ in 0..RUNS {
-        let mut flow = runtime.create_flow(&plan, &sources, &[], limits).expect("wasm flow");
+        let mut flow = runtime
+            .create_flow(&plan, &sources, &[], limits)
+            .expect("wasm flow");
         let (t, s) = {
             let flow = std::cell::RefCell::new(&mut flow);
             run(
@@ -83,12 +107,21 @@ fn main() {
         wasm_times.push(t);
         sums.0 = s;
 
-        let mut native = sandflow_guest::Flow::create(&plan, sources.clone(), vec![]).expect("native flow");
+        let mut native =
+            sandflow_guest::Flow::create(&plan, sources.clone(), vec![]).expect("native flow");
         let (t, s) = {
             let native = std::cell::RefCell::new(&mut native);
             run(
                 |b| native.borrow_mut().push(0, b).expect("native push"),
-                |now| read(&native.borrow_mut().tick(now, u32::MAX).expect("native tick").output),
+                |now| {
+                    read(
+                        &native
+                            .borrow_mut()
+                            .tick(now, u32::MAX)
+                            .expect("native tick")
+                            .output,
+                    )
+                },
                 input.clone(),
             )
         };
@@ -100,7 +133,18 @@ fn main() {
     let native = median(native_times);
     let rate = |d: Duration| ROWS as f64 / d.as_secs_f64() / 1e6;
     println!("reference workload: {ROWS} rows, {KEYS} keys, batches of {BATCH}, count+sum per key, median of {RUNS} runs");
-    println!("wasm   {:>8.1} M rows/s  ({:.1} ms)", rate(wasm), wasm.as_secs_f64() * 1e3);
-    println!("native {:>8.1} M rows/s  ({:.1} ms)", rate(native), native.as_secs_f64() * 1e3);
-    println!("wasm/native time ratio {:.2}x", wasm.as_secs_f64() / native.as_secs_f64());
+    println!(
+        "wasm   {:>8.1} M rows/s  ({:.1} ms)",
+        rate(wasm),
+        wasm.as_secs_f64() * 1e3
+    );
+    println!(
+        "native {:>8.1} M rows/s  ({:.1} ms)",
+        rate(native),
+        native.as_secs_f64() * 1e3
+    );
+    println!(
+        "wasm/native time ratio {:.2}x",
+        wasm.as_secs_f64() / native.as_secs_f64()
+    );
 }

@@ -6,9 +6,10 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, BinaryArray, BooleanArray, Date32Array, Float32Array, Float64Array, Int16Array, Int32Array,
-    Int64Array, Int8Array, RecordBatch, StringArray, TimestampMicrosecondArray, TimestampMillisecondArray,
-    TimestampNanosecondArray, TimestampSecondArray, UInt16Array, UInt32Array, UInt64Array, UInt8Array,
+    Array, ArrayRef, BinaryArray, BooleanArray, Date32Array, Float32Array, Float64Array,
+    Int16Array, Int32Array, Int64Array, Int8Array, RecordBatch, StringArray,
+    TimestampMicrosecondArray, TimestampMillisecondArray, TimestampNanosecondArray,
+    TimestampSecondArray, UInt16Array, UInt32Array, UInt64Array, UInt8Array,
 };
 use datafusion::arrow::datatypes::{DataType as ArrowType, Field as ArrowField, Schema, TimeUnit};
 use datafusion::datasource::MemTable;
@@ -93,42 +94,112 @@ pub fn record_batch(fields: &[Field], rows: &[Vec<Value>]) -> RecordBatch {
             match f.data_type {
                 DataType::Boolean => Arc::new(
                     col(i)
-                        .map(|v| if let Value::Bool(b) = v { Some(*b) } else { None })
+                        .map(|v| {
+                            if let Value::Bool(b) = v {
+                                Some(*b)
+                            } else {
+                                None
+                            }
+                        })
                         .collect::<BooleanArray>(),
                 ),
-                DataType::Int8 => Arc::new(col(i).map(|v| int(v).map(|x| x as i8)).collect::<Int8Array>()),
-                DataType::Int16 => Arc::new(col(i).map(|v| int(v).map(|x| x as i16)).collect::<Int16Array>()),
-                DataType::Int32 => Arc::new(col(i).map(|v| int(v).map(|x| x as i32)).collect::<Int32Array>()),
+                DataType::Int8 => Arc::new(
+                    col(i)
+                        .map(|v| int(v).map(|x| x as i8))
+                        .collect::<Int8Array>(),
+                ),
+                DataType::Int16 => Arc::new(
+                    col(i)
+                        .map(|v| int(v).map(|x| x as i16))
+                        .collect::<Int16Array>(),
+                ),
+                DataType::Int32 => Arc::new(
+                    col(i)
+                        .map(|v| int(v).map(|x| x as i32))
+                        .collect::<Int32Array>(),
+                ),
                 DataType::Int64 => Arc::new(col(i).map(int).collect::<Int64Array>()),
-                DataType::UInt8 => Arc::new(col(i).map(|v| int(v).map(|x| x as u8)).collect::<UInt8Array>()),
-                DataType::UInt16 => Arc::new(col(i).map(|v| int(v).map(|x| x as u16)).collect::<UInt16Array>()),
-                DataType::UInt32 => Arc::new(col(i).map(|v| int(v).map(|x| x as u32)).collect::<UInt32Array>()),
-                DataType::UInt64 => Arc::new(col(i).map(|v| int(v).map(|x| x as u64)).collect::<UInt64Array>()),
+                DataType::UInt8 => Arc::new(
+                    col(i)
+                        .map(|v| int(v).map(|x| x as u8))
+                        .collect::<UInt8Array>(),
+                ),
+                DataType::UInt16 => Arc::new(
+                    col(i)
+                        .map(|v| int(v).map(|x| x as u16))
+                        .collect::<UInt16Array>(),
+                ),
+                DataType::UInt32 => Arc::new(
+                    col(i)
+                        .map(|v| int(v).map(|x| x as u32))
+                        .collect::<UInt32Array>(),
+                ),
+                DataType::UInt64 => Arc::new(
+                    col(i)
+                        .map(|v| int(v).map(|x| x as u64))
+                        .collect::<UInt64Array>(),
+                ),
                 DataType::Float32 => Arc::new(
                     col(i)
-                        .map(|v| if let Value::Float(x) = v { Some(*x as f32) } else { None })
+                        .map(|v| {
+                            if let Value::Float(x) = v {
+                                Some(*x as f32)
+                            } else {
+                                None
+                            }
+                        })
                         .collect::<Float32Array>(),
                 ),
                 DataType::Float64 => Arc::new(
                     col(i)
-                        .map(|v| if let Value::Float(x) = v { Some(*x) } else { None })
+                        .map(|v| {
+                            if let Value::Float(x) = v {
+                                Some(*x)
+                            } else {
+                                None
+                            }
+                        })
                         .collect::<Float64Array>(),
                 ),
                 DataType::Utf8 => Arc::new(
                     col(i)
-                        .map(|v| if let Value::Str(s) = v { Some(s.as_str()) } else { None })
+                        .map(|v| {
+                            if let Value::Str(s) = v {
+                                Some(s.as_str())
+                            } else {
+                                None
+                            }
+                        })
                         .collect::<StringArray>(),
                 ),
                 DataType::Binary => Arc::new(
                     col(i)
-                        .map(|v| if let Value::Bytes(b) = v { Some(b.as_slice()) } else { None })
+                        .map(|v| {
+                            if let Value::Bytes(b) = v {
+                                Some(b.as_slice())
+                            } else {
+                                None
+                            }
+                        })
                         .collect::<BinaryArray>(),
                 ),
-                DataType::TimestampSecond => Arc::new(col(i).map(int).collect::<TimestampSecondArray>()),
-                DataType::TimestampMillisecond => Arc::new(col(i).map(int).collect::<TimestampMillisecondArray>()),
-                DataType::TimestampMicrosecond => Arc::new(col(i).map(int).collect::<TimestampMicrosecondArray>()),
-                DataType::TimestampNanosecond => Arc::new(col(i).map(int).collect::<TimestampNanosecondArray>()),
-                DataType::Date32 => Arc::new(col(i).map(|v| int(v).map(|x| x as i32)).collect::<Date32Array>()),
+                DataType::TimestampSecond => {
+                    Arc::new(col(i).map(int).collect::<TimestampSecondArray>())
+                }
+                DataType::TimestampMillisecond => {
+                    Arc::new(col(i).map(int).collect::<TimestampMillisecondArray>())
+                }
+                DataType::TimestampMicrosecond => {
+                    Arc::new(col(i).map(int).collect::<TimestampMicrosecondArray>())
+                }
+                DataType::TimestampNanosecond => {
+                    Arc::new(col(i).map(int).collect::<TimestampNanosecondArray>())
+                }
+                DataType::Date32 => Arc::new(
+                    col(i)
+                        .map(|v| int(v).map(|x| x as i32))
+                        .collect::<Date32Array>(),
+                ),
             }
         })
         .collect();
@@ -140,7 +211,12 @@ pub fn rows_of(batches: &[RecordBatch]) -> Vec<Vec<Value>> {
     let mut out = Vec::new();
     for b in batches {
         for r in 0..b.num_rows() {
-            out.push(b.columns().iter().map(|c| value_of(c.as_ref(), r)).collect());
+            out.push(
+                b.columns()
+                    .iter()
+                    .map(|c| value_of(c.as_ref(), r))
+                    .collect(),
+            );
         }
     }
     out
@@ -169,7 +245,9 @@ fn value_of(a: &dyn Array, i: usize) -> Value {
         ArrowType::Utf8View => Value::Str(a.as_string_view().value(i).to_string()),
         ArrowType::Binary => Value::Bytes(a.as_binary::<i32>().value(i).to_vec()),
         ArrowType::BinaryView => Value::Bytes(a.as_binary_view().value(i).to_vec()),
-        ArrowType::Timestamp(TimeUnit::Second, _) => Value::Int(a.as_primitive::<t::TimestampSecondType>().value(i)),
+        ArrowType::Timestamp(TimeUnit::Second, _) => {
+            Value::Int(a.as_primitive::<t::TimestampSecondType>().value(i))
+        }
         ArrowType::Timestamp(TimeUnit::Millisecond, _) => {
             Value::Int(a.as_primitive::<t::TimestampMillisecondType>().value(i))
         }
@@ -190,7 +268,8 @@ pub fn context(sources: &[SourceSchema], contents: &[Vec<Vec<Value>>]) -> Sessio
     for (s, rows) in sources.iter().zip(contents) {
         let batch = record_batch(&s.fields, rows);
         let table = MemTable::try_new(batch.schema(), vec![vec![batch]]).expect("mem table");
-        ctx.register_table(s.name.as_str(), Arc::new(table)).expect("register table");
+        ctx.register_table(s.name.as_str(), Arc::new(table))
+            .expect("register table");
     }
     ctx
 }
@@ -200,20 +279,35 @@ pub fn plan(sql: &str, sources: &[SourceSchema]) -> Vec<u8> {
     let empty: Vec<Vec<Vec<Value>>> = sources.iter().map(|_| Vec::new()).collect();
     let ctx = context(sources, &empty);
     block_on(async {
-        let df = ctx.sql(sql).await.unwrap_or_else(|e| panic!("plan {sql}: {e}"));
+        let df = ctx
+            .sql(sql)
+            .await
+            .unwrap_or_else(|e| panic!("plan {sql}: {e}"));
         let plan = df.into_optimized_plan().expect("optimized plan");
-        let substrait = datafusion_substrait::logical_plan::producer::to_substrait_plan(&plan, &ctx.state())
-            .unwrap_or_else(|e| panic!("substrait for {sql}: {e}"));
+        let substrait =
+            datafusion_substrait::logical_plan::producer::to_substrait_plan(&plan, &ctx.state())
+                .unwrap_or_else(|e| panic!("substrait for {sql}: {e}"));
         substrait.encode_to_vec()
     })
 }
 
 /// Runs `sql` with DataFusion over the given source contents.
-pub fn oracle(sql: &str, sources: &[SourceSchema], contents: &[Vec<Vec<Value>>]) -> Vec<Vec<Value>> {
+pub fn oracle(
+    sql: &str,
+    sources: &[SourceSchema],
+    contents: &[Vec<Vec<Value>>],
+) -> Vec<Vec<Value>> {
     let ctx = context(sources, contents);
     block_on(async {
-        let df = ctx.sql(sql).await.unwrap_or_else(|e| panic!("oracle {sql}: {e}"));
-        rows_of(&df.collect().await.unwrap_or_else(|e| panic!("oracle run {sql}: {e}")))
+        let df = ctx
+            .sql(sql)
+            .await
+            .unwrap_or_else(|e| panic!("oracle {sql}: {e}"));
+        rows_of(
+            &df.collect()
+                .await
+                .unwrap_or_else(|e| panic!("oracle run {sql}: {e}")),
+        )
     })
 }
 
@@ -254,7 +348,10 @@ pub trait Engine {
 pub struct Native(pub sandflow_guest::Flow);
 
 impl Native {
-    pub fn create(plan: &[u8], sources: &[SourceSchema]) -> Result<Native, sandflow_guest::types::FlowError> {
+    pub fn create(
+        plan: &[u8],
+        sources: &[SourceSchema],
+    ) -> Result<Native, sandflow_guest::types::FlowError> {
         sandflow_guest::Flow::create(plan, sources.to_vec(), vec![]).map(Native)
     }
     pub fn restore(state: &[u8]) -> Native {
@@ -295,7 +392,11 @@ impl Wasm {
         )
     }
     pub fn restore(state: &[u8]) -> Wasm {
-        Wasm(wasm_runtime().restore_flow(state, test_limits()).expect("wasm restore"))
+        Wasm(
+            wasm_runtime()
+                .restore_flow(state, test_limits())
+                .expect("wasm restore"),
+        )
     }
 }
 
@@ -331,14 +432,22 @@ pub fn random_row(rng: &mut StdRng, fields: &[Field]) -> Vec<Value> {
                 DataType::UInt8 | DataType::UInt16 | DataType::UInt32 | DataType::UInt64 => {
                     Value::UInt(rng.random_range(0..50))
                 }
-                DataType::Float32 | DataType::Float64 => Value::Float((rng.random_range(-1000..1000) as f64) / 8.0),
+                DataType::Float32 | DataType::Float64 => {
+                    Value::Float((rng.random_range(-1000..1000) as f64) / 8.0)
+                }
                 DataType::Utf8 => {
-                    let words = ["alpha", "beta", "gamma", "Delta", "eps_1", "zeta%", "", "éta"];
+                    let words = [
+                        "alpha", "beta", "gamma", "Delta", "eps_1", "zeta%", "", "éta",
+                    ];
                     Value::Str(words[rng.random_range(0..words.len())].to_string())
                 }
-                DataType::Binary => Value::Bytes(vec![rng.random_range(0..4u8); rng.random_range(0..3)]),
+                DataType::Binary => {
+                    Value::Bytes(vec![rng.random_range(0..4u8); rng.random_range(0..3)])
+                }
                 DataType::TimestampSecond => Value::Int(1_700_000_000 + rng.random_range(0..600)),
-                DataType::TimestampMillisecond => Value::Int(1_700_000_000_000 + rng.random_range(0..600_000)),
+                DataType::TimestampMillisecond => {
+                    Value::Int(1_700_000_000_000 + rng.random_range(0..600_000))
+                }
                 DataType::TimestampMicrosecond => {
                     Value::Int(1_700_000_000_000_000 + rng.random_range(0..600_000_000i64))
                 }
@@ -417,7 +526,12 @@ pub fn drain(engine: &mut dyn Engine, now: i64) -> Vec<(Vec<Value>, i64)> {
     let mut out = Vec::new();
     loop {
         let t = engine.tick(now);
-        out.extend(t.output.to_rows(&schema).into_iter().map(|(r, _, d)| (r, d)));
+        out.extend(
+            t.output
+                .to_rows(&schema)
+                .into_iter()
+                .map(|(r, _, d)| (r, d)),
+        );
         if !t.more {
             return out;
         }

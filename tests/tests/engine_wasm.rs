@@ -80,11 +80,18 @@ fn check_stream(sql: &str, seed: u64, steps: usize) {
             .iter()
             .map(|(r, _)| sandflow_tests::engine::row_key(r))
             .collect();
-        assert_eq!(keys.len(), out_wasm.len(), "{sql}: a row appears twice in one tick's output");
-        assert!(out_wasm.iter().all(|(_, d)| *d != 0), "{sql}: output holds a zero diff");
+        assert_eq!(
+            keys.len(),
+            out_wasm.len(),
+            "{sql}: a row appears twice in one tick's output"
+        );
+        assert!(
+            out_wasm.iter().all(|(_, d)| *d != 0),
+            "{sql}: output holds a zero diff"
+        );
         sink.extend(out_wasm);
         let got: Multiset = multiset(sink.clone());
-        for (_, (row, n)) in &got {
+        for (row, n) in got.values() {
             assert!(
                 *n > 0,
                 "{sql} seed {seed} step {step_no}: sink holds a negative count for {row:?}"

@@ -9,7 +9,8 @@ use sandflow_guest::types::{Batch, DataType, Field, SourceSchema, Value};
 use sandflow_tests::engine::{plan, wasm_runtime};
 
 fn hostile_runtime() -> Runtime {
-    let bytes = std::fs::read(env!("HOSTILE_GUEST_WASM")).expect("hostile guest was built by tests/build.rs");
+    let bytes = std::fs::read(env!("HOSTILE_GUEST_WASM"))
+        .expect("hostile guest was built by tests/build.rs");
     Runtime::with_untrusted_component(RuntimeConfig::default(), &bytes).expect("hostile runtime")
 }
 
@@ -25,11 +26,20 @@ fn fail_on_tick(rt: &Runtime, mode: &str) -> RuntimeError {
     let mut flow = rt
         .create_flow(mode.as_bytes(), &[], &[], limits())
         .unwrap_or_else(|e| panic!("{mode}: create failed: {e}"));
-    let err = flow.tick(1).err().unwrap_or_else(|| panic!("{mode}: tick succeeded"));
+    let err = flow
+        .tick(1)
+        .err()
+        .unwrap_or_else(|| panic!("{mode}: tick succeeded"));
     // The instance is poisoned: later calls fail fast with the same reason.
-    let again = flow.tick(2).err().expect("poisoned instance accepted a call");
-    assert!(matches!(again, RuntimeError::Poisoned { .. }), "{mode}: {again}");
-    assert!(again.to_string().contains(&err.to_string()), "{mode}: {again}");
+    let again = flow.tick(2).expect_err("poisoned instance accepted a call");
+    assert!(
+        matches!(again, RuntimeError::Poisoned { .. }),
+        "{mode}: {again}"
+    );
+    assert!(
+        again.to_string().contains(&err.to_string()),
+        "{mode}: {again}"
+    );
     err
 }
 
@@ -37,32 +47,76 @@ fn fail_on_tick(rt: &Runtime, mode: &str) -> RuntimeError {
 fn each_hostile_behaviour_fails_only_its_flow_with_a_clear_error() {
     let rt = hostile_runtime();
     // A control flow in the same runtime, ticked between every attack.
-    let mut control = rt.create_flow(b"ok", &[], &[], limits()).expect("control flow");
+    let mut control = rt
+        .create_flow(b"ok", &[], &[], limits())
+        .expect("control flow");
     let mut expected_n = 0;
     let mut check_control = |control: &mut sandflow::runtime::FlowInstance| {
         expected_n += 1;
-        let out = control.tick(expected_n).expect("control flow keeps working");
+        let out = control
+            .tick(expected_n)
+            .expect("control flow keeps working");
         let rows = out.output.to_rows(control.output_schema());
         assert_eq!(rows.len(), 1);
         assert_eq!(rows[0].0[0], Value::Int(expected_n));
     };
 
-    let cases: &[(&str, fn(&RuntimeError) -> bool, &str)] = &[
-        ("loop", |e| matches!(e, RuntimeError::CpuLimit { .. }), "CPU budget"),
-        ("alloc", |e| matches!(e, RuntimeError::MemoryLimit { .. }), "memory limit"),
-        ("recurse", |e| matches!(e, RuntimeError::Trap { .. }), "stack"),
-        ("panic", |e| matches!(e, RuntimeError::Trap { .. }), "panics on purpose"),
-        ("huge-output", |e| matches!(e, RuntimeError::Contract { .. }), "more than"),
-        ("wrong-lengths", |e| matches!(e, RuntimeError::Contract { .. }), "malformed"),
-        ("bad-offsets", |e| matches!(e, RuntimeError::Contract { .. }), "offsets"),
-        ("bad-utf8", |e| matches!(e, RuntimeError::Contract { .. }), "UTF-8"),
-        ("extra-columns", |e| matches!(e, RuntimeError::Contract { .. }), "columns"),
+    type IsExpected = fn(&RuntimeError) -> bool;
+    let cases: &[(&str, IsExpected, &str)] = &[
+        (
+            "loop",
+            |e| matches!(e, RuntimeError::CpuLimit { .. }),
+            "CPU budget",
+        ),
+        (
+            "alloc",
+            |e| matches!(e, RuntimeError::MemoryLimit { .. }),
+            "memory limit",
+        ),
+        (
+            "recurse",
+            |e| matches!(e, RuntimeError::Trap { .. }),
+            "stack",
+        ),
+        (
+            "panic",
+            |e| matches!(e, RuntimeError::Trap { .. }),
+            "panics on purpose",
+        ),
+        (
+            "huge-output",
+            |e| matches!(e, RuntimeError::Contract { .. }),
+            "more than",
+        ),
+        (
+            "wrong-lengths",
+            |e| matches!(e, RuntimeError::Contract { .. }),
+            "malformed",
+        ),
+        (
+            "bad-offsets",
+            |e| matches!(e, RuntimeError::Contract { .. }),
+            "offsets",
+        ),
+        (
+            "bad-utf8",
+            |e| matches!(e, RuntimeError::Contract { .. }),
+            "UTF-8",
+        ),
+        (
+            "extra-columns",
+            |e| matches!(e, RuntimeError::Contract { .. }),
+            "columns",
+        ),
     ];
     for (mode, kind, words) in cases {
         check_control(&mut control);
         let err = fail_on_tick(&rt, mode);
         assert!(kind(&err), "{mode}: unexpected error kind: {err:?}");
-        assert!(err.to_string().contains(words), "{mode}: error does not say '{words}': {err}");
+        assert!(
+            err.to_string().contains(words),
+            "{mode}: error does not say '{words}': {err}"
+        );
     }
     check_control(&mut control);
 }
@@ -83,7 +137,7 @@ fn a_looping_flow_does_not_stall_a_flow_on_another_thread() {
                 },
             )
             .expect("create");
-        flow.tick(1).err().expect("loop stopped")
+        flow.tick(1).expect_err("loop stopped")
     });
     let mut control = rt.create_flow(b"ok", &[], &[], limits()).expect("control");
     let started = std::time::Instant::now();
@@ -95,8 +149,14 @@ fn a_looping_flow_does_not_stall_a_flow_on_another_thread() {
     }
     let err = looping.join().expect("looping thread");
     assert!(matches!(err, RuntimeError::CpuLimit { .. }), "{err}");
-    assert!(started.elapsed() >= Duration::from_secs(1), "loop was stopped too early");
-    assert!(ticks > 10, "the control flow made only {ticks} ticks while the other looped");
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "loop was stopped too early"
+    );
+    assert!(
+        ticks > 10,
+        "the control flow made only {ticks} ticks while the other looped"
+    );
 }
 
 #[test]
@@ -108,22 +168,35 @@ fn the_real_guest_is_stopped_by_its_memory_cap_and_others_continue() {
             Field::new("s", DataType::Utf8, false),
         ],
     }];
-    let plan = plan("SELECT g, count(DISTINCT s) AS d FROM t GROUP BY g", &sources);
+    let plan = plan(
+        "SELECT g, count(DISTINCT s) AS d FROM t GROUP BY g",
+        &sources,
+    );
     let rt = wasm_runtime();
     let small = FlowLimits {
         memory: 24 << 20,
         cpu_per_call: Duration::from_secs(30),
         max_output_rows: 100_000,
     };
-    let mut greedy = rt.create_flow(&plan, &sources, &[], small).expect("greedy flow");
-    let mut modest = rt.create_flow(&plan, &sources, &[], small).expect("modest flow");
+    let mut greedy = rt
+        .create_flow(&plan, &sources, &[], small)
+        .expect("greedy flow");
+    let mut modest = rt
+        .create_flow(&plan, &sources, &[], small)
+        .expect("modest flow");
     let mut failed = None;
     for round in 0..200i64 {
         let rows: Vec<Vec<Value>> = (0..5000)
-            .map(|i| vec![Value::Int(i % 7), Value::Str(format!("distinct-value-{round}-{i}-{}", "x".repeat(40)))])
+            .map(|i| {
+                vec![
+                    Value::Int(i % 7),
+                    Value::Str(format!("distinct-value-{round}-{i}-{}", "x".repeat(40))),
+                ]
+            })
             .collect();
         let n = rows.len();
-        let batch = Batch::from_rows(&sources[0].fields, &rows, &vec![round; n], &vec![1; n]).expect("batch");
+        let batch = Batch::from_rows(&sources[0].fields, &rows, &vec![round; n], &vec![1; n])
+            .expect("batch");
         let result = greedy.push(0, batch).and_then(|_| greedy.tick(round));
         if let Err(e) = result {
             failed = Some(e);
@@ -134,7 +207,10 @@ fn the_real_guest_is_stopped_by_its_memory_cap_and_others_continue() {
     assert!(matches!(err, RuntimeError::MemoryLimit { .. }), "{err:?}");
     assert!(err.to_string().contains("memory limit"), "{err}");
 
-    let rows = vec![vec![Value::Int(1), Value::Str("a".into())], vec![Value::Int(1), Value::Str("b".into())]];
+    let rows = vec![
+        vec![Value::Int(1), Value::Str("a".into())],
+        vec![Value::Int(1), Value::Str("b".into())],
+    ];
     let batch = Batch::from_rows(&sources[0].fields, &rows, &[0, 0], &[1, 1]).expect("batch");
     modest.push(0, batch).expect("modest push");
     let out = modest.tick(0).expect("modest tick");

@@ -4,12 +4,15 @@
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, BinaryArray, BooleanArray, Date32Array, Float32Array, Float64Array, Int16Array,
-    Int32Array, Int64Array, Int8Array, StringArray, TimestampMicrosecondArray, TimestampMillisecondArray,
-    TimestampNanosecondArray, TimestampSecondArray, UInt16Array, UInt32Array, UInt64Array, UInt8Array,
+    Array, ArrayRef, AsArray, BinaryArray, BooleanArray, Date32Array, Float32Array, Float64Array,
+    Int16Array, Int32Array, Int64Array, Int8Array, StringArray, TimestampMicrosecondArray,
+    TimestampMillisecondArray, TimestampNanosecondArray, TimestampSecondArray, UInt16Array,
+    UInt32Array, UInt64Array, UInt8Array,
 };
 use datafusion::arrow::buffer::{NullBuffer, OffsetBuffer, ScalarBuffer};
-use datafusion::arrow::datatypes::{self as at, DataType as ArrowType, Field as ArrowField, Schema, SchemaRef, TimeUnit};
+use datafusion::arrow::datatypes::{
+    self as at, DataType as ArrowType, Field as ArrowField, Schema, SchemaRef, TimeUnit,
+};
 use datafusion::arrow::record_batch::RecordBatch;
 
 use crate::runtime::{Batch, Column, DataType, Field};
@@ -120,7 +123,10 @@ fn int_column<T: at::ArrowPrimitiveType>(a: &dyn Array, f: impl Fn(T::Native) ->
     }
 }
 
-fn bytes_column<'a>(a: &dyn Array, values: impl Iterator<Item = Option<&'a [u8]>>) -> Result<Column, ConvertError> {
+fn bytes_column<'a>(
+    a: &dyn Array,
+    values: impl Iterator<Item = Option<&'a [u8]>>,
+) -> Result<Column, ConvertError> {
     let mut bytes = Vec::new();
     let mut offsets = Vec::with_capacity(a.len() + 1);
     offsets.push(0u32);
@@ -129,7 +135,9 @@ fn bytes_column<'a>(a: &dyn Array, values: impl Iterator<Item = Option<&'a [u8]>
             bytes.extend_from_slice(v);
         }
         let Ok(end) = u32::try_from(bytes.len()) else {
-            return err("a string or binary column exceeds 4 GiB in one batch; write smaller batches");
+            return err(
+                "a string or binary column exceeds 4 GiB in one batch; write smaller batches",
+            );
         };
         offsets.push(end);
     }
@@ -145,7 +153,10 @@ fn bytes_column<'a>(a: &dyn Array, values: impl Iterator<Item = Option<&'a [u8]>
 pub fn column_from_arrow(a: &dyn Array, t: DataType) -> Result<Column, ConvertError> {
     let actual = data_type_from_arrow(a.data_type());
     if actual != Some(t) {
-        return err(format!("column of Arrow type {} cannot be read as {t}", a.data_type()));
+        return err(format!(
+            "column of Arrow type {} cannot be read as {t}",
+            a.data_type()
+        ));
     }
     Ok(match a.data_type() {
         ArrowType::Boolean => {
@@ -165,7 +176,12 @@ pub fn column_from_arrow(a: &dyn Array, t: DataType) -> Result<Column, ConvertEr
         ArrowType::UInt32 => int_column::<at::UInt32Type>(a, i64::from),
         ArrowType::UInt64 => int_column::<at::UInt64Type>(a, |v| v as i64),
         ArrowType::Float32 => Column {
-            floats: a.as_primitive::<at::Float32Type>().values().iter().map(|v| *v as f64).collect(),
+            floats: a
+                .as_primitive::<at::Float32Type>()
+                .values()
+                .iter()
+                .map(|v| *v as f64)
+                .collect(),
             nulls: nulls_of(a),
             ..Column::default()
         },
@@ -174,16 +190,30 @@ pub fn column_from_arrow(a: &dyn Array, t: DataType) -> Result<Column, ConvertEr
             nulls: nulls_of(a),
             ..Column::default()
         },
-        ArrowType::Utf8 => bytes_column(a, a.as_string::<i32>().iter().map(|v| v.map(str::as_bytes)))?,
-        ArrowType::LargeUtf8 => bytes_column(a, a.as_string::<i64>().iter().map(|v| v.map(str::as_bytes)))?,
-        ArrowType::Utf8View => bytes_column(a, a.as_string_view().iter().map(|v| v.map(str::as_bytes)))?,
+        ArrowType::Utf8 => {
+            bytes_column(a, a.as_string::<i32>().iter().map(|v| v.map(str::as_bytes)))?
+        }
+        ArrowType::LargeUtf8 => {
+            bytes_column(a, a.as_string::<i64>().iter().map(|v| v.map(str::as_bytes)))?
+        }
+        ArrowType::Utf8View => {
+            bytes_column(a, a.as_string_view().iter().map(|v| v.map(str::as_bytes)))?
+        }
         ArrowType::Binary => bytes_column(a, a.as_binary::<i32>().iter())?,
         ArrowType::LargeBinary => bytes_column(a, a.as_binary::<i64>().iter())?,
         ArrowType::BinaryView => bytes_column(a, a.as_binary_view().iter())?,
-        ArrowType::Timestamp(TimeUnit::Second, _) => int_column::<at::TimestampSecondType>(a, |v| v),
-        ArrowType::Timestamp(TimeUnit::Millisecond, _) => int_column::<at::TimestampMillisecondType>(a, |v| v),
-        ArrowType::Timestamp(TimeUnit::Microsecond, _) => int_column::<at::TimestampMicrosecondType>(a, |v| v),
-        ArrowType::Timestamp(TimeUnit::Nanosecond, _) => int_column::<at::TimestampNanosecondType>(a, |v| v),
+        ArrowType::Timestamp(TimeUnit::Second, _) => {
+            int_column::<at::TimestampSecondType>(a, |v| v)
+        }
+        ArrowType::Timestamp(TimeUnit::Millisecond, _) => {
+            int_column::<at::TimestampMillisecondType>(a, |v| v)
+        }
+        ArrowType::Timestamp(TimeUnit::Microsecond, _) => {
+            int_column::<at::TimestampMicrosecondType>(a, |v| v)
+        }
+        ArrowType::Timestamp(TimeUnit::Nanosecond, _) => {
+            int_column::<at::TimestampNanosecondType>(a, |v| v)
+        }
         ArrowType::Date32 => int_column::<at::Date32Type>(a, i64::from),
         other => return err(format!("Arrow type {other} is not supported in flows")),
     })
@@ -192,7 +222,12 @@ pub fn column_from_arrow(a: &dyn Array, t: DataType) -> Result<Column, ConvertEr
 /// A record batch as diff rows for a flow: `fields` says how each column is
 /// read (it must match the batch's columns), every row gets `time`, and
 /// `diffs` has one entry per row.
-pub fn batch_from_arrow(rb: &RecordBatch, fields: &[Field], time: i64, diffs: Vec<i64>) -> Result<Batch, ConvertError> {
+pub fn batch_from_arrow(
+    rb: &RecordBatch,
+    fields: &[Field],
+    time: i64,
+    diffs: Vec<i64>,
+) -> Result<Batch, ConvertError> {
     if rb.num_columns() != fields.len() {
         return err(format!(
             "batch has {} columns, the flow's source {}",
@@ -208,7 +243,10 @@ pub fn batch_from_arrow(rb: &RecordBatch, fields: &[Field], time: i64, diffs: Ve
         .columns()
         .iter()
         .zip(fields)
-        .map(|(a, f)| column_from_arrow(a.as_ref(), f.data_type).map_err(|e| ConvertError(format!("{}: {e}", f.name))))
+        .map(|(a, f)| {
+            column_from_arrow(a.as_ref(), f.data_type)
+                .map_err(|e| ConvertError(format!("{}: {e}", f.name)))
+        })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Batch {
         rows,
@@ -233,7 +271,10 @@ pub fn column_to_arrow(c: &Column, t: DataType, rows: usize) -> Result<ArrayRef,
     let ints = || -> Result<&[i64], ConvertError> {
         match c.ints.get(..rows) {
             Some(v) => Ok(v),
-            None => err(format!("{t} column has {} values for {rows} rows", c.ints.len())),
+            None => err(format!(
+                "{t} column has {} values for {rows} rows",
+                c.ints.len()
+            )),
         }
     };
     macro_rules! prim {
@@ -262,10 +303,16 @@ pub fn column_to_arrow(c: &Column, t: DataType, rows: usize) -> Result<ArrayRef,
         DataType::Date32 => prim!(Date32Array, |v| *v as i32),
         DataType::Float32 | DataType::Float64 => {
             let Some(values) = c.floats.get(..rows) else {
-                return err(format!("{t} column has {} values for {rows} rows", c.floats.len()));
+                return err(format!(
+                    "{t} column has {} values for {rows} rows",
+                    c.floats.len()
+                ));
             };
             if t == DataType::Float32 {
-                Arc::new(Float32Array::new(values.iter().map(|v| *v as f32).collect(), nulls))
+                Arc::new(Float32Array::new(
+                    values.iter().map(|v| *v as f32).collect(),
+                    nulls,
+                ))
             } else {
                 Arc::new(Float64Array::new(values.iter().copied().collect(), nulls))
             }
@@ -277,14 +324,23 @@ pub fn column_to_arrow(c: &Column, t: DataType, rows: usize) -> Result<ArrayRef,
                 .map(|o| i32::try_from(*o).or_else(|_| err("string column larger than 2 GiB")))
                 .collect::<Result<_, _>>()?;
             if offsets.len() != rows + 1 {
-                return err(format!("{t} column has {} offsets for {rows} rows", offsets.len()));
+                return err(format!(
+                    "{t} column has {} offsets for {rows} rows",
+                    offsets.len()
+                ));
             }
             let offsets = OffsetBuffer::new(ScalarBuffer::from(offsets));
             let values = c.bytes.clone().into();
             if t == DataType::Utf8 {
-                Arc::new(StringArray::try_new(offsets, values, nulls).map_err(|e| ConvertError(e.to_string()))?)
+                Arc::new(
+                    StringArray::try_new(offsets, values, nulls)
+                        .map_err(|e| ConvertError(e.to_string()))?,
+                )
             } else {
-                Arc::new(BinaryArray::try_new(offsets, values, nulls).map_err(|e| ConvertError(e.to_string()))?)
+                Arc::new(
+                    BinaryArray::try_new(offsets, values, nulls)
+                        .map_err(|e| ConvertError(e.to_string()))?,
+                )
             }
         }
     })
@@ -293,16 +349,24 @@ pub fn column_to_arrow(c: &Column, t: DataType, rows: usize) -> Result<ArrayRef,
 /// A validated contract batch as an Arrow record batch with `fields`' schema.
 pub fn batch_to_arrow(b: &Batch, fields: &[Field]) -> Result<RecordBatch, ConvertError> {
     if b.columns.len() != fields.len() {
-        return err(format!("batch has {} columns, schema {}", b.columns.len(), fields.len()));
+        return err(format!(
+            "batch has {} columns, schema {}",
+            b.columns.len(),
+            fields.len()
+        ));
     }
     let rows = b.rows as usize;
     let arrays = b
         .columns
         .iter()
         .zip(fields)
-        .map(|(c, f)| column_to_arrow(c, f.data_type, rows).map_err(|e| ConvertError(format!("{}: {e}", f.name))))
+        .map(|(c, f)| {
+            column_to_arrow(c, f.data_type, rows)
+                .map_err(|e| ConvertError(format!("{}: {e}", f.name)))
+        })
         .collect::<Result<Vec<_>, _>>()?;
-    RecordBatch::try_new(schema_from_fields(fields), arrays).map_err(|e| ConvertError(e.to_string()))
+    RecordBatch::try_new(schema_from_fields(fields), arrays)
+        .map_err(|e| ConvertError(e.to_string()))
 }
 
 #[cfg(test)]
@@ -317,7 +381,11 @@ mod tests {
             ArrowField::new("v", ArrowType::Float64, false),
             ArrowField::new("b", ArrowType::Boolean, true),
             ArrowField::new("u", ArrowType::UInt64, false),
-            ArrowField::new("ts", ArrowType::Timestamp(TimeUnit::Millisecond, None), false),
+            ArrowField::new(
+                "ts",
+                ArrowType::Timestamp(TimeUnit::Millisecond, None),
+                false,
+            ),
         ]));
         RecordBatch::try_new(
             schema,
@@ -363,7 +431,14 @@ mod tests {
             diffs: vec![1, 1],
         };
         assert!(batch_to_arrow(&short, &[Field::new("k", DataType::Int64, false)]).is_err());
-        let unsupported = Schema::new(vec![ArrowField::new("d", ArrowType::Decimal128(10, 2), false)]);
-        assert!(fields_from_arrow(&unsupported).unwrap_err().0.contains("d has type"));
+        let unsupported = Schema::new(vec![ArrowField::new(
+            "d",
+            ArrowType::Decimal128(10, 2),
+            false,
+        )]);
+        assert!(fields_from_arrow(&unsupported)
+            .unwrap_err()
+            .0
+            .contains("d has type"));
     }
 }

@@ -54,7 +54,10 @@ impl From<ConvertError> for CompileError {
 
 /// Plans `sql` in `ctx` and encodes it for the guest.
 pub async fn compile(ctx: &SessionContext, sql: &str) -> Result<CompiledFlow, CompileError> {
-    let df = ctx.sql(sql).await.map_err(|e| CompileError(format!("cannot plan the flow's query: {e}")))?;
+    let df = ctx
+        .sql(sql)
+        .await
+        .map_err(|e| CompileError(format!("cannot plan the flow's query: {e}")))?;
     let plan = df
         .into_optimized_plan()
         .map_err(|e| CompileError(format!("cannot optimise the flow's query: {e}")))?;
@@ -62,15 +65,23 @@ pub async fn compile(ctx: &SessionContext, sql: &str) -> Result<CompiledFlow, Co
 }
 
 /// Encodes an already planned query for the guest.
-pub fn compile_plan(ctx: &SessionContext, plan: &LogicalPlan) -> Result<CompiledFlow, CompileError> {
+pub fn compile_plan(
+    ctx: &SessionContext,
+    plan: &LogicalPlan,
+) -> Result<CompiledFlow, CompileError> {
     let sources = sources_of(plan)?;
     if sources.is_empty() {
-        return Err(CompileError("a flow must read from at least one table".into()));
+        return Err(CompileError(
+            "a flow must read from at least one table".into(),
+        ));
     }
     let output = fields_from_arrow(plan.schema().as_arrow())?;
     let (aggregates, group_keys) = group_keys_of(plan);
-    let substrait = datafusion_substrait::logical_plan::producer::to_substrait_plan(plan, &ctx.state())
-        .map_err(|e| CompileError(format!("cannot encode the flow's query as Substrait: {e}")))?;
+    let substrait =
+        datafusion_substrait::logical_plan::producer::to_substrait_plan(plan, &ctx.state())
+            .map_err(|e| {
+                CompileError(format!("cannot encode the flow's query as Substrait: {e}"))
+            })?;
     Ok(CompiledFlow {
         plan: substrait.encode_to_vec(),
         sources,
@@ -149,7 +160,13 @@ fn group_keys_of(plan: &LogicalPlan) -> (bool, Vec<String>) {
             LogicalPlan::SubqueryAlias(s) => {
                 let below = walk(&s.input)?;
                 let names: Vec<String> = below.iter().map(|c| c.name.clone()).collect();
-                Some(s.schema.columns().into_iter().filter(|c| names.contains(&c.name)).collect())
+                Some(
+                    s.schema
+                        .columns()
+                        .into_iter()
+                        .filter(|c| names.contains(&c.name))
+                        .collect(),
+                )
             }
             _ => None,
         }
@@ -187,8 +204,11 @@ mod tests {
             F::new("bytes", A::Float64, true),
             F::new("ts", A::Timestamp(TimeUnit::Millisecond, None), false),
         ]));
-        ctx.register_table("requests", Arc::new(MemTable::try_new(schema, vec![vec![]]).unwrap()))
-            .unwrap();
+        ctx.register_table(
+            "requests",
+            Arc::new(MemTable::try_new(schema, vec![vec![]]).unwrap()),
+        )
+        .unwrap();
         ctx
     }
 
@@ -203,28 +223,43 @@ mod tests {
         .await
         .unwrap();
         assert!(f.aggregates);
-        assert_eq!(f.group_keys, vec!["status".to_string(), "minute".to_string()]);
+        assert_eq!(
+            f.group_keys,
+            vec!["status".to_string(), "minute".to_string()]
+        );
         let names: Vec<_> = f.output.iter().map(|c| c.name.as_str()).collect();
-        assert_eq!(names, vec!["status", "hits", "sum(requests.bytes)", "minute"]);
+        assert_eq!(
+            names,
+            vec!["status", "hits", "sum(requests.bytes)", "minute"]
+        );
         assert_eq!(f.output[3].data_type, DataType::TimestampMillisecond);
         assert_eq!(f.sources.len(), 1);
         assert_eq!(f.sources[0].schema.name, "requests");
-        assert_eq!(f.sources[0].schema.fields.len(), 4, "sources carry the full table schema");
+        assert_eq!(
+            f.sources[0].schema.fields.len(),
+            4,
+            "sources carry the full table schema"
+        );
         assert!(!f.plan.is_empty());
     }
 
     #[tokio::test]
     async fn filter_only_queries_have_no_group_keys() {
-        let f = compile(&ctx(), "SELECT host, bytes * 2 AS b2 FROM requests WHERE status >= 500")
-            .await
-            .unwrap();
+        let f = compile(
+            &ctx(),
+            "SELECT host, bytes * 2 AS b2 FROM requests WHERE status >= 500",
+        )
+        .await
+        .unwrap();
         assert!(!f.aggregates);
         assert!(f.group_keys.is_empty());
     }
 
     #[tokio::test]
     async fn planning_errors_are_reported() {
-        let e = compile(&ctx(), "SELECT nope FROM requests").await.unwrap_err();
+        let e = compile(&ctx(), "SELECT nope FROM requests")
+            .await
+            .unwrap_err();
         assert!(e.0.contains("cannot plan"), "{e}");
         let e = compile(&ctx(), "SELECT 1").await.unwrap_err();
         assert!(e.0.contains("at least one table"), "{e}");

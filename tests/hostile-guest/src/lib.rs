@@ -44,14 +44,26 @@ mod component {
             bytes.extend_from_slice(v);
             offsets.push(bytes.len() as u32);
         }
-        Column { ints: vec![], floats: vec![], bytes, offsets, nulls: vec![] }
+        Column {
+            ints: vec![],
+            floats: vec![],
+            bytes,
+            offsets,
+            nulls: vec![],
+        }
     }
 
     fn one_row(now: i64, n: i64) -> Batch {
         Batch {
             rows: 1,
             columns: vec![
-                Column { ints: vec![n], floats: vec![], bytes: vec![], offsets: vec![], nulls: vec![] },
+                Column {
+                    ints: vec![n],
+                    floats: vec![],
+                    bytes: vec![],
+                    offsets: vec![],
+                    nulls: vec![],
+                },
                 string_column(&[b"ok"]),
             ],
             times: vec![now],
@@ -71,14 +83,26 @@ mod component {
             _sources: Vec<SourceSchema>,
             _options: Vec<(String, String)>,
         ) -> Result<exports::sandflow::flow::engine::Flow, FlowError> {
-            let mode = String::from_utf8(plan).map_err(|_| FlowError::BadInput("plan must be a mode name".into()))?;
-            Ok(exports::sandflow::flow::engine::Flow::new(Evil { mode, ticks: Cell::new(0) }))
+            let mode = String::from_utf8(plan)
+                .map_err(|_| FlowError::BadInput("plan must be a mode name".into()))?;
+            Ok(exports::sandflow::flow::engine::Flow::new(Evil {
+                mode,
+                ticks: Cell::new(0),
+            }))
         }
 
         fn output_schema(&self) -> Vec<Field> {
             vec![
-                Field { name: "n".into(), data_type: DataType::Int64, nullable: false },
-                Field { name: "s".into(), data_type: DataType::Utf8, nullable: false },
+                Field {
+                    name: "n".into(),
+                    data_type: DataType::Int64,
+                    nullable: false,
+                },
+                Field {
+                    name: "s".into(),
+                    data_type: DataType::Utf8,
+                    nullable: false,
+                },
             ]
         }
 
@@ -94,7 +118,9 @@ mod component {
                 "loop" => {
                     let mut x = n as u64;
                     loop {
-                        x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+                        x = std::hint::black_box(
+                            x.wrapping_mul(6364136223846793005).wrapping_add(1),
+                        );
                     }
                 }
                 "alloc" => {
@@ -115,7 +141,13 @@ mod component {
                     Batch {
                         rows,
                         columns: vec![
-                            Column { ints: vec![0; rows as usize], floats: vec![], bytes: vec![], offsets: vec![], nulls: vec![] },
+                            Column {
+                                ints: vec![0; rows as usize],
+                                floats: vec![],
+                                bytes: vec![],
+                                offsets: vec![],
+                                nulls: vec![],
+                            },
                             string_column(&strs),
                         ],
                         times: vec![now; rows as usize],
@@ -142,9 +174,17 @@ mod component {
                     b.columns.push(string_column(&[b"extra"]));
                     b
                 }
-                other => return Err(FlowError::Unsupported(format!("unknown hostile mode {other}"))),
+                other => {
+                    return Err(FlowError::Unsupported(format!(
+                        "unknown hostile mode {other}"
+                    )))
+                }
             };
-            Ok(TickOutput { output, more: false, next_wakeup: None })
+            Ok(TickOutput {
+                output,
+                more: false,
+                next_wakeup: None,
+            })
         }
 
         fn snapshot(&self) -> Result<Vec<u8>, FlowError> {
