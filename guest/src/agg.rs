@@ -606,10 +606,6 @@ impl AggOp {
         t
     }
 
-    pub fn key_count(&self) -> usize {
-        self.key_types.len()
-    }
-
     fn alloc_gid(&mut self) -> u32 {
         if let Some(g) = self.free.pop() {
             set(&mut self.alive, g as usize, true);

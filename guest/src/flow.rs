@@ -38,7 +38,7 @@ pub struct Flow {
     out_types: Vec<DataType>,
     ops: Vec<Op>,
     /// Whether the chain's output can never hold the same row twice in one tick, so that
-    /// consolidation can be skipped (an aggregate whose keys all reach the output unchanged).
+    /// consolidation can be skipped (an aggregate whose columns all reach the output unchanged).
     unique_output: bool,
     pending: Vec<Batch>,
     queue: Batch,
@@ -104,7 +104,7 @@ impl Flow {
             .ok_or_else(|| internal("source index out of range"))?;
         let mut types: Vec<DataType> = src.fields.iter().map(|f| f.data_type).collect();
         let mut ops = Vec::new();
-        // Which output columns carry which group key unchanged (for unique_output).
+        // Which output columns carry which aggregate column unchanged (for unique_output).
         let mut key_map: Option<(Vec<Option<usize>>, usize)> = None;
         for spec in lowered.ops {
             match spec {
@@ -135,14 +135,20 @@ impl Flow {
                     crate::agg::validate(&a)?;
                     let op = AggOp::new(a, expire);
                     types = op.out_types();
-                    let k = op.key_count();
-                    key_map = Some(((0..types.len()).map(|i| (i < k).then_some(i)).collect(), k));
+                    // Track every aggregate column, not only the keys: a -old/+new pair
+                    // differs in some aggregate column, and stays distinct only if that
+                    // column reaches the output.
+                    let n = types.len();
+                    key_map = Some(((0..n).map(Some).collect(), n));
                     ops.push(Op::Aggregate(Rc::new(RefCell::new(op))));
                 }
             }
         }
+        // Unique when every aggregate column reaches the output unchanged: group keys
+        // make rows of different groups distinct, and the aggregate never emits a
+        // -old/+new pair that is equal on all of its columns.
         let unique_output = match &key_map {
-            Some((m, k)) => (0..*k).all(|key| m.contains(&Some(key))),
+            Some((m, n)) => (0..*n).all(|col| m.contains(&Some(col))),
             None => false,
         };
         let out_types: Vec<DataType> = lowered.output.iter().map(|f| f.data_type).collect();
