@@ -139,6 +139,23 @@ weather,city=Oslo,sensor=x temp=-3.25,hum=80i,ok=f,note=\"cold, dry\" 1700000001
     );
     assert_eq!(status, 204, "{text}");
     assert_eq!(s.sql("SELECT c FROM counters"), "18446744073709551615");
+
+    // `db` names the database: it is created on first write and holds the table.
+    let (status, text) = s.http(
+        "POST",
+        "/v1/influxdb/write?db=metrics&precision=s",
+        None,
+        "cpu,host=h1 usage=0.5 10\ncpu,host=h2 usage=0.75 10\n",
+    );
+    assert_eq!(status, 204, "{text}\n{}", s.logs());
+    assert_eq!(
+        s.sql("SELECT host, usage FROM metrics.cpu ORDER BY host"),
+        "h1|0.5\nh2|0.75"
+    );
+    assert!(
+        !s.sql("SHOW TABLES").lines().any(|t| t == "cpu"),
+        "cpu must not land in public"
+    );
 }
 
 #[test]

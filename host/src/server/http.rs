@@ -353,10 +353,11 @@ async fn influx_write(
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as i64)
         .unwrap_or(0);
-    let statements = match influx::to_sql(&points, precision, now) {
-        Ok(s) => s,
-        Err(e) => return error_response(StatusCode::BAD_REQUEST, 1004, e, started),
-    };
+    let statements =
+        match influx::to_sql(&points, precision, now, query.get("db").map(String::as_str)) {
+            Ok(s) => s,
+            Err(e) => return error_response(StatusCode::BAD_REQUEST, 1004, e, started),
+        };
     for stmt in statements {
         if let Err(e) = state.db.execute(&stmt).await {
             debug!("influx write failed on {stmt:?}: {e}");

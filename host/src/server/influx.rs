@@ -325,11 +325,19 @@ fn ts_literal(nanos: i64) -> Result<String, String> {
 
 /// The SQL for a write: per measurement one `CREATE TABLE IF NOT EXISTS` and
 /// one multi-row `INSERT`. `now_nanos` stamps points without a timestamp.
+/// With a `database` other than `public`, that database is created if needed
+/// and the tables live in it.
 pub fn to_sql(
     points: &[Point],
     precision: Precision,
     now_nanos: i64,
+    database: Option<&str>,
 ) -> Result<Vec<String>, String> {
+    let database = database.filter(|d| !d.is_empty() && *d != "public");
+    let table_name = |name: &str| match database {
+        Some(db) => format!("{}.{}", quote_ident(db), quote_ident(name)),
+        None => quote_ident(name),
+    };
     struct Table<'a> {
         tags: Vec<&'a str>,
         fields: BTreeMap<&'a str, &'static str>,
@@ -381,6 +389,9 @@ pub fn to_sql(
         t.points.push(p);
     }
     let mut sql = Vec::new();
+    if let Some(db) = database {
+        sql.push(format!("CREATE DATABASE IF NOT EXISTS {}", quote_ident(db)));
+    }
     for (name, t) in &tables {
         if let Some(dup) = t.tags.iter().find(|k| t.fields.contains_key(**k)) {
             return Err(format!("{dup:?} is both a tag and a field of {name:?}"));
@@ -406,7 +417,7 @@ pub fn to_sql(
         }
         sql.push(format!(
             "CREATE TABLE IF NOT EXISTS {} ({})",
-            quote_ident(name),
+            table_name(name),
             cols.join(", ")
         ));
 
@@ -439,7 +450,7 @@ pub fn to_sql(
         }
         sql.push(format!(
             "INSERT INTO {} ({}) VALUES {}",
-            quote_ident(name),
+            table_name(name),
             names.join(", "),
             rows.join(", ")
         ));
@@ -501,7 +512,7 @@ mod tests {
     #[test]
     fn builds_sql() {
         let pts = parse("m,host=h\"1 v=1i,s=\"it's\" 5\nm v=2i 6").unwrap();
-        let sql = to_sql(&pts, Precision::Seconds, 0).unwrap();
+        let sql = to_sql(&pts, Precision::Seconds, 0, None).unwrap();
         assert_eq!(
             sql[0],
             "CREATE TABLE IF NOT EXISTS \"m\" (\"host\" STRING, \"v\" BIGINT, \"s\" STRING, \"ts\" TIMESTAMP(0) TIME INDEX, PRIMARY KEY (\"host\"))"
@@ -511,6 +522,26 @@ mod tests {
             "INSERT INTO \"m\" (\"host\", \"v\", \"s\", \"ts\") VALUES ('h\"1', 1, 'it''s', '1970-01-01T00:00:05.000000000'), (NULL, 2, NULL, '1970-01-01T00:00:06.000000000')"
         );
         let conflict = parse("m v=1i\nm v=1.5").unwrap();
-        assert!(to_sql(&conflict, Precision::Nanos, 0).is_err());
+        assert!(to_sql(&conflict, Precision::Nanos, 0, None).is_err());
+    }
+
+    #[test]
+    fn a_database_other_than_public_qualifies_the_tables() {
+        let pts = parse("m v=1i 5").unwrap();
+        let sql = to_sql(&pts, Precision::Seconds, 0, Some("metrics")).unwrap();
+        assert_eq!(sql[0], "CREATE DATABASE IF NOT EXISTS \"metrics\"");
+        assert!(
+            sql[1].starts_with("CREATE TABLE IF NOT EXISTS \"metrics\".\"m\" ("),
+            "{}",
+            sql[1]
+        );
+        assert!(
+            sql[2].starts_with("INSERT INTO \"metrics\".\"m\" ("),
+            "{}",
+            sql[2]
+        );
+        let public = to_sql(&pts, Precision::Seconds, 0, Some("public")).unwrap();
+        assert_eq!(public.len(), 2);
+        assert!(public[0].starts_with("CREATE TABLE IF NOT EXISTS \"m\""));
     }
 }
