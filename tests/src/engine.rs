@@ -11,7 +11,7 @@ use datafusion::arrow::array::{
     TimestampMicrosecondArray, TimestampMillisecondArray, TimestampNanosecondArray,
     TimestampSecondArray, UInt16Array, UInt32Array, UInt64Array, UInt8Array,
 };
-use datafusion::arrow::datatypes::{DataType as ArrowType, Field as ArrowField, Schema, TimeUnit};
+use datafusion::arrow::datatypes::{DataType as ArrowType, TimeUnit};
 use datafusion::datasource::MemTable;
 use datafusion::prelude::SessionContext;
 use prost::Message;
@@ -46,37 +46,9 @@ pub fn wasm_runtime() -> &'static Runtime {
     })
 }
 
-pub fn arrow_type(t: DataType) -> ArrowType {
-    match t {
-        DataType::Boolean => ArrowType::Boolean,
-        DataType::Int8 => ArrowType::Int8,
-        DataType::Int16 => ArrowType::Int16,
-        DataType::Int32 => ArrowType::Int32,
-        DataType::Int64 => ArrowType::Int64,
-        DataType::UInt8 => ArrowType::UInt8,
-        DataType::UInt16 => ArrowType::UInt16,
-        DataType::UInt32 => ArrowType::UInt32,
-        DataType::UInt64 => ArrowType::UInt64,
-        DataType::Float32 => ArrowType::Float32,
-        DataType::Float64 => ArrowType::Float64,
-        DataType::Utf8 => ArrowType::Utf8,
-        DataType::Binary => ArrowType::Binary,
-        DataType::TimestampSecond => ArrowType::Timestamp(TimeUnit::Second, None),
-        DataType::TimestampMillisecond => ArrowType::Timestamp(TimeUnit::Millisecond, None),
-        DataType::TimestampMicrosecond => ArrowType::Timestamp(TimeUnit::Microsecond, None),
-        DataType::TimestampNanosecond => ArrowType::Timestamp(TimeUnit::Nanosecond, None),
-        DataType::Date32 => ArrowType::Date32,
-    }
-}
-
-pub fn arrow_schema(fields: &[Field]) -> Arc<Schema> {
-    Arc::new(Schema::new(
-        fields
-            .iter()
-            .map(|f| ArrowField::new(&f.name, arrow_type(f.data_type), f.nullable))
-            .collect::<Vec<_>>(),
-    ))
-}
+pub use sandflow::flow::arrow::{
+    data_type_to_arrow as arrow_type, schema_from_fields as arrow_schema,
+};
 
 /// Builds an Arrow record batch from rows of values.
 pub fn record_batch(fields: &[Field], rows: &[Vec<Value>]) -> RecordBatch {
