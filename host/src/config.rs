@@ -202,7 +202,17 @@ impl Config {
             .as_deref()
             .or(file.flow.tick_interval.as_deref())
         {
-            Some(s) => parse_duration("flow.tick_interval", s)?,
+            Some(s) => {
+                let d = parse_duration("flow.tick_interval", s)?;
+                if d < Duration::from_millis(10) {
+                    return Err(ConfigError::InvalidDuration {
+                        what: "flow.tick_interval".into(),
+                        value: s.to_string(),
+                        message: "must be at least 10ms".into(),
+                    });
+                }
+                d
+            }
             None => DEFAULT_TICK_INTERVAL,
         };
         Ok(Config {

@@ -29,6 +29,7 @@ use crate::catalog::{
     Catalog, ColumnSchema, Table, TableId, TableSchema, DEFAULT_CATALOG, DEFAULT_DATABASE,
 };
 use crate::error::{InvalidDataSnafu, Result, SqlSnafu};
+use crate::flow::{FlowInfo, FlowManager, FlowSettings};
 use crate::sql::provider::{blocking, SandCatalog};
 use crate::storage::{ChangeBatch, CommitInfo, Snapshot, Store, WriteSet};
 
@@ -50,6 +51,7 @@ pub enum Output {
 pub(crate) struct Core {
     pub(crate) store: Store,
     pub(crate) catalog: Catalog,
+    pub(crate) flows: FlowManager,
     /// Parses default expressions (a private context: no tables needed).
     expr_ctx: SessionContext,
     defaults: RwLock<HashMap<TableId, Arc<HashMap<String, Expr>>>>,
@@ -174,10 +176,28 @@ pub struct Database {
     ctx: SessionContext,
 }
 
+impl Drop for Database {
+    fn drop(&mut self) {
+        // Flow threads hold the core; stop them so that it closes.
+        self.core.flows.shutdown();
+    }
+}
+
 impl Database {
-    /// Opens (or creates) the database in `dir`.
+    /// Opens (or creates) the database in `dir` with default settings.
     pub async fn open(dir: impl AsRef<Path>) -> Result<Arc<Database>> {
+        Self::open_with(dir, FlowSettings::default()).await
+    }
+
+    /// Opens (or creates) the database in `dir`; its flows tick and run with
+    /// `flows`. Flows defined earlier start again, rebuilt from their sources.
+    pub async fn open_with(dir: impl AsRef<Path>, flows: FlowSettings) -> Result<Arc<Database>> {
         let dir = dir.as_ref().to_path_buf();
+        let mut flows = flows;
+        flows.tick_interval = flows.tick_interval.max(std::time::Duration::from_millis(10));
+        if flows.cache_dir.is_none() {
+            flows.cache_dir = Some(dir.join("wasm-cache"));
+        }
         let (store, catalog) = blocking(move || {
             let store = Store::open(&dir)?;
             let catalog = Catalog::load(&store)?;
@@ -187,6 +207,7 @@ impl Database {
         let core = Arc::new(Core {
             store,
             catalog,
+            flows: FlowManager::new(flows),
             expr_ctx: SessionContext::new(),
             defaults: RwLock::new(HashMap::new()),
         });
@@ -199,7 +220,20 @@ impl Database {
             DEFAULT_CATALOG,
             Arc::new(SandCatalog { core: core.clone() }),
         );
+        core.flows.start_all(&core, &ctx).await?;
         Ok(Arc::new(Database { core, ctx }))
+    }
+
+    /// Processes everything written to the flow's sources so far, writes it
+    /// to its sink, and returns the number of sink rows written
+    /// (`ADMIN FLUSH_FLOW('name')`).
+    pub async fn flush_flow(&self, name: &str) -> Result<u64> {
+        self.core.flows.flush(name).await
+    }
+
+    /// Every flow with its definition and run-time status.
+    pub fn flows(&self) -> Vec<FlowInfo> {
+        self.core.flows.infos()
     }
 
     /// Runs one or more `;`-separated statements, returning one output each.

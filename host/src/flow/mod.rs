@@ -1,7 +1,20 @@
-//! Flows: compiling a continuous query to a guest plan, moving rows between
-//! Arrow (the database's format) and the contract's columnar batches.
+//! Flows: continuous queries kept up to date in their own wasm sandboxes.
 //!
-//! The flow manager (ticking, writeback, catalog of flows) builds on these.
+//! * [`compile`]: SQL → DataFusion plan → Substrait bytes for the guest.
+//! * [`arrow`]: Arrow record batches ⇄ the contract's columnar batches.
+//! * [`options`]: `EXPIRE AFTER` intervals and `WITH (...)` options.
+//! * [`sink`]: sink tables (derived schema, fit check, diffs → upserts/deletes).
+//! * [`manager`]: CREATE / DROP / FLUSH, the persisted flow definitions.
+//! * [`worker`]: one thread per flow: feed, tick, write back.
+//! * [`system`]: `information_schema.flows`.
 
 pub mod arrow;
 pub mod compile;
+pub mod manager;
+pub mod options;
+pub mod sink;
+pub mod system;
+pub(crate) mod worker;
+
+pub use manager::{FlowDef, FlowInfo, FlowManager, FlowSettings};
+pub use worker::FlowStatus;

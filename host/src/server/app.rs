@@ -94,7 +94,11 @@ pub async fn start(
 ) -> Result<(), String> {
     let _ = metrics::global();
     info!(data_dir = %config.data_dir.display(), "opening database");
-    let db = Database::open(&config.data_dir)
+    let flows = crate::flow::FlowSettings {
+        tick_interval: config.flow.tick_interval,
+        ..Default::default()
+    };
+    let db = Database::open_with(&config.data_dir, flows)
         .await
         .map_err(|e| format!("cannot open database in {}: {e}", config.data_dir.display()))?;
 

@@ -259,7 +259,7 @@ pub fn route(sql: &str) -> Route {
     match w.as_slice() {
         ["CREATE" | "DROP" | "ALTER" | "TRUNCATE", ..] => db(false),
         ["INSERT" | "DELETE" | "UPDATE" | "REPLACE" | "UPSERT", ..] => db(false),
-        ["ADMIN", ..] => db(false),
+        ["ADMIN", ..] => db(true),
         ["DESC" | "DESCRIBE", ..] => db(true),
         ["TQL", ..] => db(true),
         ["SHOW", "TABLES" | "FLOWS" | "CREATE" | "DATABASES" | "SCHEMAS" | "COLUMNS" | "FULL" | "INDEX"

@@ -101,6 +101,11 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
             Ok(affected("DROP TABLE", 0))
         }
         Stmt::DropDatabase { name, if_exists } => {
+            if core.catalog.database_exists(&name)? {
+                for t in core.catalog.tables(&name)? {
+                    check_no_flows(core, &t)?;
+                }
+            }
             let c = core.clone();
             let dropped =
                 blocking(move || c.catalog.drop_database(&c.store, &name, if_exists)).await?;
@@ -143,7 +148,71 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
             )
         }
         Stmt::Describe(name) => describe(core, &name),
-        Stmt::Query(stmt) => run_datafusion(ctx, *stmt).await,
+        Stmt::CreateFlow(flow) => {
+            let created = core.flows.create(core, ctx, flow).await?;
+            Ok(affected("CREATE FLOW", created as u64))
+        }
+        Stmt::DropFlow { name, if_exists } => {
+            let dropped = core.flows.drop_flow(core, &name, if_exists).await?;
+            Ok(affected("DROP FLOW", dropped as u64))
+        }
+        Stmt::ShowFlows { like } => {
+            let names: Vec<Vec<String>> = core
+                .flows
+                .names()
+                .into_iter()
+                .filter(|n| like.as_deref().is_none_or(|p| like_match(p, n)))
+                .map(|n| vec![n])
+                .collect();
+            string_rows(&["Flows"], names)
+        }
+        Stmt::ShowCreateFlow(name) => {
+            let def = core.flows.definition(&name)?;
+            string_rows(
+                &["Flow", "Create Flow"],
+                vec![vec![def.name.clone(), def.create_statement()]],
+            )
+        }
+        Stmt::Admin { function, args } => admin(core, &function, &args).await,
+        Stmt::Query(mut stmt) => {
+            crate::flow::system::rewrite_system_tables(&mut stmt);
+            run_datafusion(ctx, *stmt).await
+        }
+    }
+}
+
+/// `ADMIN function(args)`.
+async fn admin(core: &Arc<Core>, function: &str, args: &[String]) -> Result<Output> {
+    match function {
+        "flush_flow" => {
+            let [name] = args else {
+                return SqlSnafu {
+                    message: "FLUSH_FLOW takes one argument, the flow's name: ADMIN FLUSH_FLOW('name')",
+                }
+                .fail();
+            };
+            let rows = core.flows.flush(name).await?;
+            let column = format!("ADMIN FLUSH_FLOW('{name}')");
+            let schema = Arc::new(Schema::new(vec![Field::new(&column, DataType::Int64, false)]));
+            let batch = RecordBatch::try_new(
+                schema.clone(),
+                vec![Arc::new(datafusion::arrow::array::Int64Array::from(vec![rows as i64])) as ArrayRef],
+            )
+            .map_err(|e| {
+                InternalSnafu {
+                    message: format!("cannot build result: {e}"),
+                }
+                .build()
+            })?;
+            Ok(Output::Rows {
+                schema,
+                batches: vec![batch],
+            })
+        }
+        other => UnsupportedSnafu {
+            message: format!("ADMIN {other} is not supported; supported: ADMIN FLUSH_FLOW('name')"),
+        }
+        .fail(),
     }
 }
 
@@ -238,6 +307,9 @@ pub(crate) async fn drop_table(
     name: &str,
     if_exists: bool,
 ) -> Result<bool> {
+    if let Some(t) = core.catalog.table(database, name)? {
+        check_no_flows(core, &t)?;
+    }
     let (c, database, name) = (core.clone(), database.to_string(), name.to_string());
     let dropped =
         blocking(move || c.catalog.drop_table(&c.store, &database, &name, if_exists)).await?;
@@ -245,6 +317,22 @@ pub(crate) async fn drop_table(
         core.forget_defaults(t.id());
     }
     Ok(dropped.is_some())
+}
+
+/// A table that a flow reads or writes cannot be dropped.
+fn check_no_flows(core: &Core, table: &Table) -> Result<()> {
+    let users = core.flows.users_of(table.id());
+    if users.is_empty() {
+        return Ok(());
+    }
+    SqlSnafu {
+        message: format!(
+            "table '{}' is used by flow(s) {}; drop the flow(s) first with DROP FLOW",
+            table.qualified_name(),
+            users.join(", ")
+        ),
+    }
+    .fail()
 }
 
 /// Turns a parsed CREATE TABLE into a table schema and options.

@@ -53,6 +53,23 @@ pub struct CreateTable {
     pub options: Vec<(String, String)>,
 }
 
+/// `CREATE [OR REPLACE] FLOW [IF NOT EXISTS] name SINK TO table
+/// [EXPIRE AFTER interval] [COMMENT '...'] [WITH (k = 'v', ...)] AS SELECT ...`
+#[derive(Debug, Clone, PartialEq)]
+pub struct CreateFlow {
+    pub name: String,
+    pub or_replace: bool,
+    pub if_not_exists: bool,
+    pub sink: TableName,
+    /// The interval text as written (`'5 minutes'`, `INTERVAL '1 hour'` gives `1 hour`).
+    pub expire_after: Option<String>,
+    pub comment: Option<String>,
+    /// `WITH (k = 'v')` options, keys lower-cased, in the order written.
+    pub options: Vec<(String, String)>,
+    /// The query text exactly as written after `AS`.
+    pub query: String,
+}
+
 /// One parsed statement.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Stmt {
@@ -78,6 +95,20 @@ pub enum Stmt {
     },
     ShowCreateTable(TableName),
     Describe(TableName),
+    CreateFlow(CreateFlow),
+    DropFlow {
+        name: String,
+        if_exists: bool,
+    },
+    ShowFlows {
+        like: Option<String>,
+    },
+    ShowCreateFlow(String),
+    /// `ADMIN func(arg, ...)`: function name lower-cased, arguments as text.
+    Admin {
+        function: String,
+        args: Vec<String>,
+    },
     /// Anything else: planned and run by DataFusion.
     Query(Box<Statement>),
 }
@@ -157,7 +188,7 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
         if p.peek_token().token == Token::EOF {
             break;
         }
-        out.push(parse_one(&mut p)?);
+        out.push(parse_one(&mut p, sql)?);
         if !p.consume_token(&Token::SemiColon) && p.peek_token().token != Token::EOF {
             return Err(syntax(format!(
                 "expected ; or end of statement, found {}",
@@ -168,7 +199,14 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
     Ok(out)
 }
 
-fn parse_one(p: &mut Parser) -> Result<Stmt> {
+fn is_word(p: &Parser, n: usize, word: &str) -> bool {
+    matches!(&p.peek_nth_token(n).token, Token::Word(w) if w.quote_style.is_none() && w.value.eq_ignore_ascii_case(word))
+}
+
+fn parse_one(p: &mut Parser, sql: &str) -> Result<Stmt> {
+    if let Some(stmt) = parse_flow_statement(p, sql)? {
+        return Ok(stmt);
+    }
     if is_kw(p, 0, Keyword::CREATE) && is_kw(p, 1, Keyword::TABLE) {
         p.next_token();
         p.next_token();
@@ -284,6 +322,196 @@ fn parse_one(p: &mut Parser) -> Result<Stmt> {
         }
         other => Stmt::Query(Box::new(other)),
     })
+}
+
+/// The flow statements and ADMIN, or `None` if the statement is none of them.
+fn parse_flow_statement(p: &mut Parser, sql: &str) -> Result<Option<Stmt>> {
+    if is_kw(p, 0, Keyword::CREATE)
+        && (is_word(p, 1, "FLOW")
+            || (is_kw(p, 1, Keyword::OR) && is_kw(p, 2, Keyword::REPLACE) && is_word(p, 3, "FLOW")))
+    {
+        p.next_token();
+        let or_replace = p.parse_keywords(&[Keyword::OR, Keyword::REPLACE]);
+        p.next_token();
+        return parse_create_flow(p, sql, or_replace).map(|f| Some(Stmt::CreateFlow(f)));
+    }
+    if is_kw(p, 0, Keyword::DROP) && is_word(p, 1, "FLOW") {
+        p.next_token();
+        p.next_token();
+        let if_exists = p.parse_keywords(&[Keyword::IF, Keyword::EXISTS]);
+        let name = flow_name(p)?;
+        return Ok(Some(Stmt::DropFlow { name, if_exists }));
+    }
+    if is_kw(p, 0, Keyword::SHOW) && is_word(p, 1, "FLOWS") {
+        p.next_token();
+        p.next_token();
+        let like = parse_like(p)?;
+        return Ok(Some(Stmt::ShowFlows { like }));
+    }
+    if is_kw(p, 0, Keyword::SHOW) && is_kw(p, 1, Keyword::CREATE) && is_word(p, 2, "FLOW") {
+        for _ in 0..3 {
+            p.next_token();
+        }
+        return Ok(Some(Stmt::ShowCreateFlow(flow_name(p)?)));
+    }
+    if is_word(p, 0, "ADMIN") {
+        p.next_token();
+        let function = match p.next_token().token {
+            Token::Word(w) => w.value.to_lowercase(),
+            other => {
+                return Err(syntax(format!(
+                    "expected a function after ADMIN (e.g. ADMIN FLUSH_FLOW('name')), found {other}"
+                )))
+            }
+        };
+        p.expect_token(&Token::LParen).map_err(sql_err)?;
+        let mut args = Vec::new();
+        loop {
+            if p.consume_token(&Token::RParen) {
+                break;
+            }
+            args.push(match p.next_token().token {
+                Token::SingleQuotedString(s) | Token::DoubleQuotedString(s) => s,
+                Token::Number(n, _) => n,
+                Token::Word(w) => match w.quote_style {
+                    Some(_) => w.value,
+                    None => w.value.to_lowercase(),
+                },
+                other => return Err(syntax(format!("unexpected {other} in ADMIN {function}(...)"))),
+            });
+            if !p.consume_token(&Token::Comma) {
+                p.expect_token(&Token::RParen).map_err(sql_err)?;
+                break;
+            }
+        }
+        return Ok(Some(Stmt::Admin { function, args }));
+    }
+    Ok(None)
+}
+
+/// A flow name: an identifier, optionally qualified by a database (ignored:
+/// flow names are unique in the whole server).
+fn flow_name(p: &mut Parser) -> Result<String> {
+    let name = p.parse_object_name(false).map_err(sql_err)?;
+    match name.0.last() {
+        Some(ObjectNamePart::Identifier(i)) => Ok(normalize_ident(i)),
+        _ => Err(syntax(format!("invalid flow name {name}"))),
+    }
+}
+
+/// Byte offset in `sql` of a tokenizer location (1-based line and column, in chars).
+fn byte_offset(sql: &str, line: u64, column: u64) -> usize {
+    let mut offset = 0;
+    for (i, l) in sql.split_inclusive('\n').enumerate() {
+        if i as u64 + 1 == line {
+            let col = column.saturating_sub(1) as usize;
+            return offset + l.char_indices().nth(col).map_or(l.len(), |(b, _)| b);
+        }
+        offset += l.len();
+    }
+    sql.len()
+}
+
+fn parse_create_flow(p: &mut Parser, sql: &str, or_replace: bool) -> Result<CreateFlow> {
+    let if_not_exists = p.parse_keywords(&[Keyword::IF, Keyword::NOT, Keyword::EXISTS]);
+    let name = flow_name(p)?;
+    if !(is_word(p, 0, "SINK") && is_kw(p, 1, Keyword::TO)) {
+        return Err(syntax(format!(
+            "expected SINK TO <table> after CREATE FLOW {name}, found {}",
+            p.peek_token().token
+        )));
+    }
+    p.next_token();
+    p.next_token();
+    let sink = table_name(&p.parse_object_name(false).map_err(sql_err)?)?;
+    let mut flow = CreateFlow {
+        name,
+        or_replace,
+        if_not_exists,
+        sink,
+        expire_after: None,
+        comment: None,
+        options: Vec::new(),
+        query: String::new(),
+    };
+    loop {
+        if is_word(p, 0, "EXPIRE") && is_word(p, 1, "AFTER") {
+            p.next_token();
+            p.next_token();
+            let interval = p.parse_keyword(Keyword::INTERVAL);
+            let mut text = match p.next_token().token {
+                Token::SingleQuotedString(s) | Token::DoubleQuotedString(s) => s,
+                Token::Number(n, _) if interval => n,
+                other => {
+                    return Err(syntax(format!(
+                        "expected an interval after EXPIRE AFTER (e.g. '1 hour' or INTERVAL '5 minutes'), found {other}"
+                    )))
+                }
+            };
+            // INTERVAL '1' HOUR
+            if interval {
+                if let Token::Word(w) = &p.peek_token().token {
+                    if w.keyword != Keyword::COMMENT && w.keyword != Keyword::WITH && w.keyword != Keyword::AS {
+                        text = format!("{text} {}", w.value);
+                        p.next_token();
+                    }
+                }
+            }
+            flow.expire_after = Some(text);
+        } else if p.parse_keyword(Keyword::COMMENT) {
+            flow.comment = Some(p.parse_literal_string().map_err(sql_err)?);
+        } else if p.parse_keyword(Keyword::WITH) {
+            flow.options = parse_options(p)?;
+        } else {
+            break;
+        }
+    }
+    if !p.parse_keyword(Keyword::AS) {
+        return Err(syntax(format!(
+            "expected AS SELECT ... in CREATE FLOW {}, found {}",
+            flow.name,
+            p.peek_token().token
+        )));
+    }
+    let start = p.peek_token().span.start;
+    p.parse_query().map_err(sql_err)?;
+    let end_tok = p.peek_token();
+    let from = byte_offset(sql, start.line, start.column);
+    let to = match end_tok.token {
+        Token::EOF => sql.len(),
+        _ => byte_offset(sql, end_tok.span.start.line, end_tok.span.start.column),
+    };
+    flow.query = sql.get(from..to.max(from)).unwrap_or_default().trim().to_string();
+    Ok(flow)
+}
+
+/// `(k = 'v', ...)` after WITH: keys lower-cased, values as written.
+fn parse_options(p: &mut Parser) -> Result<Vec<(String, String)>> {
+    p.expect_token(&Token::LParen).map_err(sql_err)?;
+    let mut options = Vec::new();
+    loop {
+        if p.consume_token(&Token::RParen) {
+            break;
+        }
+        let key = match p.next_token().token {
+            Token::Word(w) => w.value.to_lowercase(),
+            Token::SingleQuotedString(s) | Token::DoubleQuotedString(s) => s.to_lowercase(),
+            other => return Err(syntax(format!("expected an option name, found {other}"))),
+        };
+        p.expect_token(&Token::Eq).map_err(sql_err)?;
+        let value = match p.next_token().token {
+            Token::SingleQuotedString(s) | Token::DoubleQuotedString(s) => s,
+            Token::Number(n, _) => n,
+            Token::Word(w) => w.value.to_lowercase(),
+            other => return Err(syntax(format!("expected an option value, found {other}"))),
+        };
+        options.push((key, value));
+        if !p.consume_token(&Token::Comma) {
+            p.expect_token(&Token::RParen).map_err(sql_err)?;
+            break;
+        }
+    }
+    Ok(options)
 }
 
 fn parse_like(p: &mut Parser) -> Result<Option<String>> {
@@ -549,6 +777,33 @@ mod tests {
         assert!(matches!(&s[5], Stmt::DropTable { names, if_exists: true } if names.len() == 2));
         assert!(parse("selec 1").is_err());
         assert!(parse("CREATE TABLE t (a DECIMAL(10,2), ts TIMESTAMP TIME INDEX)").is_err());
+    }
+
+    #[test]
+    fn flow_statements() {
+        let sql = "CREATE OR REPLACE FLOW IF NOT EXISTS f SINK TO db.out EXPIRE AFTER INTERVAL '1 hour' \
+                   COMMENT 'hi' WITH (backfill = 'false') AS\n  SELECT host, count(*) FROM t GROUP BY host;\
+                   drop flow if exists f; SHOW FLOWS LIKE 'f%'; show create flow \"F\"; ADMIN flush_flow('f')";
+        let s = parse(sql).unwrap();
+        let Stmt::CreateFlow(f) = &s[0] else { panic!("{:?}", s[0]) };
+        assert!(f.or_replace && f.if_not_exists);
+        assert_eq!(f.name, "f");
+        assert_eq!(f.sink.database, "db");
+        assert_eq!(f.sink.table, "out");
+        assert_eq!(f.expire_after.as_deref(), Some("1 hour"));
+        assert_eq!(f.comment.as_deref(), Some("hi"));
+        assert_eq!(f.options, vec![("backfill".into(), "false".into())]);
+        assert_eq!(f.query, "SELECT host, count(*) FROM t GROUP BY host");
+        assert!(matches!(&s[1], Stmt::DropFlow { name, if_exists: true } if name == "f"));
+        assert!(matches!(&s[2], Stmt::ShowFlows { like: Some(l) } if l == "f%"));
+        assert!(matches!(&s[3], Stmt::ShowCreateFlow(n) if n == "F"));
+        assert!(matches!(&s[4], Stmt::Admin { function, args } if function == "flush_flow" && args == &["f".to_string()]));
+        let s = parse("CREATE FLOW g SINK TO o EXPIRE AFTER '2 days 1h' AS SELECT 'é', x FROM t").unwrap();
+        let Stmt::CreateFlow(f) = &s[0] else { panic!() };
+        assert_eq!(f.query, "SELECT 'é', x FROM t");
+        assert_eq!(f.expire_after.as_deref(), Some("2 days 1h"));
+        assert!(parse("CREATE FLOW g SINK o AS SELECT 1").is_err());
+        assert!(parse("CREATE FLOW g SINK TO o SELECT 1").is_err());
     }
 
     #[test]

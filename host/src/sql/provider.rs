@@ -57,6 +57,11 @@ impl CatalogProvider for SandCatalog {
     }
 
     fn schema(&self, name: &str) -> Option<Arc<dyn SchemaProvider>> {
+        if name == crate::flow::system::SYSTEM_SCHEMA {
+            return Some(Arc::new(crate::flow::system::SystemSchema {
+                core: self.core.clone(),
+            }));
+        }
         match self.core.catalog.database_exists(name) {
             Ok(true) => Some(Arc::new(SandSchema {
                 core: self.core.clone(),

@@ -147,7 +147,14 @@ pub struct CommitInfo {
     pub rows: u64,
 }
 
-type Subscribers = HashMap<TableId, Vec<UnboundedSender<ChangeBatch>>>;
+/// Receives a table's committed changes; returns false to unsubscribe.
+pub type Subscriber = Box<dyn FnMut(&ChangeBatch) -> bool + Send>;
+
+type Subscribers = HashMap<TableId, Vec<Subscriber>>;
+
+fn channel_subscriber(tx: UnboundedSender<ChangeBatch>) -> Subscriber {
+    Box::new(move |c: &ChangeBatch| tx.send(c.clone()).is_ok())
+}
 
 struct CommitState {
     last_seq: u64,
@@ -313,7 +320,7 @@ impl Store {
                 continue;
             };
             match batch {
-                Ok(change) => subs.retain(|s| s.send(change.clone()).is_ok()),
+                Ok(change) => subs.retain_mut(|s| s(&change)),
                 Err(e) => tracing::error!(
                     "cannot build change batch for {}: {e}",
                     table.qualified_name()
@@ -397,7 +404,7 @@ impl Store {
         if !out.is_empty() {
             let change = publish_batch(table, seq, &out)?;
             if let Some(subs) = state.subscribers.get_mut(&table.id()) {
-                subs.retain(|s| s.send(change.clone()).is_ok());
+                subs.retain_mut(|s| s(&change));
             }
         }
         Ok(CommitInfo { seq, rows })
@@ -440,8 +447,32 @@ impl Store {
     pub fn subscribe(&self, table: &Table) -> Result<UnboundedReceiver<ChangeBatch>> {
         let (tx, rx) = unbounded_channel();
         let mut state = self.state.lock().map_err(|_| poisoned())?;
-        state.subscribers.entry(table.id()).or_default().push(tx);
+        state
+            .subscribers
+            .entry(table.id())
+            .or_default()
+            .push(channel_subscriber(tx));
         Ok(rx)
+    }
+
+    /// Subscribes `make(i)` to `tables[i]` for every i and, when `snapshot`,
+    /// scans each table too, all under the commit lock: every change after
+    /// the snapshots reaches the subscribers, none before.
+    pub fn subscribe_all(
+        &self,
+        tables: &[Arc<Table>],
+        snapshot: bool,
+        make: &mut dyn FnMut(usize) -> Subscriber,
+    ) -> Result<Vec<Option<Snapshot>>> {
+        let mut state = self.state.lock().map_err(|_| poisoned())?;
+        let mut snapshots = Vec::with_capacity(tables.len());
+        for t in tables {
+            snapshots.push(if snapshot { Some(self.scan(t)?) } else { None });
+        }
+        for (i, t) in tables.iter().enumerate() {
+            state.subscribers.entry(t.id()).or_default().push(make(i));
+        }
+        Ok(snapshots)
     }
 
     /// A snapshot of `table` and a feed of every change after it, with no gap
@@ -453,7 +484,11 @@ impl Store {
         let (tx, rx) = unbounded_channel();
         let mut state = self.state.lock().map_err(|_| poisoned())?;
         let snapshot = self.scan(table)?;
-        state.subscribers.entry(table.id()).or_default().push(tx);
+        state
+            .subscribers
+            .entry(table.id())
+            .or_default()
+            .push(channel_subscriber(tx));
         Ok((snapshot, rx))
     }
 

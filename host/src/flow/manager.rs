@@ -1,0 +1,750 @@
+//! The flow manager: the catalog of flows (persisted as `flow/def/<name>`
+//! metadata), CREATE / DROP / FLUSH, and the threads that run flows.
+//!
+//! Creating a flow: compile its SQL to Substrait (`compile`), instantiate its
+//! guest (which accepts or rejects the plan), find or create the sink and
+//! check that it fits (`sink`), persist the definition, then subscribe to
+//! the sources (with a snapshot for the back-fill) and start its thread
+//! (`worker`). Every step that can fail runs before the old flow of an
+//! `OR REPLACE` is stopped, so a failed replacement leaves it running.
+//!
+//! At start every persisted flow is rebuilt from its sources (the back-fill
+//! recomputes its state; durable snapshots are a later step).
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use datafusion::common::TableReference;
+use datafusion::prelude::SessionContext;
+use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
+use tracing::{info, warn};
+
+use super::compile::{compile, CompiledFlow};
+use super::options::{format_interval, parse_interval, parse_options, FlowOptions};
+use super::sink;
+use super::worker::{FlowStatus, Msg, SharedStatus, Worker};
+use crate::catalog::{display_name, Table, DEFAULT_DATABASE};
+use crate::database::Core;
+use crate::error::{
+    FlowSnafu, InternalSnafu, NotFoundSnafu, Result, SqlSnafu, UnsupportedSnafu,
+};
+use crate::runtime::{FlowInstance, FlowLimits, Runtime, RuntimeConfig, RuntimeError};
+use crate::sql::parser::CreateFlow;
+use crate::sql::provider::blocking;
+use crate::storage::{MetaWrite, Subscriber};
+
+const DEF_PREFIX: &str = "flow/def/";
+const NEXT_ID_KEY: &str = "flow/next_id";
+
+/// Server-wide settings of flows.
+#[derive(Debug, Clone)]
+pub struct FlowSettings {
+    /// How often a flow with pending input is ticked (at least 10 ms).
+    pub tick_interval: Duration,
+    /// Limits of a flow that sets none in `WITH (...)`.
+    pub default_limits: FlowLimits,
+    /// Where the compiled guest is cached (`None`: compile at every start).
+    pub cache_dir: Option<PathBuf>,
+}
+
+impl Default for FlowSettings {
+    fn default() -> Self {
+        FlowSettings {
+            tick_interval: Duration::from_secs(1),
+            default_limits: FlowLimits::default(),
+            cache_dir: None,
+        }
+    }
+}
+
+/// Everything persisted about a flow.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FlowDef {
+    pub name: String,
+    pub id: u32,
+    pub sink_database: String,
+    pub sink_table: String,
+    /// The query as written after `AS`.
+    pub query: String,
+    pub expire_after_ms: Option<i64>,
+    pub comment: Option<String>,
+    /// `WITH (...)` options as written (validated).
+    pub options: Vec<(String, String)>,
+    /// Source tables `(database, table)` in guest order.
+    pub sources: Vec<(String, String)>,
+    pub created_ms: i64,
+    pub updated_ms: i64,
+}
+
+impl FlowDef {
+    pub fn sink_name(&self) -> String {
+        display_name(&self.sink_database, &self.sink_table)
+    }
+
+    pub fn source_names(&self) -> Vec<String> {
+        self.sources
+            .iter()
+            .map(|(d, t)| display_name(d, t))
+            .collect()
+    }
+
+    /// The statement `SHOW CREATE FLOW` prints.
+    pub fn create_statement(&self) -> String {
+        let mut s = format!(
+            "CREATE FLOW IF NOT EXISTS {}\nSINK TO {}\n",
+            quote_ident(&self.name),
+            self.sink_name()
+        );
+        if let Some(ms) = self.expire_after_ms {
+            s.push_str(&format!("EXPIRE AFTER '{}'\n", format_interval(ms)));
+        }
+        if let Some(c) = &self.comment {
+            s.push_str(&format!("COMMENT '{}'\n", c.replace('\'', "''")));
+        }
+        if !self.options.is_empty() {
+            let opts: Vec<String> = self
+                .options
+                .iter()
+                .map(|(k, v)| format!("{k} = '{}'", v.replace('\'', "''")))
+                .collect();
+            s.push_str(&format!("WITH ({})\n", opts.join(", ")));
+        }
+        s.push_str("AS ");
+        s.push_str(&self.query);
+        s
+    }
+}
+
+fn quote_ident(name: &str) -> String {
+    let plain = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && !name.starts_with(|c: char| c.is_ascii_digit());
+    if plain {
+        name.to_string()
+    } else {
+        format!("\"{}\"", name.replace('"', "\"\""))
+    }
+}
+
+/// A flow as `information_schema.flows` shows it.
+#[derive(Debug, Clone)]
+pub struct FlowInfo {
+    pub def: FlowDef,
+    pub status: FlowStatus,
+    pub source_ids: Vec<u64>,
+}
+
+struct FlowHandle {
+    def: FlowDef,
+    status: SharedStatus,
+    source_ids: Vec<u64>,
+    sink_id: Option<u64>,
+    /// `None` when the flow could not be started (its status says why).
+    tx: Option<Sender<Msg>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl FlowHandle {
+    /// Stops the flow's thread and waits for it (at most one guest call).
+    fn stop(&self) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Msg::Stop);
+        }
+        let thread = self.thread.lock().ok().and_then(|mut t| t.take());
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The flows of one database process.
+pub struct FlowManager {
+    settings: FlowSettings,
+    runtime: Arc<OnceLock<std::result::Result<Arc<Runtime>, String>>>,
+    flows: RwLock<BTreeMap<String, Arc<FlowHandle>>>,
+    /// Serialises CREATE / DROP FLOW.
+    ddl: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for FlowManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FlowManager")
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn flow_err(message: impl Into<String>) -> crate::error::Error {
+    FlowSnafu {
+        message: message.into(),
+    }
+    .build()
+}
+
+fn guest_error(name: &str, e: RuntimeError) -> crate::error::Error {
+    match e {
+        RuntimeError::Guest { error } => {
+            let message = format!("cannot create flow '{name}': {error}");
+            match error {
+                crate::runtime::FlowError::Unsupported(_) => UnsupportedSnafu { message }.build(),
+                _ => SqlSnafu { message }.build(),
+            }
+        }
+        other => flow_err(format!("cannot create flow '{name}': {other}")),
+    }
+}
+
+impl FlowManager {
+    pub fn new(settings: FlowSettings) -> FlowManager {
+        FlowManager {
+            settings,
+            runtime: Arc::new(OnceLock::new()),
+            flows: RwLock::new(BTreeMap::new()),
+            ddl: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn handles(&self) -> Vec<Arc<FlowHandle>> {
+        self.flows
+            .read()
+            .map(|f| f.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn get(&self, name: &str) -> Option<Arc<FlowHandle>> {
+        self.flows.read().ok().and_then(|f| f.get(name).cloned())
+    }
+
+    /// Flow names, sorted.
+    pub fn names(&self) -> Vec<String> {
+        self.flows
+            .read()
+            .map(|f| f.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Every flow with its run-time status, sorted by name.
+    pub fn infos(&self) -> Vec<FlowInfo> {
+        self.handles()
+            .into_iter()
+            .map(|h| FlowInfo {
+                def: h.def.clone(),
+                status: h.status.lock().map(|s| s.clone()).unwrap_or_default(),
+                source_ids: h.source_ids.clone(),
+            })
+            .collect()
+    }
+
+    pub fn definition(&self, name: &str) -> Result<FlowDef> {
+        self.get(name).map(|h| h.def.clone()).ok_or_else(|| {
+            NotFoundSnafu {
+                message: format!("flow '{name}' does not exist; see SHOW FLOWS"),
+            }
+            .build()
+        })
+    }
+
+    /// Flows that read or write table `id` (DROP TABLE refuses them).
+    pub fn users_of(&self, id: u64) -> Vec<String> {
+        self.handles()
+            .iter()
+            .filter(|h| h.sink_id == Some(id) || h.source_ids.contains(&id))
+            .map(|h| h.def.name.clone())
+            .collect()
+    }
+
+    /// Stops every flow's thread (the database is closing).
+    pub fn shutdown(&self) {
+        let handles: Vec<_> = match self.flows.write() {
+            Ok(mut f) => std::mem::take(&mut *f).into_values().collect(),
+            Err(_) => return,
+        };
+        for h in &handles {
+            if let Some(tx) = &h.tx {
+                let _ = tx.send(Msg::Stop);
+            }
+        }
+        for h in handles {
+            h.stop();
+        }
+    }
+
+    /// Restarts every persisted flow (at database open). A flow that cannot
+    /// start is listed as failed with the reason.
+    pub(crate) async fn start_all(&self, core: &Arc<Core>, ctx: &SessionContext) -> Result<()> {
+        let defs = core.store.scan_meta(DEF_PREFIX)?;
+        for (key, bytes) in defs {
+            let def: FlowDef = match serde_json::from_slice(&bytes) {
+                Ok(d) => d,
+                Err(e) => {
+                    warn!("ignoring unreadable flow definition {key}: {e}");
+                    continue;
+                }
+            };
+            let name = def.name.clone();
+            let handle = match self.prepare(core, ctx, &def).await {
+                Ok(prepared) => {
+                    info!(flow = %name, "flow restarted; rebuilding its state from its sources");
+                    self.launch(core, def, prepared)?
+                }
+                Err(e) => {
+                    warn!(flow = %name, "flow cannot start: {e}");
+                    Arc::new(FlowHandle {
+                        status: Arc::new(Mutex::new(FlowStatus {
+                            error: Some(format!("cannot start after restart: {e}")),
+                            ..Default::default()
+                        })),
+                        source_ids: Vec::new(),
+                        sink_id: None,
+                        tx: None,
+                        thread: Mutex::new(None),
+                        def,
+                    })
+                }
+            };
+            if let Ok(mut f) = self.flows.write() {
+                f.insert(name, handle);
+            }
+        }
+        Ok(())
+    }
+
+    /// `CREATE [OR REPLACE] FLOW [IF NOT EXISTS] ...`. Returns whether a flow was created.
+    pub(crate) async fn create(
+        &self,
+        core: &Arc<Core>,
+        ctx: &SessionContext,
+        stmt: CreateFlow,
+    ) -> Result<bool> {
+        if stmt.or_replace && stmt.if_not_exists {
+            return SqlSnafu {
+                message: "CREATE OR REPLACE FLOW and IF NOT EXISTS cannot be used together; \
+                          use one of them",
+            }
+            .fail();
+        }
+        let _ddl = self.ddl.lock().await;
+        let old = self.get(&stmt.name);
+        if old.is_some() {
+            if stmt.if_not_exists {
+                return Ok(false);
+            }
+            if !stmt.or_replace {
+                return SqlSnafu {
+                    message: format!(
+                        "flow '{}' already exists; use CREATE OR REPLACE FLOW to replace it, \
+                         or CREATE FLOW IF NOT EXISTS to keep it",
+                        stmt.name
+                    ),
+                }
+                .fail();
+            }
+        }
+        parse_options(&stmt.options).map_err(|message| SqlSnafu { message }.build())?;
+        let expire_after_ms = match &stmt.expire_after {
+            Some(text) => Some(
+                parse_interval(text)
+                    .map_err(|m| SqlSnafu { message: format!("EXPIRE AFTER: {m}") }.build())?,
+            ),
+            None => None,
+        };
+        // Sources are resolved by compiling; the definition records them.
+        let compiled = compile_flow(ctx, &stmt.name, &stmt.query).await?;
+        let sources = source_names(&compiled);
+        let now = now_ms();
+        let id = match &old {
+            Some(h) => h.def.id,
+            None => self.next_id(core)?,
+        };
+        let def = FlowDef {
+            name: stmt.name.clone(),
+            id,
+            sink_database: stmt.sink.database.clone(),
+            sink_table: stmt.sink.table.clone(),
+            query: stmt.query.clone(),
+            expire_after_ms,
+            comment: stmt.comment.clone(),
+            options: stmt.options.clone(),
+            sources,
+            created_ms: old.as_ref().map_or(now, |h| h.def.created_ms),
+            updated_ms: now,
+        };
+        self.check_graph(&def)?;
+        let prepared = self.prepare(core, ctx, &def).await?;
+        // Persist, then swap: from here on nothing fails but storage.
+        let json = serde_json::to_vec(&def).map_err(|e| {
+            InternalSnafu {
+                message: format!("cannot encode flow definition: {e}"),
+            }
+            .build()
+        })?;
+        let c = core.clone();
+        let key = format!("{DEF_PREFIX}{}", def.name);
+        let next = (id + 1).max(self.peek_next_id(core)?);
+        blocking(move || {
+            c.store.commit_meta(vec![
+                MetaWrite::Put(key, json),
+                MetaWrite::Put(NEXT_ID_KEY.into(), next.to_be_bytes().to_vec()),
+            ])
+        })
+        .await?;
+        if let Some(old) = old {
+            blocking(move || {
+                old.stop();
+                Ok(())
+            })
+            .await?;
+        }
+        let handle = self.launch(core, def, prepared)?;
+        if let Ok(mut f) = self.flows.write() {
+            f.insert(stmt.name.clone(), handle);
+        }
+        info!(flow = %stmt.name, "flow created");
+        Ok(true)
+    }
+
+    /// `DROP FLOW [IF EXISTS] name`: stops it and forgets it; its sink stays.
+    pub(crate) async fn drop_flow(&self, core: &Arc<Core>, name: &str, if_exists: bool) -> Result<bool> {
+        let _ddl = self.ddl.lock().await;
+        let Some(handle) = self.get(name) else {
+            if if_exists {
+                return Ok(false);
+            }
+            return NotFoundSnafu {
+                message: format!("flow '{name}' does not exist; see SHOW FLOWS"),
+            }
+            .fail();
+        };
+        let c = core.clone();
+        let key = format!("{DEF_PREFIX}{name}");
+        blocking(move || c.store.commit_meta(vec![MetaWrite::Delete(key)])).await?;
+        if let Ok(mut f) = self.flows.write() {
+            f.remove(name);
+        }
+        blocking(move || {
+            handle.stop();
+            Ok(())
+        })
+        .await?;
+        info!(flow = %name, "flow dropped");
+        Ok(true)
+    }
+
+    /// `ADMIN FLUSH_FLOW('name')`: processes everything committed to the
+    /// flow's sources before the call, writes it back, and returns the number
+    /// of sink rows written (upserts + deletes) since the previous flush,
+    /// counting ticks that ran on their own in between.
+    pub async fn flush(&self, name: &str) -> Result<u64> {
+        let handle = self.get(name).ok_or_else(|| {
+            NotFoundSnafu {
+                message: format!("flow '{name}' does not exist; see SHOW FLOWS"),
+            }
+            .build()
+        })?;
+        let failed = |e: String| {
+            flow_err(format!(
+                "flow '{name}' has failed: {e}; fix the cause and recreate it with CREATE OR REPLACE FLOW"
+            ))
+        };
+        let Some(tx) = &handle.tx else {
+            let e = handle
+                .status
+                .lock()
+                .ok()
+                .and_then(|s| s.error.clone())
+                .unwrap_or_else(|| "it is not running".into());
+            return Err(failed(e));
+        };
+        let (reply, rx) = oneshot::channel();
+        if tx.send(Msg::Flush(reply)).is_err() {
+            return Err(failed("its thread has stopped".into()));
+        }
+        match rx.await {
+            Ok(Ok(n)) => Ok(n),
+            Ok(Err(e)) => Err(flow_err(e)),
+            Err(_) => Err(failed("its thread stopped during the flush".into())),
+        }
+    }
+
+    fn peek_next_id(&self, core: &Arc<Core>) -> Result<u32> {
+        Ok(match core.store.get_meta(NEXT_ID_KEY)? {
+            Some(b) if b.len() == 4 => u32::from_be_bytes([b[0], b[1], b[2], b[3]]),
+            _ => 1,
+        })
+    }
+
+    fn next_id(&self, core: &Arc<Core>) -> Result<u32> {
+        let stored = self.peek_next_id(core)?;
+        let used = self.handles().iter().map(|h| h.def.id + 1).max().unwrap_or(1);
+        Ok(stored.max(used))
+    }
+
+    /// Rejects a flow that reads its own sink, or closes a cycle of flows.
+    fn check_graph(&self, def: &FlowDef) -> Result<()> {
+        let sink = (def.sink_database.clone(), def.sink_table.clone());
+        if def.sources.contains(&sink) {
+            return SqlSnafu {
+                message: format!(
+                    "flow '{}' reads its own sink table '{}'; a flow's sink cannot be one of its sources, \
+                     choose another SINK TO table",
+                    def.name,
+                    def.sink_name()
+                ),
+            }
+            .fail();
+        }
+        // Edges source -> sink of the other flows; is any source reachable from the sink?
+        let others: Vec<FlowDef> = self
+            .handles()
+            .into_iter()
+            .filter(|h| h.def.name != def.name)
+            .map(|h| h.def.clone())
+            .collect();
+        let mut path = vec![def.name.clone()];
+        let mut seen = HashSet::new();
+        if let Some(cycle) = reach(&others, &sink, &def.sources, &mut seen, &mut path) {
+            return SqlSnafu {
+                message: format!(
+                    "flow '{}' would close a cycle of flows ({} -> {}); flows cannot feed themselves",
+                    def.name,
+                    cycle.join(" -> "),
+                    def.name
+                ),
+            }
+            .fail();
+        }
+        Ok(())
+    }
+
+    /// Compiles the flow, instantiates its guest, and finds or creates its sink.
+    async fn prepare(
+        &self,
+        core: &Arc<Core>,
+        ctx: &SessionContext,
+        def: &FlowDef,
+    ) -> Result<Prepared> {
+        let options = parse_options(&def.options).map_err(|message| SqlSnafu { message }.build())?;
+        let compiled = compile_flow(ctx, &def.name, &def.query).await?;
+        let mut sources = Vec::new();
+        for (d, t) in source_names(&compiled) {
+            sources.push(core.catalog.require_table(&d, &t)?);
+        }
+        let limits = limits(&self.settings.default_limits, &options);
+        let runtime = self.runtime_async().await?;
+        let mut guest_options = Vec::new();
+        if let Some(ms) = def.expire_after_ms {
+            guest_options.push((
+                sandflow_guest::OPTION_EXPIRE_AFTER_MS.to_string(),
+                ms.to_string(),
+            ));
+        }
+        let plan = compiled.plan.clone();
+        let schemas: Vec<_> = compiled.sources.iter().map(|s| s.schema.clone()).collect();
+        let name = def.name.clone();
+        let instance = tokio::task::spawn_blocking(move || {
+            runtime.create_flow(&plan, &schemas, &guest_options, limits)
+        })
+        .await
+        .map_err(|e| flow_err(format!("flow setup task failed: {e}")))?
+        .map_err(|e| guest_error(&name, e))?;
+        let output = instance.output_schema().to_vec();
+        let sink = match core.catalog.table(&def.sink_database, &def.sink_table)? {
+            Some(t) => t,
+            None => {
+                let schema = sink::derive_schema(&output, &compiled.group_keys, compiled.aggregates)
+                    .map_err(|message| SqlSnafu { message }.build())?;
+                crate::sql::create_table(
+                    core,
+                    &def.sink_database,
+                    &def.sink_table,
+                    schema,
+                    Default::default(),
+                    true,
+                )
+                .await?
+                .0
+            }
+        };
+        let mapping = sink::fit(&sink, &output).map_err(|message| SqlSnafu { message }.build())?;
+        Ok(Prepared {
+            instance,
+            output,
+            sources,
+            source_fields: compiled
+                .sources
+                .iter()
+                .map(|s| s.schema.fields.clone())
+                .collect(),
+            sink,
+            mapping,
+            options,
+        })
+    }
+
+    async fn runtime_async(&self) -> Result<Arc<Runtime>> {
+        if let Some(rt) = self.runtime.get() {
+            return rt.clone().map_err(flow_err);
+        }
+        // First flow: compiling or loading the guest takes a while.
+        let cell = self.runtime.clone();
+        let cache_dir = self.settings.cache_dir.clone();
+        let rt = tokio::task::spawn_blocking(move || {
+            cell.get_or_init(|| {
+                let config = RuntimeConfig {
+                    cache_dir,
+                    ..RuntimeConfig::default()
+                };
+                Runtime::new(config)
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string())
+            })
+            .clone()
+        })
+        .await
+        .map_err(|e| flow_err(format!("runtime setup task failed: {e}")))?;
+        rt.map_err(flow_err)
+    }
+
+    /// Subscribes the flow to its sources and starts its thread.
+    fn launch(&self, core: &Arc<Core>, def: FlowDef, p: Prepared) -> Result<Arc<FlowHandle>> {
+        let (tx, rx) = channel::<Msg>();
+        let status: SharedStatus = Arc::new(Mutex::new(FlowStatus::default()));
+        let mut make = |i: usize| -> Subscriber {
+            let tx = tx.clone();
+            let source = i as u32;
+            Box::new(move |c: &crate::storage::ChangeBatch| {
+                tx.send(Msg::Change {
+                    source,
+                    change: c.clone(),
+                })
+                .is_ok()
+            })
+        };
+        let snapshots = core
+            .store
+            .subscribe_all(&p.sources, p.options.backfill(), &mut make)?;
+        let mut backfill = Vec::new();
+        for (i, snap) in snapshots.into_iter().enumerate() {
+            let Some(snap) = snap else { continue };
+            for b in snap.batches {
+                if b.num_rows() == 0 {
+                    continue;
+                }
+                backfill.push((
+                    i as u32,
+                    crate::storage::ChangeBatch {
+                        table_id: p.sources[i].id(),
+                        seq: snap.seq,
+                        diffs: vec![1; b.num_rows()],
+                        batch: b,
+                    },
+                ));
+            }
+        }
+        let worker = Worker {
+            name: def.name.clone(),
+            core: core.clone(),
+            instance: p.instance,
+            output: p.output,
+            source_fields: p.source_fields,
+            sink: p.sink.clone(),
+            mapping: p.mapping,
+            tick_interval: self.settings.tick_interval,
+            status: status.clone(),
+            backfill,
+        };
+        let thread = std::thread::Builder::new()
+            .name(format!("flow-{}", def.name))
+            .spawn(move || worker.run(rx))
+            .map_err(|e| flow_err(format!("cannot start the flow's thread: {e}")))?;
+        Ok(Arc::new(FlowHandle {
+            source_ids: p.sources.iter().map(|t| t.id()).collect(),
+            sink_id: Some(p.sink.id()),
+            status,
+            tx: Some(tx),
+            thread: Mutex::new(Some(thread)),
+            def,
+        }))
+    }
+}
+
+struct Prepared {
+    instance: FlowInstance,
+    output: Vec<crate::runtime::Field>,
+    sources: Vec<Arc<Table>>,
+    source_fields: Vec<Vec<crate::runtime::Field>>,
+    sink: Arc<Table>,
+    mapping: Vec<sink::SinkColumn>,
+    options: FlowOptions,
+}
+
+fn limits(defaults: &FlowLimits, options: &FlowOptions) -> FlowLimits {
+    FlowLimits {
+        memory: options.memory_limit.unwrap_or(defaults.memory),
+        cpu_per_call: options.cpu_limit_per_tick.unwrap_or(defaults.cpu_per_call),
+        max_output_rows: defaults.max_output_rows,
+    }
+}
+
+async fn compile_flow(ctx: &SessionContext, name: &str, query: &str) -> Result<CompiledFlow> {
+    compile(ctx, query).await.map_err(|e| {
+        let message = format!("cannot create flow '{name}': {e}");
+        if message.contains("not found") {
+            NotFoundSnafu { message }.build()
+        } else if message.contains("not supported") {
+            UnsupportedSnafu { message }.build()
+        } else {
+            SqlSnafu { message }.build()
+        }
+    })
+}
+
+fn source_names(compiled: &CompiledFlow) -> Vec<(String, String)> {
+    compiled
+        .sources
+        .iter()
+        .map(|s| match &s.table {
+            TableReference::Bare { table } => (DEFAULT_DATABASE.to_string(), table.to_string()),
+            TableReference::Partial { schema, table } => (schema.to_string(), table.to_string()),
+            TableReference::Full { schema, table, .. } => (schema.to_string(), table.to_string()),
+        })
+        .collect()
+}
+
+/// Depth-first search from `table` along flows (source -> sink); returns the
+/// flow names on a path that reaches one of `targets`.
+fn reach(
+    flows: &[FlowDef],
+    table: &(String, String),
+    targets: &[(String, String)],
+    seen: &mut HashSet<(String, String)>,
+    path: &mut Vec<String>,
+) -> Option<Vec<String>> {
+    if targets.contains(table) {
+        return Some(path.clone());
+    }
+    if !seen.insert(table.clone()) {
+        return None;
+    }
+    for f in flows.iter().filter(|f| f.sources.contains(table)) {
+        path.push(f.name.clone());
+        let sink = (f.sink_database.clone(), f.sink_table.clone());
+        if let Some(p) = reach(flows, &sink, targets, seen, path) {
+            return Some(p);
+        }
+        path.pop();
+    }
+    None
+}

@@ -1,0 +1,228 @@
+//! What a `CREATE FLOW` statement may say besides its query: `EXPIRE AFTER`
+//! intervals and `WITH (...)` options, parsed into values with errors that
+//! say what is accepted.
+
+use std::time::Duration;
+
+/// Options `WITH (...)` accepts, in the order error messages list them.
+pub const KNOWN_OPTIONS: &[&str] = &["backfill", "memory_limit", "cpu_limit_per_tick"];
+
+/// Parsed `WITH (...)` options of a flow.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct FlowOptions {
+    /// Feed the rows already in the sources at creation (default true).
+    pub backfill: Option<bool>,
+    /// Cap of the guest's linear memory in bytes.
+    pub memory_limit: Option<usize>,
+    /// CPU budget of one call into the guest.
+    pub cpu_limit_per_tick: Option<Duration>,
+}
+
+impl FlowOptions {
+    pub fn backfill(&self) -> bool {
+        self.backfill.unwrap_or(true)
+    }
+}
+
+/// Parses `WITH (k = 'v')` pairs; unknown keys are an error naming the known ones.
+pub fn parse_options(pairs: &[(String, String)]) -> Result<FlowOptions, String> {
+    let mut out = FlowOptions::default();
+    for (key, value) in pairs {
+        match key.as_str() {
+            "backfill" => {
+                out.backfill = Some(match value.to_ascii_lowercase().as_str() {
+                    "true" => true,
+                    "false" => false,
+                    _ => return Err(format!("backfill must be 'true' or 'false', not '{value}'")),
+                })
+            }
+            "memory_limit" => out.memory_limit = Some(parse_size(value)?),
+            "cpu_limit_per_tick" => {
+                let ms = parse_interval(value)
+                    .map_err(|e| format!("invalid cpu_limit_per_tick '{value}': {e}"))?;
+                out.cpu_limit_per_tick = Some(Duration::from_millis(ms as u64));
+            }
+            _ => {
+                return Err(format!(
+                    "unknown flow option '{key}'; known options: {}",
+                    KNOWN_OPTIONS.join(", ")
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A byte size: `1048576`, `64MiB`, `64 MB`, `1GiB`, `512KiB` (KB and KiB are
+/// both 1024 bytes, as memory sizes usually mean).
+pub fn parse_size(text: &str) -> Result<usize, String> {
+    let s = text.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("invalid size '{text}'; use e.g. '64MiB' or a number of bytes"))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" | "kib" => 1024.0,
+        "m" | "mb" | "mib" => 1024.0 * 1024.0,
+        "g" | "gb" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        _ => {
+            return Err(format!(
+                "invalid size '{text}': unknown unit '{}'; use B, KiB, MiB or GiB",
+                unit.trim()
+            ))
+        }
+    };
+    let bytes = n * mult;
+    if !bytes.is_finite() || bytes < 1.0 || bytes > (1u64 << 48) as f64 {
+        return Err(format!("size '{text}' is out of range"));
+    }
+    Ok(bytes as usize)
+}
+
+/// An interval in milliseconds: `'5 minutes'`, `'1 hour'`, `'2 days 1h 2 min'`,
+/// `'300 s'`, `'1.5h'`, `'250ms'`. A bare number is seconds. Months and years
+/// are rejected (their length varies).
+pub fn parse_interval(text: &str) -> Result<i64, String> {
+    let s = text.trim().to_ascii_lowercase();
+    if s.is_empty() {
+        return Err("empty interval; write e.g. '5 minutes' or '1 hour'".into());
+    }
+    let b = s.as_bytes();
+    let mut i = 0;
+    let mut total_ms = 0f64;
+    let mut parts = 0;
+    while i < b.len() {
+        while i < b.len() && (b[i].is_ascii_whitespace() || b[i] == b',') {
+            i += 1;
+        }
+        if i >= b.len() {
+            break;
+        }
+        let start = i;
+        while i < b.len() && (b[i].is_ascii_digit() || b[i] == b'.') {
+            i += 1;
+        }
+        let num = &s[start..i];
+        if num.is_empty() {
+            return Err(format!(
+                "invalid interval '{text}': expected a number at '{}'",
+                &s[start..]
+            ));
+        }
+        let n: f64 = num
+            .parse()
+            .map_err(|_| format!("invalid interval '{text}': '{num}' is not a number"))?;
+        while i < b.len() && b[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        let ustart = i;
+        while i < b.len() && (b[i].is_ascii_alphabetic() || b[i] >= 0x80) {
+            i += 1;
+        }
+        let unit = &s[ustart..i];
+        let ms_per: f64 = match unit {
+            "" if parts == 0 && i >= b.len() => 1000.0,
+            "ns" | "nanosecond" | "nanoseconds" => 1e-6,
+            "us" | "µs" | "microsecond" | "microseconds" => 1e-3,
+            "ms" | "msec" | "msecs" | "millisecond" | "milliseconds" => 1.0,
+            "s" | "sec" | "secs" | "second" | "seconds" => 1000.0,
+            "m" | "min" | "mins" | "minute" | "minutes" => 60_000.0,
+            "h" | "hr" | "hrs" | "hour" | "hours" => 3_600_000.0,
+            "d" | "day" | "days" => 86_400_000.0,
+            "w" | "week" | "weeks" => 7.0 * 86_400_000.0,
+            "mon" | "mons" | "month" | "months" | "y" | "yr" | "yrs" | "year" | "years" => {
+                return Err(format!(
+                    "invalid interval '{text}': months and years are not supported \
+                     (their length varies); use days, e.g. '30 days'"
+                ))
+            }
+            "" => {
+                return Err(format!(
+                    "invalid interval '{text}': '{num}' has no unit; write e.g. '{num} minutes'"
+                ))
+            }
+            other => {
+                return Err(format!(
+                    "invalid interval '{text}': unknown unit '{other}'; use ms, s, min, h, d or w"
+                ))
+            }
+        };
+        total_ms += n * ms_per;
+        parts += 1;
+    }
+    if !total_ms.is_finite() || total_ms > 1e15 {
+        return Err(format!("interval '{text}' is out of range"));
+    }
+    if total_ms < 1.0 {
+        return Err(format!("interval '{text}' must be at least 1 ms"));
+    }
+    Ok(total_ms.round() as i64)
+}
+
+/// An interval in the form `SHOW CREATE FLOW` prints (parses back to the same value).
+pub fn format_interval(ms: i64) -> String {
+    let units = [
+        (86_400_000, "days"),
+        (3_600_000, "hours"),
+        (60_000, "minutes"),
+        (1000, "seconds"),
+    ];
+    for (size, name) in units {
+        if ms % size == 0 {
+            return format!("{} {name}", ms / size);
+        }
+    }
+    format!("{ms} ms")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn intervals() {
+        assert_eq!(parse_interval("5 minutes"), Ok(300_000));
+        assert_eq!(parse_interval("1 hour"), Ok(3_600_000));
+        assert_eq!(
+            parse_interval("2 days 1h 2 min"),
+            Ok(2 * 86_400_000 + 3_600_000 + 120_000)
+        );
+        assert_eq!(parse_interval("300 s"), Ok(300_000));
+        assert_eq!(parse_interval("300"), Ok(300_000));
+        assert_eq!(parse_interval("1.5h"), Ok(5_400_000));
+        assert_eq!(parse_interval("250ms"), Ok(250));
+        assert_eq!(parse_interval("1 HOUR"), Ok(3_600_000));
+        assert!(parse_interval("1 month").unwrap_err().contains("months"));
+        assert!(parse_interval("2 years").unwrap_err().contains("months"));
+        assert!(parse_interval("5 fortnights").unwrap_err().contains("unit"));
+        assert!(parse_interval("").is_err());
+        assert!(parse_interval("1 h 5").is_err());
+        assert!(parse_interval("0 s").is_err());
+        assert!(parse_interval("hour").is_err());
+        assert_eq!(format_interval(3_600_000), "1 hours");
+        assert_eq!(format_interval(90_000), "90 seconds");
+        assert_eq!(parse_interval(&format_interval(1234)), Ok(1234));
+    }
+
+    #[test]
+    fn options() {
+        let o = parse_options(&[
+            ("backfill".into(), "FALSE".into()),
+            ("memory_limit".into(), "64MiB".into()),
+            ("cpu_limit_per_tick".into(), "100ms".into()),
+        ])
+        .unwrap();
+        assert_eq!(o.backfill, Some(false));
+        assert_eq!(o.memory_limit, Some(64 << 20));
+        assert_eq!(o.cpu_limit_per_tick, Some(Duration::from_millis(100)));
+        let e = parse_options(&[("nope".into(), "1".into())]).unwrap_err();
+        assert!(e.contains("backfill, memory_limit, cpu_limit_per_tick"), "{e}");
+        assert!(parse_options(&[("backfill".into(), "maybe".into())]).is_err());
+        assert!(parse_size("12 parsecs").is_err());
+        assert_eq!(parse_size("1048576"), Ok(1 << 20));
+    }
+}

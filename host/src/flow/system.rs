@@ -1,0 +1,240 @@
+//! `information_schema.flows`: every flow with its definition and run-time
+//! status.
+//!
+//! DataFusion answers `information_schema.*` itself, before any catalog is
+//! asked, so queries naming `information_schema.flows` are rewritten (on the
+//! parsed statement) to a schema of sandflow's own, [`SYSTEM_SCHEMA`], which
+//! the catalog resolves but does not list.
+
+use std::ops::ControlFlow;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::array::{
+    ArrayRef, Int64Array, StringArray, TimestampMillisecondArray, UInt32Array, UInt64Array,
+};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::catalog::{SchemaProvider, Session, TableProvider};
+use datafusion::datasource::MemTable;
+use datafusion::logical_expr::{Expr, TableType};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::sql::sqlparser::ast::{visit_relations_mut, Ident, ObjectName, ObjectNamePart, Statement};
+
+use super::manager::FlowInfo;
+use crate::catalog::DEFAULT_CATALOG;
+use crate::database::Core;
+
+/// The hidden schema that holds sandflow's system tables.
+pub const SYSTEM_SCHEMA: &str = "__sandflow_system";
+/// The flows table's name in both schemas.
+pub const FLOWS_TABLE: &str = "flows";
+
+/// Rewrites `information_schema.flows` (any case, optionally prefixed by the
+/// catalog) to the system schema's table.
+pub fn rewrite_system_tables(stmt: &mut Statement) {
+    let _ = visit_relations_mut(stmt, |name: &mut ObjectName| {
+        let parts: Vec<String> = name
+            .0
+            .iter()
+            .map(|p| match p {
+                ObjectNamePart::Identifier(i) if i.quote_style.is_none() => i.value.to_lowercase(),
+                ObjectNamePart::Identifier(i) => i.value.clone(),
+                other => other.to_string(),
+            })
+            .collect();
+        let is_flows = match parts.as_slice() {
+            [s, t] => s == "information_schema" && t == FLOWS_TABLE,
+            [c, s, t] => c == DEFAULT_CATALOG && s == "information_schema" && t == FLOWS_TABLE,
+            _ => false,
+        };
+        if is_flows {
+            *name = ObjectName(vec![
+                ObjectNamePart::Identifier(Ident::new(DEFAULT_CATALOG)),
+                ObjectNamePart::Identifier(Ident::with_quote('"', SYSTEM_SCHEMA)),
+                ObjectNamePart::Identifier(Ident::new(FLOWS_TABLE)),
+            ]);
+        }
+        ControlFlow::<()>::Continue(())
+    });
+}
+
+/// The columns of `information_schema.flows` (GreptimeDB's, plus `status`,
+/// `last_error` and `rows_written`).
+pub fn flows_schema() -> SchemaRef {
+    let ts = || DataType::Timestamp(TimeUnit::Millisecond, None);
+    Arc::new(Schema::new(vec![
+        Field::new("flow_name", DataType::Utf8, false),
+        Field::new("flow_id", DataType::UInt32, false),
+        Field::new("state_size", DataType::UInt64, true),
+        Field::new("table_catalog", DataType::Utf8, false),
+        Field::new("flow_definition", DataType::Utf8, false),
+        Field::new("comment", DataType::Utf8, true),
+        Field::new("expire_after", DataType::Int64, true),
+        Field::new("source_table_ids", DataType::Utf8, true),
+        Field::new("sink_table_name", DataType::Utf8, false),
+        Field::new("flownode_ids", DataType::Utf8, true),
+        Field::new("options", DataType::Utf8, true),
+        Field::new("created_time", ts(), false),
+        Field::new("updated_time", ts(), false),
+        Field::new("last_execution_time", ts(), true),
+        Field::new("source_table_names", DataType::Utf8, true),
+        Field::new("status", DataType::Utf8, false),
+        Field::new("last_error", DataType::Utf8, true),
+        Field::new("rows_written", DataType::UInt64, false),
+    ]))
+}
+
+fn json_list(items: impl Iterator<Item = String>) -> String {
+    serde_json::to_string(&items.collect::<Vec<_>>()).unwrap_or_default()
+}
+
+/// The rows of `information_schema.flows`.
+pub fn flows_batch(flows: &[FlowInfo]) -> datafusion::common::Result<RecordBatch> {
+    let s = |f: &dyn Fn(&FlowInfo) -> String| -> ArrayRef {
+        Arc::new(StringArray::from_iter_values(flows.iter().map(f)))
+    };
+    let opt = |f: &dyn Fn(&FlowInfo) -> Option<String>| -> ArrayRef {
+        Arc::new(flows.iter().map(f).collect::<StringArray>())
+    };
+    let columns: Vec<ArrayRef> = vec![
+        s(&|f| f.def.name.clone()),
+        Arc::new(flows.iter().map(|f| f.def.id).collect::<UInt32Array>()),
+        Arc::new(
+            flows
+                .iter()
+                .map(|f| Some(f.status.state_size))
+                .collect::<UInt64Array>(),
+        ),
+        s(&|_| DEFAULT_CATALOG.to_string()),
+        s(&|f| f.def.query.clone()),
+        opt(&|f| f.def.comment.clone()),
+        Arc::new(
+            flows
+                .iter()
+                .map(|f| f.def.expire_after_ms.map(|ms| ms / 1000))
+                .collect::<Int64Array>(),
+        ),
+        s(&|f| json_list(f.source_ids.iter().map(|i| i.to_string()))),
+        s(&|f| f.def.sink_name()),
+        s(&|_| "[0]".to_string()),
+        s(&|f| {
+            let map: serde_json::Map<String, serde_json::Value> = f
+                .def
+                .options
+                .iter()
+                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                .collect();
+            serde_json::Value::Object(map).to_string()
+        }),
+        Arc::new(
+            flows
+                .iter()
+                .map(|f| Some(f.def.created_ms))
+                .collect::<TimestampMillisecondArray>(),
+        ),
+        Arc::new(
+            flows
+                .iter()
+                .map(|f| Some(f.def.updated_ms))
+                .collect::<TimestampMillisecondArray>(),
+        ),
+        Arc::new(
+            flows
+                .iter()
+                .map(|f| f.status.last_execution_ms)
+                .collect::<TimestampMillisecondArray>(),
+        ),
+        s(&|f| json_list(f.def.source_names().into_iter())),
+        s(&|f| {
+            if f.status.error.is_some() {
+                "failed".to_string()
+            } else {
+                "running".to_string()
+            }
+        }),
+        opt(&|f| f.status.error.clone()),
+        Arc::new(
+            flows
+                .iter()
+                .map(|f| f.status.rows_written)
+                .collect::<UInt64Array>(),
+        ),
+    ];
+    Ok(RecordBatch::try_new(flows_schema(), columns)?)
+}
+
+/// The hidden system schema.
+#[derive(Debug)]
+pub struct SystemSchema {
+    pub(crate) core: Arc<Core>,
+}
+
+#[async_trait]
+impl SchemaProvider for SystemSchema {
+    fn table_names(&self) -> Vec<String> {
+        vec![FLOWS_TABLE.to_string()]
+    }
+
+    async fn table(
+        &self,
+        name: &str,
+    ) -> datafusion::common::Result<Option<Arc<dyn TableProvider>>> {
+        Ok((name == FLOWS_TABLE).then(|| {
+            Arc::new(FlowsTable {
+                core: self.core.clone(),
+            }) as Arc<dyn TableProvider>
+        }))
+    }
+
+    fn table_exist(&self, name: &str) -> bool {
+        name == FLOWS_TABLE
+    }
+}
+
+/// `information_schema.flows`, read at scan time.
+#[derive(Debug)]
+struct FlowsTable {
+    core: Arc<Core>,
+}
+
+#[async_trait]
+impl TableProvider for FlowsTable {
+    fn schema(&self) -> SchemaRef {
+        flows_schema()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::View
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
+        let batch = flows_batch(&self.core.flows.infos())?;
+        let mem = MemTable::try_new(flows_schema(), vec![vec![batch]])?;
+        mem.scan(state, projection, filters, limit).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::sql::sqlparser::dialect::GenericDialect;
+    use datafusion::sql::sqlparser::parser::Parser;
+
+    #[test]
+    fn rewrites_only_the_flows_table() {
+        let sql = "SELECT f.flow_name FROM information_schema.flows f \
+                   JOIN INFORMATION_SCHEMA.FLOWS g ON true, information_schema.tables";
+        let mut stmt = Parser::parse_sql(&GenericDialect {}, sql).unwrap().remove(0);
+        rewrite_system_tables(&mut stmt);
+        let text = stmt.to_string();
+        assert_eq!(text.matches("greptime.\"__sandflow_system\".flows").count(), 2, "{text}");
+        assert!(text.contains("information_schema.tables"), "{text}");
+    }
+}
