@@ -1,12 +1,12 @@
 //! Flows: continuous queries kept up to date in their own wasm sandboxes.
 //!
-//! * [`compile`]: SQL → DataFusion plan → Substrait bytes for the guest.
-//! * [`arrow`]: Arrow record batches ⇄ the contract's columnar batches.
-//! * [`options`]: `EXPIRE AFTER` intervals and `WITH (...)` options.
-//! * [`sink`]: sink tables (derived schema, fit check, diffs → upserts/deletes).
-//! * [`manager`]: CREATE / DROP / FLUSH, the persisted flow definitions.
-//! * [`worker`]: one thread per flow: feed, tick, write back.
-//! * [`system`]: `information_schema.flows`.
+//! * `compile`: SQL → DataFusion plan → Substrait bytes for the guest.
+//! * `arrow`: Arrow record batches ⇄ the contract's columnar batches.
+//! * `options`: `EXPIRE AFTER` intervals and `WITH (...)` options.
+//! * `sink`: sink tables (derived schema, fit check, diffs → upserts/deletes).
+//! * `manager`: CREATE / DROP / FLUSH, the persisted flow definitions.
+//! * `worker`: one thread per flow: feed, tick, write back.
+//! * `system`: `information_schema.flows`.
 
 pub mod arrow;
 pub mod compile;

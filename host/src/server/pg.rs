@@ -261,7 +261,15 @@ impl SfParser {
         } else {
             sql.to_string()
         };
-        let outputs = self.db.execute(&probe).await.map_err(db_error)?;
+        let known = crate::sql::result_schema_without_running(&probe);
+        let outputs = match known {
+            // Never run a statement with effects (ADMIN) just to learn its columns.
+            Some(schema) => vec![Output::Rows {
+                schema,
+                batches: vec![],
+            }],
+            None => self.db.execute(&probe).await.map_err(db_error)?,
+        };
         let plan = match outputs.into_iter().last() {
             Some(Output::Rows { schema, .. }) => {
                 let df_schema = DFSchema::try_from(schema.as_ref().clone())

@@ -181,22 +181,47 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
     }
 }
 
+/// The result columns of `ADMIN FLUSH_FLOW('name')`.
+fn flush_flow_schema(name: &str) -> Arc<Schema> {
+    let column = format!("ADMIN FLUSH_FLOW('{name}')");
+    Arc::new(Schema::new(vec![Field::new(
+        &column,
+        DataType::Int64,
+        false,
+    )]))
+}
+
+/// The result columns of a statement that must not run twice (ADMIN), for
+/// clients that ask before executing (PostgreSQL's Describe); `None` for
+/// every other statement.
+pub fn result_schema_without_running(sql: &str) -> Option<Arc<Schema>> {
+    let stmts = parser::parse(sql).ok()?;
+    match stmts.as_slice() {
+        [Stmt::Admin { function, args }] if function == "flush_flow" && args.len() == 1 => {
+            Some(flush_flow_schema(&args[0]))
+        }
+        _ => None,
+    }
+}
+
 /// `ADMIN function(args)`.
 async fn admin(core: &Arc<Core>, function: &str, args: &[String]) -> Result<Output> {
     match function {
         "flush_flow" => {
             let [name] = args else {
                 return SqlSnafu {
-                    message: "FLUSH_FLOW takes one argument, the flow's name: ADMIN FLUSH_FLOW('name')",
+                    message:
+                        "FLUSH_FLOW takes one argument, the flow's name: ADMIN FLUSH_FLOW('name')",
                 }
                 .fail();
             };
             let rows = core.flows.flush(name).await?;
-            let column = format!("ADMIN FLUSH_FLOW('{name}')");
-            let schema = Arc::new(Schema::new(vec![Field::new(&column, DataType::Int64, false)]));
+            let schema = flush_flow_schema(name);
             let batch = RecordBatch::try_new(
                 schema.clone(),
-                vec![Arc::new(datafusion::arrow::array::Int64Array::from(vec![rows as i64])) as ArrayRef],
+                vec![Arc::new(datafusion::arrow::array::Int64Array::from(vec![
+                    rows as i64,
+                ])) as ArrayRef],
             )
             .map_err(|e| {
                 InternalSnafu {

@@ -377,7 +377,11 @@ fn parse_flow_statement(p: &mut Parser, sql: &str) -> Result<Option<Stmt>> {
                     Some(_) => w.value,
                     None => w.value.to_lowercase(),
                 },
-                other => return Err(syntax(format!("unexpected {other} in ADMIN {function}(...)"))),
+                other => {
+                    return Err(syntax(format!(
+                        "unexpected {other} in ADMIN {function}(...)"
+                    )))
+                }
             });
             if !p.consume_token(&Token::Comma) {
                 p.expect_token(&Token::RParen).map_err(sql_err)?;
@@ -451,7 +455,10 @@ fn parse_create_flow(p: &mut Parser, sql: &str, or_replace: bool) -> Result<Crea
             // INTERVAL '1' HOUR
             if interval {
                 if let Token::Word(w) = &p.peek_token().token {
-                    if w.keyword != Keyword::COMMENT && w.keyword != Keyword::WITH && w.keyword != Keyword::AS {
+                    if w.keyword != Keyword::COMMENT
+                        && w.keyword != Keyword::WITH
+                        && w.keyword != Keyword::AS
+                    {
                         text = format!("{text} {}", w.value);
                         p.next_token();
                     }
@@ -481,7 +488,11 @@ fn parse_create_flow(p: &mut Parser, sql: &str, or_replace: bool) -> Result<Crea
         Token::EOF => sql.len(),
         _ => byte_offset(sql, end_tok.span.start.line, end_tok.span.start.column),
     };
-    flow.query = sql.get(from..to.max(from)).unwrap_or_default().trim().to_string();
+    flow.query = sql
+        .get(from..to.max(from))
+        .unwrap_or_default()
+        .trim()
+        .to_string();
     Ok(flow)
 }
 
@@ -785,7 +796,9 @@ mod tests {
                    COMMENT 'hi' WITH (backfill = 'false') AS\n  SELECT host, count(*) FROM t GROUP BY host;\
                    drop flow if exists f; SHOW FLOWS LIKE 'f%'; show create flow \"F\"; ADMIN flush_flow('f')";
         let s = parse(sql).unwrap();
-        let Stmt::CreateFlow(f) = &s[0] else { panic!("{:?}", s[0]) };
+        let Stmt::CreateFlow(f) = &s[0] else {
+            panic!("{:?}", s[0])
+        };
         assert!(f.or_replace && f.if_not_exists);
         assert_eq!(f.name, "f");
         assert_eq!(f.sink.database, "db");
@@ -797,8 +810,11 @@ mod tests {
         assert!(matches!(&s[1], Stmt::DropFlow { name, if_exists: true } if name == "f"));
         assert!(matches!(&s[2], Stmt::ShowFlows { like: Some(l) } if l == "f%"));
         assert!(matches!(&s[3], Stmt::ShowCreateFlow(n) if n == "F"));
-        assert!(matches!(&s[4], Stmt::Admin { function, args } if function == "flush_flow" && args == &["f".to_string()]));
-        let s = parse("CREATE FLOW g SINK TO o EXPIRE AFTER '2 days 1h' AS SELECT 'é', x FROM t").unwrap();
+        assert!(
+            matches!(&s[4], Stmt::Admin { function, args } if function == "flush_flow" && args == &["f".to_string()])
+        );
+        let s = parse("CREATE FLOW g SINK TO o EXPIRE AFTER '2 days 1h' AS SELECT 'é', x FROM t")
+            .unwrap();
         let Stmt::CreateFlow(f) = &s[0] else { panic!() };
         assert_eq!(f.query, "SELECT 'é', x FROM t");
         assert_eq!(f.expire_after.as_deref(), Some("2 days 1h"));

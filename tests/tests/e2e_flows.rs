@@ -1,0 +1,1434 @@
+//! End-to-end: flows (continuous queries) through the real binary and psql.
+//!
+//! `CREATE FLOW ... SINK TO ... AS SELECT ...`, `ADMIN FLUSH_FLOW`, `SHOW
+//! FLOWS`, `SHOW CREATE FLOW`, `DROP FLOW` and `information_schema.flows`,
+//! following GreptimeDB. The contract every test leans on: after
+//! `ADMIN FLUSH_FLOW('f')` the sink of `f` equals `f`'s query run over the
+//! current contents of its sources, so most assertions compare the sink with
+//! the same SELECT run by DataFusion over the source tables, and with rows
+//! worked out by hand.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use sandflow_tests::harness::{lines, temp_data_dir, Options, Server};
+
+const REQUESTS: &str = "CREATE TABLE requests (host STRING, status INT, bytes DOUBLE, \
+                        ts TIMESTAMP TIME INDEX, PRIMARY KEY (host, status))";
+
+/// `ADMIN FLUSH_FLOW(flow)`: the number of sink rows it wrote.
+fn flush(s: &Server, flow: &str) -> i64 {
+    let out = s.sql(&format!("ADMIN FLUSH_FLOW('{flow}')"));
+    out.parse()
+        .unwrap_or_else(|e| panic!("FLUSH_FLOW('{flow}') printed {out:?}: {e}"))
+}
+
+/// Inserts rows into `requests`: (host, status, bytes, time of day on
+/// 2024-01-01 as "HH:MM:SS"). `host` "NULL" is SQL NULL (otherwise it is
+/// quoted); `bytes` is an SQL literal ("12", "0.5", "NULL").
+fn put(s: &Server, rows: &[(&str, i32, &str, &str)]) {
+    let values: Vec<String> = rows
+        .iter()
+        .map(|(host, status, bytes, time)| {
+            let host = if *host == "NULL" {
+                "NULL".to_string()
+            } else {
+                format!("'{host}'")
+            };
+            format!("({host}, {status}, {bytes}, '2024-01-01T{time}')")
+        })
+        .collect();
+    let out = s.sql(&format!(
+        "INSERT INTO requests VALUES {}",
+        values.join(", ")
+    ));
+    assert_eq!(out, format!("INSERT 0 {}", rows.len()));
+}
+
+/// How psql prints the timestamp "HH:MM:SS" on 2024-01-01.
+fn at(time: &str) -> String {
+    format!("2024-01-01 {time}.000000")
+}
+
+/// "HH:MM:SS" for a number of seconds after midnight.
+fn hms(secs: u32) -> String {
+    format!(
+        "{:02}:{:02}:{:02}",
+        secs / 3600,
+        (secs / 60) % 60,
+        secs % 60
+    )
+}
+
+/// Runs both queries and asserts they print the same; returns the output.
+fn assert_same(s: &Server, sink_sql: &str, oracle_sql: &str) -> String {
+    let got = s.sql(sink_sql);
+    let want = s.sql(oracle_sql);
+    assert_eq!(
+        got, want,
+        "sink query {sink_sql:?} differs from the flow's query {oracle_sql:?}"
+    );
+    got
+}
+
+/// One column of `information_schema.flows` for one flow.
+fn flow_info(s: &Server, flow: &str, column: &str) -> String {
+    s.sql(&format!(
+        "SELECT {column} FROM information_schema.flows WHERE flow_name = '{flow}'"
+    ))
+}
+
+/// Runs `sql` from a file (statements too long for a command-line argument).
+fn sql_file(s: &Server, sql: &str) -> Result<String, String> {
+    let path = s.dir().path().join("statement.sql");
+    std::fs::write(&path, sql).expect("write statement file");
+    s.psql_args(&["-f", path.to_str().expect("utf-8 path")])
+}
+
+/// Polls `sql` until it prints `want` (or the time is up); returns the last output.
+fn wait_for(s: &Server, sql: &str, want: &str, timeout: Duration) -> String {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let got = s.sql(sql);
+        if got == want || Instant::now() >= deadline {
+            return got;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `DESC TABLE` reduced to "Column|Type|Key|Semantic Type" lines, in column order.
+fn desc(s: &Server, table: &str) -> Vec<String> {
+    s.sql(&format!("DESC TABLE {table}"))
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split('|').collect();
+            assert_eq!(f.len(), 6, "DESC line {l:?}");
+            format!("{}|{}|{}|{}", f[0], f[1], f[2], f[5])
+        })
+        .collect()
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_millis() as i64
+}
+
+// Per-minute windows with date_bin: exact sink rows after in-order, late
+// (out-of-order) rows, an upsert and a delete; FLUSH_FLOW's row counts;
+// a flush with nothing new writes nothing.
+#[test]
+fn windowed_counts_follow_inserts_late_rows_upserts_and_deletes() {
+    let s = Server::start();
+    s.sql(REQUESTS);
+    const QUERY: &str = "SELECT status, count(*) AS hits, sum(bytes) AS total, \
+                         date_bin(INTERVAL '1 minute', ts) AS minute \
+                         FROM requests GROUP BY status, minute";
+    s.sql(&format!(
+        "CREATE FLOW traffic SINK TO traffic_per_minute AS {QUERY}"
+    ));
+    assert_eq!(flush(&s, "traffic"), 0, "empty source, nothing to write");
+    assert_eq!(s.sql("SELECT count(*) FROM traffic_per_minute"), "0");
+
+    let sink = "SELECT status, hits, total, minute FROM traffic_per_minute ORDER BY minute, status";
+    let oracle =
+        format!("SELECT status, hits, total, minute FROM ({QUERY}) ORDER BY minute, status");
+
+    // Arrives out of order: minute 2 first, then minute 0, then minute 1.
+    put(
+        &s,
+        &[
+            ("a", 200, "100", "00:02:10"),
+            ("b", 200, "50", "00:00:05"),
+            ("a", 500, "10", "00:00:59"),
+            ("c", 200, "1", "00:01:00"),
+        ],
+    );
+    assert_eq!(flush(&s, "traffic"), 4);
+    let want = [
+        format!("200|1|50.0|{}", at("00:00:00")),
+        format!("500|1|10.0|{}", at("00:00:00")),
+        format!("200|1|1.0|{}", at("00:01:00")),
+        format!("200|1|100.0|{}", at("00:02:00")),
+    ]
+    .join("\n");
+    assert_eq!(s.sql(sink), want);
+    assert_same(&s, sink, &oracle);
+
+    // Late rows for minutes 0 and 1 change exactly those two groups.
+    put(
+        &s,
+        &[("a", 200, "20", "00:00:30"), ("b", 200, "5", "00:01:59")],
+    );
+    assert_eq!(flush(&s, "traffic"), 2);
+    assert_eq!(flush(&s, "traffic"), 0, "nothing new since the last flush");
+    let want = [
+        format!("200|2|70.0|{}", at("00:00:00")),
+        format!("500|1|10.0|{}", at("00:00:00")),
+        format!("200|2|6.0|{}", at("00:01:00")),
+        format!("200|1|100.0|{}", at("00:02:00")),
+    ]
+    .join("\n");
+    assert_eq!(s.sql(sink), want);
+    assert_same(&s, sink, &oracle);
+
+    // A replacing upsert (same host, status, ts) retracts the old value.
+    put(&s, &[("a", 200, "120", "00:02:10")]);
+    assert_eq!(flush(&s, "traffic"), 1);
+    assert_eq!(
+        s.sql("SELECT hits, total FROM traffic_per_minute WHERE minute = '2024-01-01T00:02:00'"),
+        "1|120.0"
+    );
+
+    // Deleting the only row of a group deletes the group from the sink.
+    assert_eq!(s.sql("DELETE FROM requests WHERE status = 500"), "DELETE 1");
+    assert_eq!(flush(&s, "traffic"), 1);
+    let want = [
+        format!("200|2|70.0|{}", at("00:00:00")),
+        format!("200|2|6.0|{}", at("00:01:00")),
+        format!("200|1|120.0|{}", at("00:02:00")),
+    ]
+    .join("\n");
+    assert_eq!(s.sql(sink), want);
+    assert_same(&s, sink, &oracle);
+    assert_eq!(
+        s.sql("SELECT count(*) FROM traffic_per_minute WHERE update_at IS NULL"),
+        "0",
+        "update_at carries the tick time"
+    );
+}
+
+// A dashboard flow with count(*), sum, avg, min, max and count(DISTINCT)
+// per host and minute over a few dozen rows, then after deletes, upserts and
+// more inserts: always equal to the query, integer columns checked by hand.
+#[test]
+fn dashboard_aggregates_equal_the_query() {
+    let s = Server::start();
+    s.sql(REQUESTS);
+    const QUERY: &str = "SELECT host, date_bin(INTERVAL '1 minute', ts) AS minute, \
+                         count(*) AS hits, sum(bytes) AS total, avg(bytes) AS mean, \
+                         min(bytes) AS lo, max(bytes) AS hi, count(DISTINCT status) AS statuses \
+                         FROM requests GROUP BY host, minute";
+    s.sql(&format!("CREATE FLOW dashboard SINK TO dash AS {QUERY}"));
+    let cols = "host, minute, hits, total, mean, lo, hi, statuses";
+    let sink = format!("SELECT {cols} FROM dash ORDER BY host, minute");
+    let oracle = format!("SELECT {cols} FROM ({QUERY}) ORDER BY host, minute");
+
+    let hosts = ["a", "b", "c"];
+    let statuses = [200, 404, 500, 200, 301];
+    let mut rows: Vec<(String, i32, String, String)> = Vec::new();
+    for i in 0..48u32 {
+        let host = hosts[(i % 3) as usize].to_string();
+        // Distinct (host, status, ts) for every i: ts differs.
+        let status = statuses[(i % 5) as usize];
+        let bytes = if i % 11 == 5 {
+            "NULL".to_string()
+        } else {
+            ((i * 37) % 101).to_string()
+        };
+        rows.push((host, status, bytes, hms(i * 7)));
+    }
+    let refs: Vec<(&str, i32, &str, &str)> = rows
+        .iter()
+        .map(|(h, st, b, t)| (h.as_str(), *st, b.as_str(), t.as_str()))
+        .collect();
+    put(&s, &refs);
+    flush(&s, "dashboard");
+    assert_same(&s, &sink, &oracle);
+
+    // hits and count(DISTINCT status) per (host, minute), by hand.
+    let mut groups: std::collections::BTreeMap<(String, u32), (i64, Vec<i32>)> = Default::default();
+    for i in 0..48u32 {
+        let g = groups
+            .entry((hosts[(i % 3) as usize].to_string(), i * 7 / 60))
+            .or_default();
+        g.0 += 1;
+        let st = statuses[(i % 5) as usize];
+        if !g.1.contains(&st) {
+            g.1.push(st);
+        }
+    }
+    let want: Vec<String> = groups
+        .iter()
+        .map(|((h, m), (n, st))| format!("{h}|{}|{n}|{}", at(&hms(m * 60)), st.len()))
+        .collect();
+    assert_eq!(
+        s.sql("SELECT host, minute, hits, statuses FROM dash ORDER BY host, minute"),
+        want.join("\n")
+    );
+
+    // Deletes, replacing upserts (bytes changed, including to and from NULL)
+    // and new rows, then compare again.
+    assert!(s
+        .sql("DELETE FROM requests WHERE status = 404")
+        .starts_with("DELETE "));
+    put(
+        &s,
+        &[
+            ("a", 200, "1000", &hms(0)),
+            ("b", 200, "NULL", &hms(7)),
+            ("c", 301, "0.5", &hms(14 * 7)),
+            ("a", 999, "7", "00:00:01"),
+            ("d", 200, "3", "00:09:00"),
+        ],
+    );
+    flush(&s, "dashboard");
+    assert_same(&s, &sink, &oracle);
+    assert_eq!(
+        s.sql("SELECT count(*) FROM dash WHERE statuses = 0"),
+        "0",
+        "every group has a status"
+    );
+}
+
+// NULLs: aggregates skip NULL values (sum/min/max NULL when all are NULL,
+// count(bytes) 0), a NULL group key is a group of its own that can be
+// updated and deleted like any other.
+#[test]
+fn nulls_in_values_and_group_keys() {
+    let s = Server::start();
+    s.sql(REQUESTS);
+    const QUERY: &str = "SELECT host, count(*) AS n, count(bytes) AS nb, sum(bytes) AS total, \
+                         min(bytes) AS lo, max(bytes) AS hi FROM requests GROUP BY host";
+    s.sql(&format!("CREATE FLOW nulls SINK TO per_host AS {QUERY}"));
+    let cols = "host, n, nb, total, lo, hi";
+    let sink = format!("SELECT {cols} FROM per_host ORDER BY host NULLS FIRST");
+    let oracle = format!("SELECT {cols} FROM ({QUERY}) ORDER BY host NULLS FIRST");
+
+    put(
+        &s,
+        &[
+            ("NULL", 200, "NULL", "00:00:00"),
+            ("NULL", 500, "4", "00:00:01"),
+            ("a", 200, "NULL", "00:00:02"),
+            ("a", 200, "NULL", "00:00:03"),
+            ("b", 404, "2", "00:00:04"),
+        ],
+    );
+    flush(&s, "nulls");
+    assert_eq!(
+        s.sql(&sink),
+        "|2|1|4.0|4.0|4.0\na|2|0|||\nb|1|1|2.0|2.0|2.0"
+    );
+    assert_same(&s, &sink, &oracle);
+
+    // NULL -> value by upsert.
+    put(&s, &[("a", 200, "6", "00:00:03")]);
+    flush(&s, "nulls");
+    assert_eq!(
+        s.sql(&sink),
+        "|2|1|4.0|4.0|4.0\na|2|1|6.0|6.0|6.0\nb|1|1|2.0|2.0|2.0"
+    );
+
+    // value -> NULL by upsert: min/max/sum back to NULL.
+    put(
+        &s,
+        &[
+            ("a", 200, "NULL", "00:00:03"),
+            ("b", 404, "NULL", "00:00:04"),
+        ],
+    );
+    flush(&s, "nulls");
+    assert_eq!(s.sql(&sink), "|2|1|4.0|4.0|4.0\na|2|0|||\nb|1|0|||");
+    assert_same(&s, &sink, &oracle);
+
+    // The NULL group disappears, then comes back.
+    s.sql("DELETE FROM requests WHERE host IS NULL");
+    flush(&s, "nulls");
+    assert_eq!(s.sql(&sink), "a|2|0|||\nb|1|0|||");
+    put(&s, &[("NULL", 301, "NULL", "00:05:00")]);
+    flush(&s, "nulls");
+    assert_eq!(s.sql(&sink), "|1|0|||\na|2|0|||\nb|1|0|||");
+    assert_same(&s, &sink, &oracle);
+}
+
+// HAVING with a computed group key (status / 100): a group enters the sink
+// when the condition starts to hold and is deleted when it stops holding.
+#[test]
+fn having_groups_appear_and_disappear_with_computed_keys() {
+    let s = Server::start();
+    s.sql(REQUESTS);
+    const QUERY: &str = "SELECT status / 100 AS class, count(*) AS n, sum(bytes) AS total \
+                         FROM requests GROUP BY class HAVING count(*) >= 2";
+    s.sql(&format!("CREATE FLOW classes SINK TO per_class AS {QUERY}"));
+    let sink = "SELECT class, n, total FROM per_class ORDER BY class";
+    let oracle = format!("SELECT class, n, total FROM ({QUERY}) ORDER BY class");
+
+    put(&s, &[("a", 200, "1", "00:00:00")]);
+    assert_eq!(flush(&s, "classes"), 0, "one row: HAVING does not hold yet");
+    assert_eq!(s.sql(sink), "");
+
+    put(&s, &[("a", 201, "2", "00:00:01")]);
+    assert_eq!(flush(&s, "classes"), 1);
+    assert_eq!(s.sql(sink), "2|2|3.0");
+
+    put(
+        &s,
+        &[("b", 503, "5", "00:00:02"), ("c", 504, "5", "00:00:03")],
+    );
+    assert_eq!(flush(&s, "classes"), 1);
+    assert_eq!(s.sql(sink), "2|2|3.0\n5|2|10.0");
+    assert_same(&s, sink, &oracle);
+
+    // Below the threshold again: the group is deleted from the sink.
+    s.sql("DELETE FROM requests WHERE host = 'a' AND status = 201");
+    assert_eq!(flush(&s, "classes"), 1);
+    assert_eq!(s.sql(sink), "5|2|10.0");
+
+    // An upsert inside a qualifying group; a third row in class 2 alone
+    // brings it back.
+    put(
+        &s,
+        &[("c", 504, "7", "00:00:03"), ("d", 404, "1", "00:00:04")],
+    );
+    assert_eq!(flush(&s, "classes"), 1);
+    assert_eq!(s.sql(sink), "5|2|12.0");
+    put(&s, &[("e", 250, "4", "00:00:05")]);
+    assert_eq!(flush(&s, "classes"), 1);
+    assert_eq!(s.sql(sink), "2|2|5.0\n5|2|12.0");
+    assert_same(&s, sink, &oracle);
+}
+
+// A filter-only flow: the sink holds exactly the matching rows, including
+// two rows with the same ts and different hosts; upserts replace, deletes
+// remove, non-matching rows never appear; its sink's time index is the
+// timestamp column and the other columns are the primary key.
+#[test]
+fn filter_only_flow_mirrors_matching_rows() {
+    let s = Server::start();
+    s.sql(REQUESTS);
+    const QUERY: &str = "SELECT host, status, bytes, ts FROM requests WHERE status >= 500";
+    s.sql(&format!("CREATE FLOW errors SINK TO error_log AS {QUERY}"));
+    let ddl = s.sql("SHOW CREATE TABLE error_log");
+    assert!(ddl.contains("TIME INDEX (\"ts\")"), "{ddl}");
+    assert!(
+        ddl.contains("PRIMARY KEY (\"host\", \"status\", \"bytes\")"),
+        "{ddl}"
+    );
+
+    let sink = "SELECT host, status, bytes, ts FROM error_log ORDER BY ts, host, status";
+    let oracle = format!("{QUERY} ORDER BY ts, host, status");
+
+    put(
+        &s,
+        &[
+            ("a", 200, "1", "00:00:00"),
+            ("a", 500, "2", "00:00:10"),
+            ("b", 500, "3", "00:00:10"),
+            ("b", 503, "4", "00:00:20"),
+            ("c", 404, "5", "00:00:20"),
+        ],
+    );
+    assert_eq!(flush(&s, "errors"), 3);
+    let want = [
+        format!("a|500|2.0|{}", at("00:00:10")),
+        format!("b|500|3.0|{}", at("00:00:10")),
+        format!("b|503|4.0|{}", at("00:00:20")),
+    ]
+    .join("\n");
+    assert_eq!(s.sql(sink), want);
+    assert_same(&s, sink, &oracle);
+
+    // Upsert of a matching row: the old sink row goes, the new one comes.
+    put(&s, &[("b", 500, "9", "00:00:10")]);
+    flush(&s, "errors");
+    // Delete of a matching row, insert of a non-matching one.
+    s.sql("DELETE FROM requests WHERE host = 'a' AND status = 500");
+    put(
+        &s,
+        &[("d", 499, "1", "00:00:30"), ("d", 599, "NULL", "00:00:30")],
+    );
+    flush(&s, "errors");
+    let want = [
+        format!("b|500|9.0|{}", at("00:00:10")),
+        format!("b|503|4.0|{}", at("00:00:20")),
+        format!("d|599||{}", at("00:00:30")),
+    ]
+    .join("\n");
+    assert_eq!(s.sql(sink), want);
+    assert_same(&s, sink, &oracle);
+}
+
+// Chained flows: flow 2 reads flow 1's sink; flushing 1 then 2 gives flow 2's
+// query over flow 1's sink, which equals the direct query over the source,
+// through inserts, upserts and deletes that remove whole groups.
+#[test]
+fn chained_flows_propagate_through_an_intermediate_sink() {
+    let s = Server::start();
+    s.sql(REQUESTS);
+    s.sql(
+        "CREATE FLOW per_status SINK TO per_status_minute AS \
+         SELECT status, date_bin(INTERVAL '1 minute', ts) AS minute, count(*) AS hits, \
+         sum(bytes) AS total FROM requests GROUP BY status, minute",
+    );
+    const SECOND: &str = "SELECT minute, sum(hits) AS hits, sum(total) AS total, \
+                          count(*) AS statuses FROM per_status_minute GROUP BY minute";
+    s.sql(&format!(
+        "CREATE FLOW per_minute SINK TO per_minute_total AS {SECOND}"
+    ));
+    let sink = "SELECT minute, hits, total, statuses FROM per_minute_total ORDER BY minute";
+    let over_sink = format!("SELECT minute, hits, total, statuses FROM ({SECOND}) ORDER BY minute");
+    let direct = "SELECT date_bin(INTERVAL '1 minute', ts) AS minute, count(*), sum(bytes), \
+                  count(DISTINCT status) FROM requests GROUP BY minute ORDER BY minute";
+    let flush_both = |s: &Server| {
+        flush(s, "per_status");
+        flush(s, "per_minute");
+    };
+
+    put(
+        &s,
+        &[
+            ("a", 200, "10", "00:00:01"),
+            ("b", 200, "20", "00:00:02"),
+            ("a", 500, "1", "00:00:03"),
+            ("a", 200, "5", "00:01:00"),
+            ("c", 404, "2", "00:02:30"),
+        ],
+    );
+    flush_both(&s);
+    let want = [
+        format!("{}|3|31.0|2", at("00:00:00")),
+        format!("{}|1|5.0|1", at("00:01:00")),
+        format!("{}|1|2.0|1", at("00:02:00")),
+    ]
+    .join("\n");
+    assert_eq!(s.sql(sink), want);
+    assert_same(&s, sink, &over_sink);
+    assert_same(&s, sink, direct);
+
+    // Upsert in minute 0, delete all of minute 2, new status in minute 1.
+    put(
+        &s,
+        &[("b", 200, "25", "00:00:02"), ("b", 301, "4", "00:01:30")],
+    );
+    s.sql("DELETE FROM requests WHERE status = 404");
+    flush_both(&s);
+    let want = [
+        format!("{}|3|36.0|2", at("00:00:00")),
+        format!("{}|2|9.0|2", at("00:01:00")),
+    ]
+    .join("\n");
+    assert_eq!(s.sql(sink), want);
+    assert_same(&s, sink, &over_sink);
+    assert_same(&s, sink, direct);
+}
+
+// Deletes and replacing upserts retract exactly: min/max after the minimum
+// (held twice) and the maximum are deleted, DELETE by time range, a group
+// emptied and recreated, and an identical rewrite that writes nothing.
+#[test]
+fn deletes_and_upserts_retract_min_max_count_sum() {
+    let s = Server::start();
+    s.sql(REQUESTS);
+    const QUERY: &str = "SELECT host, min(bytes) AS lo, max(bytes) AS hi, count(*) AS n, \
+                         sum(bytes) AS total FROM requests GROUP BY host";
+    s.sql(&format!("CREATE FLOW minmax SINK TO extremes AS {QUERY}"));
+    let sink = "SELECT host, lo, hi, n, total FROM extremes ORDER BY host";
+    let oracle = format!("SELECT host, lo, hi, n, total FROM ({QUERY}) ORDER BY host");
+    let step = |want: &str| {
+        flush(&s, "minmax");
+        assert_eq!(s.sql(sink), want);
+        assert_same(&s, sink, &oracle);
+    };
+
+    put(
+        &s,
+        &[
+            ("a", 200, "5", "00:00:01"),
+            ("a", 201, "3", "00:00:02"),
+            ("a", 202, "9", "00:00:03"),
+            ("a", 203, "3", "00:00:04"),
+            ("b", 200, "7", "00:00:05"),
+        ],
+    );
+    step("a|3.0|9.0|4|20.0\nb|7.0|7.0|1|7.0");
+    // One of two equal minima goes: the minimum stays.
+    s.sql("DELETE FROM requests WHERE host = 'a' AND status = 201");
+    step("a|3.0|9.0|3|17.0\nb|7.0|7.0|1|7.0");
+    // The other one goes: the next smallest value is the minimum.
+    s.sql("DELETE FROM requests WHERE host = 'a' AND status = 203");
+    step("a|5.0|9.0|2|14.0\nb|7.0|7.0|1|7.0");
+    // The maximum goes.
+    s.sql("DELETE FROM requests WHERE host = 'a' AND status = 202");
+    step("a|5.0|5.0|1|5.0\nb|7.0|7.0|1|7.0");
+    // A replacing upsert.
+    put(&s, &[("a", 200, "1", "00:00:01")]);
+    step("a|1.0|1.0|1|1.0\nb|7.0|7.0|1|7.0");
+    put(
+        &s,
+        &[("a", 201, "8", "00:01:00"), ("a", 202, "2", "00:02:00")],
+    );
+    step("a|1.0|8.0|3|11.0\nb|7.0|7.0|1|7.0");
+    // DELETE by time range: one row of a, the only row of b.
+    assert_eq!(
+        s.sql(
+            "DELETE FROM requests WHERE ts >= '2024-01-01T00:00:00' AND ts < '2024-01-01T00:01:00'"
+        ),
+        "DELETE 2"
+    );
+    assert_eq!(flush(&s, "minmax"), 2, "a updated, b deleted");
+    assert_eq!(s.sql(sink), "a|2.0|8.0|2|10.0");
+    // Empty the group, then recreate it from scratch.
+    s.sql("DELETE FROM requests WHERE host = 'a'");
+    assert_eq!(flush(&s, "minmax"), 1);
+    assert_eq!(s.sql(sink), "");
+    put(&s, &[("a", 200, "4", "00:03:00")]);
+    step("a|4.0|4.0|1|4.0");
+    // Rewriting the same row with the same values changes nothing.
+    put(&s, &[("a", 200, "4", "00:03:00")]);
+    assert_eq!(flush(&s, "minmax"), 0);
+    assert_eq!(s.sql(sink), "a|4.0|4.0|1|4.0");
+}
+
+// Back-fill: rows already in the source are processed by default and with
+// backfill = 'true'; with backfill = 'false' only rows written after the
+// CREATE count.
+#[test]
+fn backfill_on_and_off() {
+    let s = Server::start();
+    s.sql(REQUESTS);
+    put(
+        &s,
+        &[
+            ("a", 200, "1", "00:00:00"),
+            ("a", 500, "2", "00:00:01"),
+            ("b", 200, "4", "00:00:02"),
+        ],
+    );
+    const QUERY: &str =
+        "SELECT host, count(*) AS n, sum(bytes) AS total FROM requests GROUP BY host";
+    s.sql(&format!(
+        "CREATE FLOW with_default SINK TO sink_default AS {QUERY}"
+    ));
+    s.sql(&format!(
+        "CREATE FLOW with_true SINK TO sink_true WITH (backfill = 'true') AS {QUERY}"
+    ));
+    s.sql(&format!(
+        "CREATE FLOW without SINK TO sink_without WITH (backfill = 'false') AS {QUERY}"
+    ));
+    let read = |sink: &str| s.sql(&format!("SELECT host, n, total FROM {sink} ORDER BY host"));
+    let oracle_all = format!("SELECT host, n, total FROM ({QUERY}) ORDER BY host");
+    let oracle_new = "SELECT host, count(*), sum(bytes) FROM requests \
+                      WHERE ts >= '2024-01-01T01:00:00' GROUP BY host ORDER BY host";
+
+    assert_eq!(flush(&s, "with_default"), 2);
+    assert_eq!(flush(&s, "with_true"), 2);
+    assert_eq!(flush(&s, "without"), 0);
+    assert_eq!(read("sink_default"), "a|2|3.0\nb|1|4.0");
+    assert_eq!(read("sink_true"), "a|2|3.0\nb|1|4.0");
+    assert_eq!(read("sink_without"), "");
+
+    put(
+        &s,
+        &[("a", 200, "10", "01:00:00"), ("c", 200, "20", "01:00:01")],
+    );
+    for f in ["with_default", "with_true", "without"] {
+        flush(&s, f);
+    }
+    assert_eq!(read("sink_default"), "a|3|13.0\nb|1|4.0\nc|1|20.0");
+    assert_eq!(read("sink_default"), s.sql(&oracle_all));
+    assert_eq!(read("sink_true"), s.sql(&oracle_all));
+    assert_eq!(read("sink_without"), "a|1|10.0\nc|1|20.0");
+    assert_eq!(read("sink_without"), s.sql(oracle_new));
+}
+
+// CREATE on an existing flow fails ("already exists"); IF NOT EXISTS keeps the
+// old definition; OR REPLACE with IF NOT EXISTS is refused; a failed
+// replacement leaves the old flow running; OR REPLACE swaps the query and
+// keeps the sink's rows; OR REPLACE of a missing flow creates it.
+#[test]
+fn or_replace_and_if_not_exists() {
+    let s = Server::start();
+    s.sql(REQUESTS);
+    put(
+        &s,
+        &[
+            ("a", 200, "1", "00:00:00"),
+            ("a", 500, "1", "00:00:01"),
+            ("b", 200, "1", "00:00:02"),
+            ("c", 200, "1", "00:00:03"),
+        ],
+    );
+    const OLD: &str = "SELECT host, count(*) AS n FROM requests GROUP BY host";
+    const NEW: &str = "SELECT host, count(*) AS n FROM requests \
+                       WHERE status < 500 AND host <> 'c' GROUP BY host";
+    s.sql(&format!("CREATE FLOW hosts SINK TO per_host AS {OLD}"));
+    flush(&s, "hosts");
+    let sink = "SELECT host, n FROM per_host ORDER BY host";
+    assert_eq!(s.sql(sink), "a|2\nb|1\nc|1");
+    let show = || s.sql("SHOW CREATE FLOW hosts");
+    let old_text = show();
+    assert!(old_text.starts_with("hosts|"), "{old_text}");
+    assert!(old_text.contains("SINK TO per_host"), "{old_text}");
+    assert!(old_text.contains(OLD), "{old_text}");
+
+    // Plain CREATE of an existing name.
+    let err = s.sql_err(&format!("CREATE FLOW hosts SINK TO per_host AS {NEW}"));
+    assert!(err.contains("already exists"), "{err}");
+    // IF NOT EXISTS: a no-op, the old query keeps running.
+    s.sql(&format!(
+        "CREATE FLOW IF NOT EXISTS hosts SINK TO per_host AS {NEW}"
+    ));
+    assert_eq!(show(), old_text);
+    put(&s, &[("a", 404, "1", "00:00:04")]);
+    flush(&s, "hosts");
+    assert_eq!(s.sql(sink), "a|3\nb|1\nc|1");
+    // Both modifiers together.
+    let err = s.sql_err(&format!(
+        "CREATE OR REPLACE FLOW IF NOT EXISTS hosts SINK TO per_host AS {NEW}"
+    ));
+    let lower = err.to_lowercase();
+    assert!(
+        lower.contains("if not exists") || lower.contains("or replace"),
+        "{err}"
+    );
+    assert_eq!(show(), old_text);
+    // A replacement that cannot be compiled leaves the old flow in place.
+    let err = s.sql_err(&format!(
+        "CREATE OR REPLACE FLOW hosts SINK TO per_host AS {NEW} ORDER BY n"
+    ));
+    assert!(err.contains("not supported in flows"), "{err}");
+    assert_eq!(show(), old_text);
+    assert_eq!(flow_info(&s, "hosts", "status"), "running");
+    put(&s, &[("b", 500, "1", "00:00:05")]);
+    flush(&s, "hosts");
+    assert_eq!(s.sql(sink), "a|3\nb|2\nc|1");
+
+    // The replacement: new query from now on, old rows of the sink stay.
+    s.sql(&format!(
+        "CREATE OR REPLACE FLOW hosts SINK TO per_host AS {NEW}"
+    ));
+    let new_text = show();
+    assert!(new_text.contains("SINK TO per_host"), "{new_text}");
+    assert!(new_text.contains(NEW), "{new_text}");
+    flush(&s, "hosts");
+    // a: 200 and 404; b: 200; c is filtered out by the new query, its old row stays.
+    assert_eq!(s.sql(sink), "a|2\nb|1\nc|1");
+    put(
+        &s,
+        &[
+            ("c", 201, "1", "00:00:06"),
+            ("a", 503, "1", "00:00:07"),
+            ("b", 302, "1", "00:00:08"),
+        ],
+    );
+    flush(&s, "hosts");
+    assert_eq!(s.sql(sink), "a|2\nb|2\nc|1");
+    assert_eq!(
+        s.sql("SELECT host, n FROM per_host WHERE host <> 'c' ORDER BY host"),
+        s.sql(&format!("{NEW} ORDER BY host"))
+    );
+    assert_eq!(lines(&s.sql("SHOW FLOWS")), vec!["hosts"]);
+
+    // OR REPLACE of a flow that does not exist creates it.
+    s.sql(&format!(
+        "CREATE OR REPLACE FLOW fresh SINK TO per_host_fresh AS {OLD}"
+    ));
+    flush(&s, "fresh");
+    assert_eq!(
+        s.sql("SELECT host, n FROM per_host_fresh ORDER BY host"),
+        s.sql(&format!("{OLD} ORDER BY host"))
+    );
+    assert_eq!(lines(&s.sql("SHOW FLOWS")), vec!["fresh", "hosts"]);
+}
+
+// Every CREATE FLOW / DROP error: sink = source, cycles through a chain,
+// unknown WITH options, month intervals, unsupported queries, a missing
+// table, dropping a missing flow, dropping a table a flow reads or writes;
+// none of the failed statements leaves a flow behind.
+#[test]
+fn create_and_drop_errors() {
+    let s = Server::start();
+    s.sql(REQUESTS);
+    s.sql("CREATE TABLE hosts_info (host STRING, region STRING, ts TIMESTAMP TIME INDEX, PRIMARY KEY (host))");
+    const OK: &str = "SELECT host, count(*) AS n FROM requests GROUP BY host";
+
+    // The sink is the source.
+    s.sql(
+        "CREATE TABLE a (host STRING, n BIGINT, update_at TIMESTAMP(3), \
+         __ts_placeholder TIMESTAMP(3) TIME INDEX, PRIMARY KEY (host))",
+    );
+    let err = s.sql_err(
+        "CREATE FLOW selfish SINK TO a AS SELECT host, count(*) AS n FROM a GROUP BY host",
+    );
+    assert!(err.contains("sink"), "{err}");
+
+    // A cycle through two flows: a -> b, then b -> a.
+    s.sql("CREATE FLOW a_to_b SINK TO b AS SELECT host, count(*) AS n FROM a GROUP BY host");
+    let err = s
+        .sql_err("CREATE FLOW b_to_a SINK TO a AS SELECT host, count(*) AS n FROM b GROUP BY host");
+    assert!(err.contains("cycle"), "{err}");
+
+    // Unknown WITH option: the message lists the known ones.
+    let err = s.sql_err(&format!(
+        "CREATE FLOW opts SINK TO opts_sink WITH (bogus_option = '1') AS {OK}"
+    ));
+    for known in ["backfill", "memory_limit", "cpu_limit_per_tick"] {
+        assert!(err.contains(known), "{known} missing from {err}");
+    }
+
+    // Months have no fixed length.
+    for expire in ["'1 month'", "INTERVAL '2 months'"] {
+        let err = s.sql_err(&format!(
+            "CREATE FLOW monthly SINK TO monthly_sink EXPIRE AFTER {expire} AS {OK}"
+        ));
+        assert!(err.contains("month"), "{expire}: {err}");
+    }
+
+    // Queries a flow cannot maintain.
+    let unsupported = [
+        (
+            "SELECT host, ts, row_number() OVER (PARTITION BY host ORDER BY ts) AS r FROM requests",
+            "window",
+        ),
+        (
+            "SELECT r.host, count(*) AS n FROM requests r JOIN hosts_info h ON r.host = h.host \
+             GROUP BY r.host",
+            "join",
+        ),
+        (
+            "SELECT host, count(*) AS n FROM requests GROUP BY host ORDER BY n",
+            "ORDER BY",
+        ),
+        ("SELECT host, status, ts FROM requests LIMIT 3", "LIMIT"),
+    ];
+    for (query, what) in unsupported {
+        let err = s.sql_err(&format!("CREATE FLOW nope SINK TO nope_sink AS {query}"));
+        assert!(err.contains("not supported in flows"), "{query}: {err}");
+        assert!(err.contains(what), "{query}: {err}");
+    }
+
+    // A query over a missing table.
+    let err = s.sql_err(
+        "CREATE FLOW ghostly SINK TO ghostly_sink AS SELECT x, count(*) FROM no_such_table GROUP BY x",
+    );
+    assert!(err.contains("no_such_table"), "{err}");
+
+    // Only the one valid flow exists.
+    assert_eq!(lines(&s.sql("SHOW FLOWS")), vec!["a_to_b"]);
+
+    // DROP FLOW of a missing flow.
+    let err = s.sql_err("DROP FLOW ghost");
+    assert!(err.contains("ghost"), "{err}");
+    s.sql("DROP FLOW IF EXISTS ghost");
+
+    // Tables a flow reads or writes cannot be dropped while it exists.
+    let err = s.sql_err("DROP TABLE a");
+    assert!(err.contains("a_to_b"), "{err}");
+    let err = s.sql_err("DROP TABLE b");
+    assert!(err.contains("a_to_b"), "{err}");
+    assert_eq!(lines(&s.sql("SHOW FLOWS")), vec!["a_to_b"]);
+    s.sql("DROP FLOW a_to_b");
+    assert_eq!(s.sql("SHOW FLOWS"), "");
+    s.sql("DROP TABLE a");
+    s.sql("DROP TABLE b");
+    let tables = lines(&s.sql("SHOW TABLES"));
+    assert!(!tables.contains(&"a".to_string()), "{tables:?}");
+    assert!(!tables.contains(&"b".to_string()), "{tables:?}");
+    assert_eq!(s.sql("SELECT 1"), "1");
+}
+
+// Sink tables: the auto-created schema (columns, DataFusion display names
+// such as "count(*)", primary key, time index, update_at,
+// __ts_placeholder), and existing sinks accepted by name (with a lossless
+// INT -> BIGINT cast), by position, with a trailing tick column, or
+// rejected with the mismatched column named.
+#[test]
+fn sink_tables_auto_created_and_existing() {
+    let s = Server::start();
+    s.sql(REQUESTS);
+
+    // Unaliased aggregates keep DataFusion's names.
+    const TRAFFIC: &str = "SELECT status, count(*), sum(bytes), \
+                           date_bin(INTERVAL '1 minute', ts) AS minute \
+                           FROM requests GROUP BY status, minute";
+    s.sql(&format!(
+        "CREATE FLOW traffic SINK TO traffic_sink AS {TRAFFIC}"
+    ));
+    assert_eq!(
+        desc(&s, "traffic_sink"),
+        vec![
+            "status|Int32|PRI|TAG",
+            "count(*)|Int64||FIELD",
+            "sum(requests.bytes)|Float64||FIELD",
+            "minute|TimestampMillisecond|PRI|TIMESTAMP",
+            "update_at|TimestampMillisecond||FIELD",
+        ]
+    );
+    let ddl = s.sql("SHOW CREATE TABLE traffic_sink");
+    assert!(ddl.contains("TIME INDEX (\"minute\")"), "{ddl}");
+    assert!(ddl.contains("PRIMARY KEY (\"status\")"), "{ddl}");
+    assert_eq!(
+        s.sql(
+            "SELECT column_name FROM information_schema.columns \
+             WHERE table_name = 'traffic_sink' ORDER BY ordinal_position"
+        ),
+        "status\ncount(*)\nsum(requests.bytes)\nminute\nupdate_at"
+    );
+
+    // No timestamp among the keys: __ts_placeholder is the time index.
+    const HOSTS: &str = "SELECT host, count(*) AS n FROM requests GROUP BY host";
+    s.sql(&format!("CREATE FLOW hosts SINK TO hosts_sink AS {HOSTS}"));
+    assert_eq!(
+        desc(&s, "hosts_sink"),
+        vec![
+            "host|String|PRI|TAG",
+            "n|Int64||FIELD",
+            "update_at|TimestampMillisecond||FIELD",
+            "__ts_placeholder|TimestampMillisecond|PRI|TIMESTAMP",
+        ]
+    );
+
+    // Two timestamp keys: the first one is the time index, the second a key.
+    const CLASSES: &str = "SELECT date_bin(INTERVAL '1 hour', ts) AS hour, status / 100 AS class, \
+                           date_bin(INTERVAL '1 minute', ts) AS minute, max(bytes) AS hi \
+                           FROM requests GROUP BY hour, class, minute";
+    s.sql(&format!(
+        "CREATE FLOW classes SINK TO classes_sink AS {CLASSES}"
+    ));
+    let ddl = s.sql("SHOW CREATE TABLE classes_sink");
+    assert!(ddl.contains("TIME INDEX (\"hour\")"), "{ddl}");
+    assert!(ddl.contains("PRIMARY KEY (\"class\", \"minute\")"), "{ddl}");
+
+    // Existing sinks: by name with INT -> BIGINT, by position, with a tick column.
+    const HITS: &str =
+        "SELECT status, count(*) AS hits, date_bin(INTERVAL '1 minute', ts) AS minute \
+                        FROM requests GROUP BY status, minute";
+    s.sql(
+        "CREATE TABLE by_name (status BIGINT, hits BIGINT, minute TIMESTAMP(3) TIME INDEX, \
+         PRIMARY KEY (status))",
+    );
+    s.sql(&format!(
+        "CREATE FLOW into_by_name SINK TO by_name AS {HITS}"
+    ));
+    s.sql(
+        "CREATE TABLE by_pos (code INT, n BIGINT, w TIMESTAMP(3) TIME INDEX, PRIMARY KEY (code))",
+    );
+    s.sql(&format!("CREATE FLOW into_by_pos SINK TO by_pos AS {HITS}"));
+    s.sql(
+        "CREATE TABLE with_tick (host STRING, n BIGINT, seen TIMESTAMP(3), \
+         __ts_placeholder TIMESTAMP(3) TIME INDEX, PRIMARY KEY (host))",
+    );
+    s.sql(&format!(
+        "CREATE FLOW into_with_tick SINK TO with_tick AS {HOSTS}"
+    ));
+    assert_eq!(
+        desc(&s, "by_name")[0],
+        "status|Int64|PRI|TAG",
+        "an existing sink is not altered"
+    );
+
+    // Mismatches are refused at CREATE, naming the column.
+    s.sql(
+        "CREATE TABLE lossy (host STRING, total INT, ts TIMESTAMP TIME INDEX, PRIMARY KEY (host))",
+    );
+    let err = s.sql_err(
+        "CREATE FLOW into_lossy SINK TO lossy AS \
+         SELECT host, sum(bytes) AS total FROM requests GROUP BY host",
+    );
+    assert!(err.contains("total"), "DOUBLE into INT: {err}");
+    s.sql("CREATE TABLE wrong (host STRING, label STRING, ts TIMESTAMP TIME INDEX, PRIMARY KEY (host))");
+    let err = s.sql_err(
+        "CREATE FLOW into_wrong SINK TO wrong AS \
+         SELECT host, count(*) AS hits FROM requests GROUP BY host",
+    );
+    assert!(err.contains("label") || err.contains("hits"), "{err}");
+    s.sql("CREATE TABLE short (host STRING, ts TIMESTAMP TIME INDEX, PRIMARY KEY (host))");
+    let err = s.sql_err(
+        "CREATE FLOW into_short SINK TO short AS \
+         SELECT host, count(*) AS hits FROM requests GROUP BY host",
+    );
+    assert!(err.contains("hits"), "{err}");
+    assert_eq!(
+        lines(&s.sql("SHOW FLOWS")),
+        vec![
+            "classes",
+            "hosts",
+            "into_by_name",
+            "into_by_pos",
+            "into_with_tick",
+            "traffic"
+        ]
+    );
+
+    // All of them hold the right rows.
+    put(
+        &s,
+        &[
+            ("a", 200, "1.5", "00:00:01"),
+            ("b", 200, "2", "00:00:02"),
+            ("a", 404, "NULL", "00:01:03"),
+            ("c", 503, "8", "01:02:04"),
+        ],
+    );
+    for f in [
+        "traffic",
+        "hosts",
+        "classes",
+        "into_by_name",
+        "into_by_pos",
+        "into_with_tick",
+    ] {
+        flush(&s, f);
+    }
+    assert_same(
+        &s,
+        "SELECT status, \"count(*)\", \"sum(requests.bytes)\", minute FROM traffic_sink \
+         ORDER BY minute, status",
+        &format!("{TRAFFIC} ORDER BY minute, status"),
+    );
+    assert_eq!(
+        s.sql("SELECT count(*) FROM traffic_sink WHERE update_at IS NULL"),
+        "0"
+    );
+    assert_same(
+        &s,
+        "SELECT host, n FROM hosts_sink ORDER BY host",
+        &format!("{HOSTS} ORDER BY host"),
+    );
+    assert_eq!(
+        s.sql("SELECT DISTINCT CAST(__ts_placeholder AS BIGINT) FROM hosts_sink"),
+        "0"
+    );
+    assert_same(
+        &s,
+        "SELECT hour, class, minute, hi FROM classes_sink ORDER BY hour, class, minute",
+        &format!("{CLASSES} ORDER BY hour, class, minute"),
+    );
+    assert_eq!(
+        s.sql("SELECT status, hits, minute FROM by_name ORDER BY minute, status"),
+        format!(
+            "200|2|{}\n404|1|{}\n503|1|{}",
+            at("00:00:00"),
+            at("00:01:00"),
+            at("01:02:00")
+        )
+    );
+    assert_same(
+        &s,
+        "SELECT status, hits, minute FROM by_name ORDER BY minute, status",
+        &format!("{HITS} ORDER BY minute, status"),
+    );
+    assert_same(
+        &s,
+        "SELECT code, n, w FROM by_pos ORDER BY w, code",
+        &format!("{HITS} ORDER BY minute, status"),
+    );
+    assert_same(
+        &s,
+        "SELECT host, n FROM with_tick ORDER BY host",
+        &format!("{HOSTS} ORDER BY host"),
+    );
+    assert_eq!(
+        s.sql("SELECT count(*) FROM with_tick WHERE seen IS NULL"),
+        "0",
+        "the trailing timestamp column carries the tick time"
+    );
+}
+
+// SHOW FLOWS [LIKE], SHOW CREATE FLOW (two columns), information_schema.flows
+// (every column exists; status, sink, expire_after in seconds for each
+// interval spelling, comment, options, state size, times), and DROP FLOW
+// keeping its sink and rows; the sink can then take a new flow.
+#[test]
+fn show_information_schema_and_drop() {
+    let s = Server::start();
+    s.sql(REQUESTS);
+    const DAILY: &str = "SELECT host, date_bin(INTERVAL '1 day', ts) AS day, count(*) AS n \
+                         FROM requests GROUP BY host, day";
+    const PLAIN: &str =
+        "SELECT host, count(*) AS n, sum(bytes) AS total FROM requests GROUP BY host";
+    s.sql(&format!(
+        "CREATE FLOW daily SINK TO per_day EXPIRE AFTER '2 days 1h 2 min' COMMENT 'per day' AS {DAILY}"
+    ));
+    s.sql(&format!(
+        "CREATE FLOW hourly SINK TO per_hour EXPIRE AFTER INTERVAL '1 hour' AS {DAILY}"
+    ));
+    s.sql(&format!(
+        "CREATE FLOW recent SINK TO per_recent EXPIRE AFTER '5 minutes' AS {DAILY}"
+    ));
+    s.sql(&format!(
+        "CREATE FLOW secs SINK TO per_secs EXPIRE AFTER '300 s' AS {DAILY}"
+    ));
+    s.sql(&format!(
+        "CREATE FLOW plain SINK TO per_host WITH (backfill = 'false') AS {PLAIN}"
+    ));
+
+    assert_eq!(
+        lines(&s.sql("SHOW FLOWS")),
+        vec!["daily", "hourly", "plain", "recent", "secs"]
+    );
+    assert_eq!(
+        lines(&s.sql("SHOW FLOWS LIKE '%ly'")),
+        vec!["daily", "hourly"]
+    );
+    assert_eq!(lines(&s.sql("SHOW FLOWS LIKE 'p%'")), vec!["plain"]);
+    assert_eq!(s.sql("SHOW FLOWS LIKE 'zzz%'"), "");
+
+    // SHOW CREATE FLOW: (Flow, Create Flow).
+    let out = s
+        .psql_args(&[
+            "-c",
+            "\\pset tuples_only off",
+            "-c",
+            "SHOW CREATE FLOW daily",
+        ])
+        .expect("SHOW CREATE FLOW");
+    assert!(out.contains("Flow|Create Flow"), "{out}");
+    let text = s.sql("SHOW CREATE FLOW daily");
+    assert!(text.starts_with("daily|"), "{text}");
+    assert!(text.contains("CREATE FLOW"), "{text}");
+    assert!(text.contains("SINK TO per_day"), "{text}");
+    assert!(text.contains(DAILY), "{text}");
+    s.sql_err("SHOW CREATE FLOW ghost");
+
+    // Every column is there.
+    let all = s.sql(
+        "SELECT flow_name, flow_id, state_size, table_catalog, flow_definition, comment, \
+         expire_after, source_table_ids, sink_table_name, flownode_ids, options, created_time, \
+         updated_time, last_execution_time, source_table_names, status, last_error \
+         FROM information_schema.flows",
+    );
+    assert!(!all.is_empty());
+    assert_eq!(
+        s.sql(
+            "SELECT flow_name, status, expire_after, comment FROM information_schema.flows \
+             ORDER BY flow_name"
+        ),
+        "daily|running|176520|per day\nhourly|running|3600|\nplain|running||\n\
+         recent|running|300|\nsecs|running|300|"
+    );
+    // expire_after is a number of seconds (bigint).
+    assert_eq!(flow_info(&s, "recent", "expire_after + 1"), "301");
+    assert_eq!(
+        s.sql("SELECT count(DISTINCT flow_id) FROM information_schema.flows"),
+        "5"
+    );
+    for (flow, sink) in [("daily", "per_day"), ("plain", "per_host")] {
+        let got = flow_info(&s, flow, "sink_table_name");
+        assert!(
+            got == sink || got.ends_with(&format!(".{sink}")),
+            "{flow}: sink_table_name {got:?}"
+        );
+        let sources = flow_info(&s, flow, "source_table_names");
+        assert!(sources.contains("requests"), "{flow}: {sources}");
+        let def = flow_info(&s, flow, "flow_definition");
+        assert!(def.contains("FROM requests GROUP BY host"), "{flow}: {def}");
+        assert_eq!(flow_info(&s, flow, "last_error"), "", "{flow}");
+        assert!(!flow_info(&s, flow, "table_catalog").is_empty(), "{flow}");
+        assert!(!flow_info(&s, flow, "created_time").is_empty(), "{flow}");
+    }
+    let options = flow_info(&s, "plain", "options");
+    assert!(options.contains("backfill"), "{options}");
+
+    // The plain flow at work, then its state and last execution.
+    put(
+        &s,
+        &[
+            ("a", 200, "1", "00:00:00"),
+            ("b", 200, "2", "00:00:01"),
+            ("a", 500, "3", "00:00:02"),
+        ],
+    );
+    flush(&s, "plain");
+    let sink = "SELECT host, n, total FROM per_host ORDER BY host";
+    let oracle = format!("SELECT host, n, total FROM ({PLAIN}) ORDER BY host");
+    assert_eq!(s.sql(sink), "a|2|4.0\nb|1|2.0");
+    assert_same(&s, sink, &oracle);
+    let size: i64 = flow_info(&s, "plain", "state_size")
+        .parse()
+        .expect("state_size is a number");
+    assert!(size > 0, "state_size {size}");
+    assert!(!flow_info(&s, "plain", "last_execution_time").is_empty());
+
+    // DROP FLOW: gone from SHOW FLOWS and information_schema, sink and rows stay.
+    let before = s.sql(sink);
+    s.sql("DROP FLOW plain");
+    assert_eq!(
+        lines(&s.sql("SHOW FLOWS")),
+        vec!["daily", "hourly", "recent", "secs"]
+    );
+    assert_eq!(
+        s.sql("SELECT count(*) FROM information_schema.flows WHERE flow_name = 'plain'"),
+        "0"
+    );
+    assert_eq!(s.sql(sink), before);
+    s.sql_err("ADMIN FLUSH_FLOW('plain')");
+    put(&s, &[("c", 200, "5", "00:00:03")]);
+    assert_eq!(s.sql(sink), before, "no flow writes to it any more");
+    s.sql("DROP FLOW IF EXISTS plain");
+
+    // The kept sink (with its update_at and placeholder) takes a new flow,
+    // which back-fills by default.
+    s.sql(&format!("CREATE FLOW plain SINK TO per_host AS {PLAIN}"));
+    flush(&s, "plain");
+    assert_eq!(s.sql(sink), "a|2|4.0\nb|1|2.0\nc|1|5.0");
+    assert_same(&s, sink, &oracle);
+}
+
+// EXPIRE AFTER: rows older than now - d are ignored; once a window ages out,
+// late rows for it and deletes of its rows no longer change its sink row,
+// while recent windows keep being maintained. Uses wall-clock timestamps.
+#[test]
+fn expire_after_drops_old_windows_and_keeps_their_sink_rows() {
+    let s = Server::start();
+    s.sql(
+        "CREATE TABLE events (host STRING, id INT, ts TIMESTAMP TIME INDEX, PRIMARY KEY (host, id))",
+    );
+    s.sql(
+        "CREATE FLOW recent SINK TO recent_counts EXPIRE AFTER '20 s' AS \
+         SELECT host, date_bin(INTERVAL '1 second', ts) AS sec, count(*) AS n \
+         FROM events GROUP BY host, sec",
+    );
+    assert_eq!(flow_info(&s, "recent", "expire_after"), "20");
+    let sink = "SELECT host, CAST(sec AS BIGINT) AS ms, n FROM recent_counts ORDER BY ms, host";
+
+    // Whole seconds so that a row's window starts at the row's time.
+    let now = now_ms() / 1000 * 1000;
+    let live = now - 5_000;
+    let old = now - 3_600_000;
+    s.sql(&format!(
+        "INSERT INTO events VALUES ('a', 1, {live}), ('old', 1, {old})"
+    ));
+    flush(&s, "recent");
+    assert_eq!(
+        s.sql(sink),
+        format!("a|{live}|1"),
+        "the row older than 20 s is ignored"
+    );
+
+    // Wait until the live window is more than 20 s old.
+    let expired_at = live + 20_000 + 2_000;
+    while now_ms() < expired_at {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let fresh = now_ms() / 1000 * 1000 - 1_000;
+    s.sql(&format!(
+        "INSERT INTO events VALUES ('a', 2, {live}), ('a', 3, {fresh})"
+    ));
+    flush(&s, "recent");
+    assert_eq!(
+        s.sql(sink),
+        format!("a|{live}|1\na|{fresh}|1"),
+        "a late row for an expired window is ignored, a recent one counts"
+    );
+
+    // Deleting the expired window's rows leaves its sink row alone.
+    s.sql("DELETE FROM events WHERE id < 3");
+    flush(&s, "recent");
+    assert_eq!(s.sql(sink), format!("a|{live}|1\na|{fresh}|1"));
+    // The recent window still follows its source.
+    s.sql(&format!("INSERT INTO events VALUES ('a', 4, {fresh})"));
+    flush(&s, "recent");
+    assert_eq!(s.sql(sink), format!("a|{live}|1\na|{fresh}|2"));
+    assert_eq!(flow_info(&s, "recent", "status"), "running");
+}
+
+// Automatic ticking (--flow-tick-interval 100ms): sink changes arrive
+// without any FLUSH_FLOW, for inserts and for deletes.
+#[test]
+fn ticks_write_results_without_flush() {
+    let s = Server::start_with(
+        temp_data_dir(),
+        Options {
+            args: vec!["--flow-tick-interval".into(), "100ms".into()],
+            ..Default::default()
+        },
+    );
+    s.sql(REQUESTS);
+    s.sql(
+        "CREATE FLOW auto SINK TO auto_sink AS \
+         SELECT host, count(*) AS n, sum(bytes) AS total FROM requests GROUP BY host",
+    );
+    let sink = "SELECT host, n, total FROM auto_sink ORDER BY host";
+    put(
+        &s,
+        &[
+            ("a", 200, "1", "00:00:00"),
+            ("a", 500, "2", "00:00:01"),
+            ("b", 200, "4", "00:00:02"),
+        ],
+    );
+    let want = "a|2|3.0\nb|1|4.0";
+    assert_eq!(
+        wait_for(&s, sink, want, Duration::from_secs(10)),
+        want,
+        "no tick within 10 s"
+    );
+    s.sql("DELETE FROM requests WHERE host = 'b'");
+    put(&s, &[("c", 200, "8", "00:00:03")]);
+    let want = "a|2|3.0\nc|1|8.0";
+    assert_eq!(wait_for(&s, sink, want, Duration::from_secs(10)), want);
+    assert!(!flow_info(&s, "auto", "last_execution_time").is_empty());
+}
+
+// Flows survive a clean restart: definitions, status, sink rows, and rows
+// written before the stop but never flushed are processed afterwards,
+// exactly once (no double back-fill).
+#[test]
+fn flows_survive_restarts() {
+    let mut s = Server::start();
+    s.sql(REQUESTS);
+    const AGG: &str = "SELECT status, date_bin(INTERVAL '1 minute', ts) AS minute, \
+                       count(*) AS hits, sum(bytes) AS total FROM requests GROUP BY status, minute";
+    const FILTER: &str = "SELECT host, status, ts FROM requests WHERE status >= 500";
+    s.sql(&format!(
+        "CREATE FLOW traffic SINK TO traffic_sink COMMENT 'kept' AS {AGG}"
+    ));
+    s.sql(&format!(
+        "CREATE FLOW errors SINK TO errors_sink AS {FILTER}"
+    ));
+    let agg_sink = "SELECT status, minute, hits, total FROM traffic_sink ORDER BY minute, status";
+    let agg_oracle =
+        format!("SELECT status, minute, hits, total FROM ({AGG}) ORDER BY minute, status");
+    let filter_sink = "SELECT host, status, ts FROM errors_sink ORDER BY ts, host, status";
+    let filter_oracle = format!("{FILTER} ORDER BY ts, host, status");
+    let check = |s: &Server| {
+        flush(s, "traffic");
+        flush(s, "errors");
+        assert_same(s, agg_sink, &agg_oracle);
+        assert_same(s, filter_sink, &filter_oracle);
+    };
+
+    put(
+        &s,
+        &[
+            ("a", 200, "1", "00:00:00"),
+            ("b", 500, "2", "00:00:10"),
+            ("c", 503, "4", "00:01:10"),
+        ],
+    );
+    check(&s);
+    let show_traffic = s.sql("SHOW CREATE FLOW traffic");
+    let show_errors = s.sql("SHOW CREATE FLOW errors");
+    // Written but not flushed before the stop.
+    put(
+        &s,
+        &[("a", 500, "8", "00:01:20"), ("b", 500, "3", "00:00:10")],
+    );
+    s.sql("DELETE FROM requests WHERE host = 'c'");
+
+    let dir = s.dir();
+    assert!(s.stop(), "unclean shutdown:\n{}", s.logs());
+    let s = Server::start_in(dir);
+    assert_eq!(lines(&s.sql("SHOW FLOWS")), vec!["errors", "traffic"]);
+    assert_eq!(s.sql("SHOW CREATE FLOW traffic"), show_traffic);
+    assert_eq!(s.sql("SHOW CREATE FLOW errors"), show_errors);
+    assert_eq!(flow_info(&s, "traffic", "comment"), "kept");
+    check(&s);
+    assert_eq!(
+        s.sql(agg_sink),
+        [
+            format!("200|{}|1|1.0", at("00:00:00")),
+            format!("500|{}|1|3.0", at("00:00:00")),
+            format!("500|{}|1|8.0", at("00:01:00")),
+        ]
+        .join("\n")
+    );
+    for f in ["traffic", "errors"] {
+        assert_eq!(flow_info(&s, f, "status"), "running", "{f}");
+    }
+    put(
+        &s,
+        &[("d", 404, "16", "00:02:00"), ("d", 504, "32", "00:02:00")],
+    );
+    check(&s);
+
+    // After a clean restart the flows keep going.
+    put(&s, &[("e", 500, "64", "00:03:00")]);
+    s.sql("DELETE FROM requests WHERE host = 'a'");
+    check(&s);
+    // A crash (kill -9) between a source write and the flow's write-back is
+    // the durable-state issue's subject: until flows persist their state and
+    // source positions with their sink writes, a restart rebuilds from the
+    // sources and cannot retract a sink row whose source rows were deleted
+    // while the server was down.
+}
+
+// A flow over its memory_limit is marked failed in information_schema.flows
+// with a memory error and FLUSH_FLOW on it fails, while another flow on the
+// same server keeps giving correct results and the server keeps answering.
+#[test]
+fn a_flow_over_its_memory_limit_fails_alone() {
+    let s = Server::start();
+    s.sql(REQUESTS);
+    s.sql("CREATE TABLE big (s STRING, ts TIMESTAMP TIME INDEX, PRIMARY KEY (s))");
+    const GOOD: &str =
+        "SELECT host, count(*) AS n, sum(bytes) AS total FROM requests GROUP BY host";
+    s.sql(&format!("CREATE FLOW good SINK TO good_sink AS {GOOD}"));
+    s.sql(
+        "CREATE FLOW hog SINK TO hog_sink WITH (memory_limit = '24MiB') AS \
+         SELECT date_bin(INTERVAL '1 day', ts) AS day, count(DISTINCT s) AS d FROM big GROUP BY day",
+    );
+    let good_sink = "SELECT host, n, total FROM good_sink ORDER BY host";
+    let good_oracle = format!("SELECT host, n, total FROM ({GOOD}) ORDER BY host");
+    put(
+        &s,
+        &[("a", 200, "1", "00:00:00"), ("b", 200, "2", "00:00:01")],
+    );
+    flush(&s, "good");
+    assert_eq!(s.sql(good_sink), "a|1|1.0\nb|1|2.0");
+
+    const ROWS: u32 = 2000;
+    let mut failed = false;
+    for round in 0..120u32 {
+        let values: Vec<String> = (0..ROWS)
+            .map(|i| {
+                let pad: String = (0..488u32)
+                    .map(|k| (b'a' + ((k * 7 + i * 13 + round) % 26) as u8) as char)
+                    .collect();
+                let ts = 1_704_067_200_000u64 + u64::from(round * ROWS + i);
+                format!("('{round:05}-{i:05}-{pad}', {ts})")
+            })
+            .collect();
+        let out = sql_file(
+            &s,
+            &format!("INSERT INTO big VALUES {};", values.join(", ")),
+        )
+        .unwrap_or_else(|e| panic!("insert round {round}: {e}\n{}", s.logs()));
+        assert!(out.contains(&format!("INSERT 0 {ROWS}")), "{out}");
+        let flushed = s.psql("ADMIN FLUSH_FLOW('hog')");
+        if round == 0 {
+            assert!(flushed.is_ok(), "first flush: {flushed:?}");
+            assert_same(
+                &s,
+                "SELECT d FROM hog_sink",
+                "SELECT count(DISTINCT s) FROM big",
+            );
+        }
+        if flow_info(&s, "hog", "status") == "failed" {
+            failed = true;
+            break;
+        }
+        // A failed flush must mean a failed flow.
+        assert!(flushed.is_ok(), "round {round}: {flushed:?}");
+    }
+    assert!(
+        failed,
+        "a flow holding ~120 MB of distinct strings must exceed 24 MiB"
+    );
+    let error = flow_info(&s, "hog", "last_error");
+    assert!(error.contains("memory limit"), "{error}");
+    s.sql_err("ADMIN FLUSH_FLOW('hog')");
+
+    // Everything else is fine.
+    assert_eq!(s.sql("SELECT 1"), "1");
+    assert_eq!(lines(&s.sql("SHOW FLOWS")), vec!["good", "hog"]);
+    assert_eq!(flow_info(&s, "good", "status"), "running");
+    assert_eq!(flow_info(&s, "good", "last_error"), "");
+    put(
+        &s,
+        &[("a", 500, "4", "00:00:02"), ("c", 200, "8", "00:00:03")],
+    );
+    s.sql("DELETE FROM requests WHERE host = 'b'");
+    flush(&s, "good");
+    assert_eq!(s.sql(good_sink), "a|2|5.0\nc|1|8.0");
+    assert_same(&s, good_sink, &good_oracle);
+    // Writes to the failed flow's source are still accepted.
+    assert_eq!(
+        s.sql("INSERT INTO big VALUES ('after', 1704067200000)"),
+        "INSERT 0 1"
+    );
+    assert_eq!(flow_info(&s, "hog", "status"), "failed");
+}

@@ -1,0 +1,774 @@
+//! Flows, differentially, through the library API: random writes, replacing
+//! upserts, identical rewrites and deletes on two source tables feeding
+//! several flows; after every `ADMIN FLUSH_FLOW` each sink must hold exactly
+//! what its query returns when run directly over the sources (DESIGN.md's
+//! correctness contract). A second test chains two flows (the second reads
+//! the first one's sink) and checks the end of the chain against the
+//! two-level query over the source.
+//!
+//! Seeds: 0..3 by default; `SANDFLOW_SEEDS=N` runs seeds 0..N,
+//! `SANDFLOW_SEEDS=a..b` a range, `SANDFLOW_SEEDS=4,9` a list. A failure
+//! names its seed.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, AsArray};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, Int64Type};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use sandflow::{Database, Output};
+
+const REQ: &str = "CREATE TABLE req (host STRING, status INT, bytes DOUBLE, \
+     ts TIMESTAMP TIME INDEX, PRIMARY KEY (host, status))";
+const CPU: &str = "CREATE TABLE cpu (host STRING NULL, usage DOUBLE NULL, \
+     ts TIMESTAMP(3) TIME INDEX, PRIMARY KEY (host))";
+/// The `errors` flow writes into this table, created beforehand with the
+/// source's key (the path of SINK TO an existing table); `slow` covers an
+/// auto-created sink for a query without GROUP BY.
+const ERRORS_SINK: &str = "CREATE TABLE errors_sink (host STRING, status INT, bytes DOUBLE, \
+     ts TIMESTAMP TIME INDEX, PRIMARY KEY (host, status))";
+
+/// A flow under test: its name, sink, query and the query's output columns
+/// (every one aliased, so the sink's column names are these).
+struct Flow {
+    name: &'static str,
+    sink: &'static str,
+    columns: &'static str,
+    query: &'static str,
+}
+
+impl Flow {
+    fn create_sql(&self) -> String {
+        format!(
+            "CREATE FLOW {} SINK TO {} AS {}",
+            self.name, self.sink, self.query
+        )
+    }
+
+    /// The sink's contents restricted to the query's columns (auto-created
+    /// sinks add `update_at` and maybe `__ts_placeholder`).
+    fn sink_sql(&self) -> String {
+        format!("SELECT {} FROM {}", self.columns, self.sink)
+    }
+}
+
+/// Windowed aggregates per host; created before any data.
+const WIN: Flow = Flow {
+    name: "win",
+    sink: "win_sink",
+    columns: "host, w, c, s, lo, hi, a",
+    query: "SELECT host, date_bin(INTERVAL '1 minute', ts) AS w, count(*) AS c, \
+            sum(bytes) AS s, min(bytes) AS lo, max(bytes) AS hi, avg(bytes) AS a \
+            FROM req GROUP BY host, w",
+};
+
+/// NULL group keys and NULL aggregate inputs; created before any data.
+const CPU_STATS: Flow = Flow {
+    name: "cpu_stats",
+    sink: "cpu_sink",
+    columns: "host, n, s, m",
+    query: "SELECT host, count(usage) AS n, sum(usage) AS s, max(usage) AS m \
+            FROM cpu GROUP BY host",
+};
+
+/// HAVING: groups enter and leave the sink; created after the first data.
+const BUSY: Flow = Flow {
+    name: "busy",
+    sink: "busy_sink",
+    columns: "status, c, s",
+    query: "SELECT status, count(*) AS c, sum(bytes) AS s FROM req \
+            GROUP BY status HAVING count(*) > 2",
+};
+
+/// Filter and projection only, into a pre-created sink; created after the
+/// first data.
+const ERRORS: Flow = Flow {
+    name: "errors",
+    sink: "errors_sink",
+    columns: "host, status, bytes, ts",
+    query: "SELECT host, status, bytes, ts FROM req WHERE status >= 500",
+};
+
+/// Filter and projection into an auto-created sink (no GROUP BY: every row
+/// of the result must stay a row of its own); an upsert that changes `bytes`
+/// moves a row in or out, or changes `b2`. Created before any data.
+const SLOW: Flow = Flow {
+    name: "slow",
+    sink: "slow_sink",
+    columns: "host, status, b2, ts",
+    query: "SELECT host, status, bytes * 2 AS b2, ts FROM req \
+            WHERE status = 404 OR bytes >= 15",
+};
+
+/// count(DISTINCT) over an arithmetic group key; created half-way through
+/// the steps, over a history of upserts and deletes.
+const CLASS_HOSTS: Flow = Flow {
+    name: "class_hosts",
+    sink: "class_sink",
+    columns: "class, hosts, c",
+    query: "SELECT status / 100 AS class, count(DISTINCT host) AS hosts, count(*) AS c \
+            FROM req GROUP BY class",
+};
+
+/// Chained flows: the first aggregates req per (host, minute), the second
+/// reads the first one's sink.
+const PER_HOST: Flow = Flow {
+    name: "per_host",
+    sink: "per_host_sink",
+    columns: "host, w, c",
+    query: "SELECT host, date_bin(INTERVAL '1 minute', ts) AS w, count(*) AS c \
+            FROM req GROUP BY host, w",
+};
+
+const PER_WINDOW: Flow = Flow {
+    name: "per_window",
+    sink: "per_window_sink",
+    columns: "w, total, hosts",
+    query: "SELECT w, sum(c) AS total, count(host) AS hosts FROM per_host_sink GROUP BY w",
+};
+
+/// What `per_window`'s sink must equal, computed from req alone.
+const PER_WINDOW_FROM_REQ: &str = "SELECT w, sum(c) AS total, count(host) AS hosts FROM \
+     (SELECT host, date_bin(INTERVAL '1 minute', ts) AS w, count(*) AS c \
+      FROM req GROUP BY host, w) AS per_host GROUP BY w";
+
+const STEPS: usize = 30;
+const CHAINED_STEPS: usize = 15;
+
+const HOSTS: [&str; 5] = ["a", "b", "c", "d", "e"];
+const STATUSES: [i32; 4] = [200, 404, 500, 503];
+/// Timestamps are `SLOT_SECS`-second slots from 2024-01-01 00:00:00, five
+/// minutes' worth, so keys repeat and windows hold several rows.
+const SLOTS: i64 = 20;
+const SLOT_SECS: i64 = 15;
+
+fn seeds() -> Vec<u64> {
+    let Ok(spec) = std::env::var("SANDFLOW_SEEDS") else {
+        return (0..3).collect();
+    };
+    let spec = spec.trim();
+    let num = |s: &str| -> u64 {
+        s.trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("SANDFLOW_SEEDS={spec}: {s:?} is not a seed: {e}"))
+    };
+    if let Some((a, b)) = spec.split_once("..") {
+        (num(a)..num(b)).collect()
+    } else if spec.contains(',') {
+        spec.split(',')
+            .filter(|s| !s.trim().is_empty())
+            .map(num)
+            .collect()
+    } else {
+        (0..num(spec)).collect()
+    }
+}
+
+/// Names the seed of a failing run (whatever panicked: an assertion, a
+/// statement that errored, a flush).
+struct SeedGuard {
+    test: &'static str,
+    seed: u64,
+}
+
+impl Drop for SeedGuard {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "{} failed with seed {}; rerun only it with SANDFLOW_SEEDS={}..{}",
+                self.test,
+                self.seed,
+                self.seed,
+                self.seed + 1
+            );
+        }
+    }
+}
+
+/// Where a run is, for failure messages.
+struct At<'a> {
+    seed: u64,
+    step: usize,
+    statements: &'a [String],
+}
+
+impl std::fmt::Display for At<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "seed {} step {}", self.seed, self.step)?;
+        if !self.statements.is_empty() {
+            write!(f, " (this step ran:")?;
+            for s in self.statements {
+                write!(f, "\n    {s}")?;
+            }
+            write!(f, ")")?;
+        }
+        Ok(())
+    }
+}
+
+async fn exec(db: &Database, sql: &str) -> Vec<Output> {
+    db.execute(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}\n  failed: {e}"))
+}
+
+/// The batches of a statement that returns rows.
+async fn select(db: &Database, sql: &str) -> Vec<RecordBatch> {
+    let mut outs = exec(db, sql).await;
+    assert_eq!(outs.len(), 1, "{sql}: one statement, one output");
+    match outs.pop() {
+        Some(Output::Rows { batches, .. }) => batches,
+        other => panic!("{sql}: expected rows, got {other:?}"),
+    }
+}
+
+/// Every cell of `batches`, row by row, as its display string (None for
+/// NULL). With `round`, floats print with 6 decimals, so that `avg`
+/// computed in a different order compares equal.
+fn cells(batches: &[RecordBatch], round: bool) -> Vec<Vec<Option<String>>> {
+    let options = FormatOptions::new();
+    let mut rows = Vec::new();
+    for batch in batches {
+        let columns: Vec<_> = batch
+            .columns()
+            .iter()
+            .map(|c| {
+                (
+                    c,
+                    ArrayFormatter::try_new(c.as_ref(), &options).expect("formatter"),
+                )
+            })
+            .collect();
+        for i in 0..batch.num_rows() {
+            rows.push(
+                columns
+                    .iter()
+                    .map(|(array, fmt)| {
+                        if array.is_null(i) {
+                            return None;
+                        }
+                        let float = match array.data_type() {
+                            DataType::Float64 if round => {
+                                Some(array.as_primitive::<Float64Type>().value(i))
+                            }
+                            DataType::Float32 if round => {
+                                Some(array.as_primitive::<Float32Type>().value(i) as f64)
+                            }
+                            _ => None,
+                        };
+                        Some(match float {
+                            // `+ 0.0` turns -0.0 into 0.0.
+                            Some(v) => format!("{:.6}", v + 0.0),
+                            None => fmt.value(i).to_string(),
+                        })
+                    })
+                    .collect(),
+            );
+        }
+    }
+    rows
+}
+
+/// The result of `sql` as sorted, comparable row strings.
+async fn sorted_rows(db: &Database, sql: &str) -> Vec<String> {
+    let mut rows: Vec<String> = cells(&select(db, sql).await, true)
+        .into_iter()
+        .map(|row| {
+            row.into_iter()
+                .map(|c| c.unwrap_or_else(|| "NULL".into()))
+                .collect::<Vec<_>>()
+                .join(" | ")
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+/// The first differences between two row multisets.
+fn diff(expected: &[String], got: &[String]) -> String {
+    let mut count: BTreeMap<&str, i64> = BTreeMap::new();
+    for r in expected {
+        *count.entry(r).or_default() += 1;
+    }
+    for r in got {
+        *count.entry(r).or_default() -= 1;
+    }
+    let show = |want_missing: bool| -> String {
+        let rows: Vec<String> = count
+            .iter()
+            .filter(|(_, n)| if want_missing { **n > 0 } else { **n < 0 })
+            .map(|(r, n)| {
+                if n.abs() == 1 {
+                    format!("\n    {r}")
+                } else {
+                    format!("\n    {r}  (x{})", n.abs())
+                }
+            })
+            .collect();
+        let total = rows.len();
+        let mut s: String = rows.into_iter().take(10).collect();
+        if total > 10 {
+            s.push_str(&format!("\n    ... and {} more", total - 10));
+        }
+        if s.is_empty() {
+            s.push_str(" none");
+        }
+        s
+    };
+    format!(
+        "query has {} rows, sink has {}\n  missing from the sink:{}\n  unexpected in the sink:{}",
+        expected.len(),
+        got.len(),
+        show(true),
+        show(false)
+    )
+}
+
+/// `ADMIN FLUSH_FLOW('name')`: one row, one integer column (sink rows
+/// written). Returns that number.
+async fn flush(db: &Database, name: &str, at: &At<'_>) -> i64 {
+    let sql = format!("ADMIN FLUSH_FLOW('{name}')");
+    let outs = db
+        .execute(&sql)
+        .await
+        .unwrap_or_else(|e| panic!("{at}: {sql}\n  failed: {e}"));
+    let batches = match outs.as_slice() {
+        [Output::Rows { batches, .. }] => batches,
+        other => panic!("{at}: {sql} should return one row, got {other:?}"),
+    };
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    assert_eq!(rows, 1, "{at}: {sql} should return one row: {batches:?}");
+    let batch = batches
+        .iter()
+        .find(|b| b.num_rows() == 1)
+        .expect("the non-empty batch");
+    assert_eq!(
+        batch.num_columns(),
+        1,
+        "{at}: {sql} should return one column: {batch:?}"
+    );
+    let column = batch.column(0);
+    assert!(
+        column.data_type().is_integer() && !column.is_null(0),
+        "{at}: {sql} should return a non-NULL integer, got {column:?}"
+    );
+    let written = cast(column, &DataType::Int64)
+        .expect("integer to Int64")
+        .as_primitive::<Int64Type>()
+        .value(0);
+    assert!(written >= 0, "{at}: {sql} wrote {written} rows");
+    written
+}
+
+/// Asserts that `sink_sql` over the sink returns what `query` returns over
+/// the sources.
+async fn compare(db: &Database, flow: &str, sink_sql: &str, query: &str, at: &At<'_>) {
+    let expected = sorted_rows(db, query).await;
+    let got = sorted_rows(db, sink_sql).await;
+    assert_eq!(
+        got,
+        expected,
+        "{at}: flow {flow}: the sink differs from its query\n  sink:  {sink_sql}\n  query: {query}\n  {}",
+        diff(&expected, &got)
+    );
+}
+
+/// Flushes every flow and checks each sink against its query. Every fifth
+/// step also flushes again and expects nothing written (nothing changed).
+async fn check(db: &Database, flows: &[&Flow], at: &At<'_>) {
+    for flow in flows {
+        let written = flush(db, flow.name, at).await;
+        let label = format!("{} (flush wrote {written} rows)", flow.name);
+        compare(db, &label, &flow.sink_sql(), flow.query, at).await;
+    }
+    if at.step.is_multiple_of(5) {
+        for flow in flows {
+            let again = flush(db, flow.name, at).await;
+            assert_eq!(
+                again, 0,
+                "{at}: flow {}: a second flush with no writes in between wrote {again} rows",
+                flow.name
+            );
+            compare(db, flow.name, &flow.sink_sql(), flow.query, at).await;
+        }
+    }
+}
+
+async fn create_flow(db: &Database, flow: &Flow) {
+    exec(db, &flow.create_sql()).await;
+}
+
+/// A SQL timestamp literal for slot `slot` (may run past the five minutes).
+fn ts_lit(slot: i64) -> String {
+    let secs = slot * SLOT_SECS;
+    format!("'2024-01-01 00:{:02}:{:02}'", secs / 60, secs % 60)
+}
+
+/// A cell rendered by [`cells`] (unrounded) back into a SQL literal.
+fn lit(cell: &Option<String>, quoted: bool) -> String {
+    match cell {
+        None => "NULL".into(),
+        Some(v) if quoted => format!("'{}'", v.replace('\'', "''")),
+        Some(v) => v.clone(),
+    }
+}
+
+/// Random statements over req and cpu from small domains.
+struct Workload {
+    rng: StdRng,
+}
+
+impl Workload {
+    fn new(seed: u64) -> Workload {
+        Workload {
+            rng: StdRng::seed_from_u64(seed),
+        }
+    }
+
+    fn host(&mut self) -> &'static str {
+        HOSTS[self.rng.random_range(0..HOSTS.len())]
+    }
+
+    fn status(&mut self) -> i32 {
+        STATUSES[self.rng.random_range(0..STATUSES.len())]
+    }
+
+    fn ts(&mut self) -> String {
+        ts_lit(self.rng.random_range(0..SLOTS))
+    }
+
+    fn bytes(&mut self) -> String {
+        // Small integers as doubles: sums are exact in any order.
+        format!("{}.0", self.rng.random_range(0..20))
+    }
+
+    fn usage(&mut self) -> String {
+        if self.rng.random_range(0..5) == 0 {
+            "NULL".into()
+        } else {
+            // Halves are exact too.
+            format!("{}", self.rng.random_range(0..20) as f64 / 2.0)
+        }
+    }
+
+    fn cpu_host(&mut self) -> String {
+        if self.rng.random_range(0..6) == 0 {
+            "NULL".into()
+        } else {
+            format!("'{}'", self.host())
+        }
+    }
+
+    /// New rows (some on existing keys, some repeating a key within the
+    /// statement; timestamps in any order).
+    fn insert_req(&mut self) -> String {
+        let n = self.rng.random_range(1..=8);
+        let rows: Vec<String> = (0..n)
+            .map(|_| {
+                format!(
+                    "('{}', {}, {}, {})",
+                    self.host(),
+                    self.status(),
+                    self.bytes(),
+                    self.ts()
+                )
+            })
+            .collect();
+        format!(
+            "INSERT INTO req (host, status, bytes, ts) VALUES {}",
+            rows.join(", ")
+        )
+    }
+
+    fn insert_cpu(&mut self) -> String {
+        let n = self.rng.random_range(1..=6);
+        let rows: Vec<String> = (0..n)
+            .map(|_| format!("({}, {}, {})", self.cpu_host(), self.usage(), self.ts()))
+            .collect();
+        format!(
+            "INSERT INTO cpu (host, usage, ts) VALUES {}",
+            rows.join(", ")
+        )
+    }
+
+    /// Re-inserts 1-3 existing req rows: with a new value (a replacing
+    /// upsert) or unchanged (an identical rewrite, no change at all).
+    async fn rewrite_req(&mut self, db: &Database, identical: bool) -> Option<String> {
+        let existing = cells(
+            &select(db, "SELECT host, status, bytes, ts FROM req").await,
+            false,
+        );
+        if existing.is_empty() {
+            return None;
+        }
+        let n = self.rng.random_range(1..=3);
+        let rows: Vec<String> = (0..n)
+            .map(|_| {
+                let row = &existing[self.rng.random_range(0..existing.len())];
+                let bytes = if identical {
+                    lit(&row[2], false)
+                } else {
+                    self.bytes()
+                };
+                format!(
+                    "({}, {}, {bytes}, {})",
+                    lit(&row[0], true),
+                    lit(&row[1], false),
+                    lit(&row[3], true)
+                )
+            })
+            .collect();
+        Some(format!(
+            "INSERT INTO req (host, status, bytes, ts) VALUES {}",
+            rows.join(", ")
+        ))
+    }
+
+    /// Re-inserts 1-3 existing cpu rows (NULL hosts included), each with a
+    /// new usage (maybe NULL) or unchanged.
+    async fn rewrite_cpu(&mut self, db: &Database) -> Option<String> {
+        let existing = cells(&select(db, "SELECT host, usage, ts FROM cpu").await, false);
+        if existing.is_empty() {
+            return None;
+        }
+        let n = self.rng.random_range(1..=3);
+        let rows: Vec<String> = (0..n)
+            .map(|_| {
+                let row = &existing[self.rng.random_range(0..existing.len())];
+                let usage = if self.rng.random_bool(0.3) {
+                    lit(&row[1], false)
+                } else {
+                    self.usage()
+                };
+                format!("({}, {usage}, {})", lit(&row[0], true), lit(&row[2], true))
+            })
+            .collect();
+        Some(format!(
+            "INSERT INTO cpu (host, usage, ts) VALUES {}",
+            rows.join(", ")
+        ))
+    }
+
+    fn delete_req(&mut self) -> String {
+        let predicate = match self.rng.random_range(0..6) {
+            0 => format!("host = '{}'", self.host()),
+            1 => format!("status = {}", self.status()),
+            2 => {
+                let from = self.rng.random_range(0..SLOTS);
+                let len = self.rng.random_range(1..=4);
+                format!("ts >= {} AND ts < {}", ts_lit(from), ts_lit(from + len))
+            }
+            3 => format!("host = '{}' AND ts < {}", self.host(), self.ts()),
+            4 => format!("bytes >= {}", self.rng.random_range(10..20)),
+            _ => format!(
+                "status >= 500 AND host IN ('{}', '{}')",
+                self.host(),
+                self.host()
+            ),
+        };
+        format!("DELETE FROM req WHERE {predicate}")
+    }
+
+    fn delete_cpu(&mut self) -> String {
+        let predicate = match self.rng.random_range(0..6) {
+            0 => "host IS NULL".to_string(),
+            1 => format!("host = '{}'", self.host()),
+            2 => "usage IS NULL".to_string(),
+            3 => {
+                let from = self.rng.random_range(0..SLOTS);
+                let len = self.rng.random_range(1..=4);
+                format!("ts >= {} AND ts < {}", ts_lit(from), ts_lit(from + len))
+            }
+            4 => format!("usage > {}", self.rng.random_range(5..10)),
+            _ => format!("host IS NULL AND ts < {}", self.ts()),
+        };
+        format!("DELETE FROM cpu WHERE {predicate}")
+    }
+
+    /// One step: 1-4 random statements (over req, and cpu when `cpu`), run
+    /// in order. Returns what ran.
+    async fn step(&mut self, db: &Database, cpu: bool) -> Vec<String> {
+        let kinds = if cpu { 11 } else { 6 };
+        let mut ran = Vec::new();
+        for _ in 0..self.rng.random_range(1..=4) {
+            let sql = match self.rng.random_range(0..kinds) {
+                0..=2 => Some(self.insert_req()),
+                3 => self.rewrite_req(db, false).await,
+                4 => self.rewrite_req(db, true).await,
+                5 => Some(self.delete_req()),
+                6..=8 => Some(self.insert_cpu()),
+                9 => self.rewrite_cpu(db).await,
+                _ => Some(self.delete_cpu()),
+            };
+            if let Some(sql) = sql {
+                exec(db, &sql).await;
+                ran.push(sql);
+            }
+        }
+        ran
+    }
+
+    /// The first data: plenty of rows in both tables, then a little
+    /// history (an upsert, a delete) for the back-fill to reflect.
+    async fn first_batch(&mut self, db: &Database) -> Vec<String> {
+        let mut ran = Vec::new();
+        for _ in 0..4 {
+            ran.push(self.insert_req());
+            ran.push(self.insert_cpu());
+        }
+        for sql in &ran {
+            exec(db, sql).await;
+        }
+        if let Some(sql) = self.rewrite_req(db, false).await {
+            exec(db, &sql).await;
+            ran.push(sql);
+        }
+        if let Some(sql) = self.rewrite_cpu(db).await {
+            exec(db, &sql).await;
+            ran.push(sql);
+        }
+        let sql = self.delete_req();
+        exec(db, &sql).await;
+        ran.push(sql);
+        ran
+    }
+}
+
+fn temp_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("sandflow-flows-")
+        .tempdir()
+        .expect("tempdir")
+}
+
+async fn open(dir: &tempfile::TempDir) -> Arc<Database> {
+    Database::open(dir.path())
+        .await
+        .unwrap_or_else(|e| panic!("open {}: {e}", dir.path().display()))
+}
+
+async fn sinks_follow_queries(seed: u64) {
+    let dir = temp_dir();
+    let db = open(&dir).await;
+    exec(&db, REQ).await;
+    exec(&db, CPU).await;
+    exec(&db, ERRORS_SINK).await;
+    let mut work = Workload::new(seed);
+    let mut flows: Vec<&Flow> = Vec::new();
+
+    // Flows over empty sources.
+    for flow in [&WIN, &CPU_STATS, &SLOW] {
+        create_flow(&db, flow).await;
+        flows.push(flow);
+    }
+    let none: &[String] = &[];
+    check(
+        &db,
+        &flows,
+        &At {
+            seed,
+            step: 0,
+            statements: none,
+        },
+    )
+    .await;
+
+    // A first batch, then flows that must back-fill it.
+    let first = work.first_batch(&db).await;
+    let at = At {
+        seed,
+        step: 0,
+        statements: &first,
+    };
+    check(&db, &flows, &at).await;
+    for flow in [&BUSY, &ERRORS] {
+        create_flow(&db, flow).await;
+        flows.push(flow);
+    }
+    check(&db, &flows, &at).await;
+
+    for step in 1..=STEPS {
+        let ran = work.step(&db, true).await;
+        if step == STEPS / 2 {
+            // Back-fill over a table with a history of upserts and deletes.
+            create_flow(&db, &CLASS_HOSTS).await;
+            flows.push(&CLASS_HOSTS);
+        }
+        check(
+            &db,
+            &flows,
+            &At {
+                seed,
+                step,
+                statements: &ran,
+            },
+        )
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sinks_equal_their_queries_after_every_flush() {
+    for seed in seeds() {
+        let _guard = SeedGuard {
+            test: "sinks_equal_their_queries_after_every_flush",
+            seed,
+        };
+        sinks_follow_queries(seed).await;
+    }
+}
+
+async fn chained_flows_follow_req(seed: u64) {
+    let dir = temp_dir();
+    let db = open(&dir).await;
+    exec(&db, REQ).await;
+    create_flow(&db, &PER_HOST).await;
+    create_flow(&db, &PER_WINDOW).await;
+    // A different stream from the first test's for the same seed.
+    let mut work = Workload::new(seed ^ 0xc4a1_4ed0);
+    for step in 1..=CHAINED_STEPS {
+        let ran = work.step(&db, false).await;
+        let at = At {
+            seed,
+            step,
+            statements: &ran,
+        };
+        // Upstream first: its writes to per_host_sink are per_window's input.
+        let up = flush(&db, PER_HOST.name, &at).await;
+        let down = flush(&db, PER_WINDOW.name, &at).await;
+        compare(
+            &db,
+            &format!("{} (flush wrote {up} rows)", PER_HOST.name),
+            &PER_HOST.sink_sql(),
+            PER_HOST.query,
+            &at,
+        )
+        .await;
+        compare(
+            &db,
+            &format!(
+                "{} over {} (flush wrote {down} rows)",
+                PER_WINDOW.name, PER_HOST.name
+            ),
+            &PER_WINDOW.sink_sql(),
+            PER_WINDOW_FROM_REQ,
+            &at,
+        )
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chained_flow_equals_two_level_query() {
+    for seed in seeds() {
+        let _guard = SeedGuard {
+            test: "chained_flow_equals_two_level_query",
+            seed,
+        };
+        chained_flows_follow_req(seed).await;
+    }
+}
