@@ -194,7 +194,9 @@ impl Database {
     pub async fn open_with(dir: impl AsRef<Path>, flows: FlowSettings) -> Result<Arc<Database>> {
         let dir = dir.as_ref().to_path_buf();
         let mut flows = flows;
-        flows.tick_interval = flows.tick_interval.max(std::time::Duration::from_millis(10));
+        flows.tick_interval = flows
+            .tick_interval
+            .max(std::time::Duration::from_millis(10));
         if flows.cache_dir.is_none() {
             flows.cache_dir = Some(dir.join("wasm-cache"));
         }

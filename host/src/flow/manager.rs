@@ -30,9 +30,7 @@ use super::sink;
 use super::worker::{FlowStatus, Msg, SharedStatus, Worker};
 use crate::catalog::{display_name, Table, DEFAULT_DATABASE};
 use crate::database::Core;
-use crate::error::{
-    FlowSnafu, InternalSnafu, NotFoundSnafu, Result, SqlSnafu, UnsupportedSnafu,
-};
+use crate::error::{FlowSnafu, InternalSnafu, NotFoundSnafu, Result, SqlSnafu, UnsupportedSnafu};
 use crate::runtime::{FlowInstance, FlowLimits, Runtime, RuntimeConfig, RuntimeError};
 use crate::sql::parser::CreateFlow;
 use crate::sql::provider::blocking;
@@ -354,10 +352,12 @@ impl FlowManager {
         }
         parse_options(&stmt.options).map_err(|message| SqlSnafu { message }.build())?;
         let expire_after_ms = match &stmt.expire_after {
-            Some(text) => Some(
-                parse_interval(text)
-                    .map_err(|m| SqlSnafu { message: format!("EXPIRE AFTER: {m}") }.build())?,
-            ),
+            Some(text) => Some(parse_interval(text).map_err(|m| {
+                SqlSnafu {
+                    message: format!("EXPIRE AFTER: {m}"),
+                }
+                .build()
+            })?),
             None => None,
         };
         // Sources are resolved by compiling; the definition records them.
@@ -416,7 +416,12 @@ impl FlowManager {
     }
 
     /// `DROP FLOW [IF EXISTS] name`: stops it and forgets it; its sink stays.
-    pub(crate) async fn drop_flow(&self, core: &Arc<Core>, name: &str, if_exists: bool) -> Result<bool> {
+    pub(crate) async fn drop_flow(
+        &self,
+        core: &Arc<Core>,
+        name: &str,
+        if_exists: bool,
+    ) -> Result<bool> {
         let _ddl = self.ddl.lock().await;
         let Some(handle) = self.get(name) else {
             if if_exists {
@@ -487,7 +492,12 @@ impl FlowManager {
 
     fn next_id(&self, core: &Arc<Core>) -> Result<u32> {
         let stored = self.peek_next_id(core)?;
-        let used = self.handles().iter().map(|h| h.def.id + 1).max().unwrap_or(1);
+        let used = self
+            .handles()
+            .iter()
+            .map(|h| h.def.id + 1)
+            .max()
+            .unwrap_or(1);
         Ok(stored.max(used))
     }
 
@@ -535,7 +545,8 @@ impl FlowManager {
         ctx: &SessionContext,
         def: &FlowDef,
     ) -> Result<Prepared> {
-        let options = parse_options(&def.options).map_err(|message| SqlSnafu { message }.build())?;
+        let options =
+            parse_options(&def.options).map_err(|message| SqlSnafu { message }.build())?;
         let compiled = compile_flow(ctx, &def.name, &def.query).await?;
         let mut sources = Vec::new();
         for (d, t) in source_names(&compiled) {
@@ -563,8 +574,9 @@ impl FlowManager {
         let sink = match core.catalog.table(&def.sink_database, &def.sink_table)? {
             Some(t) => t,
             None => {
-                let schema = sink::derive_schema(&output, &compiled.group_keys, compiled.aggregates)
-                    .map_err(|message| SqlSnafu { message }.build())?;
+                let schema =
+                    sink::derive_schema(&output, &compiled.group_keys, compiled.aggregates)
+                        .map_err(|message| SqlSnafu { message }.build())?;
                 crate::sql::create_table(
                     core,
                     &def.sink_database,

@@ -220,7 +220,10 @@ mod tests {
         assert_eq!(o.memory_limit, Some(64 << 20));
         assert_eq!(o.cpu_limit_per_tick, Some(Duration::from_millis(100)));
         let e = parse_options(&[("nope".into(), "1".into())]).unwrap_err();
-        assert!(e.contains("backfill, memory_limit, cpu_limit_per_tick"), "{e}");
+        assert!(
+            e.contains("backfill, memory_limit, cpu_limit_per_tick"),
+            "{e}"
+        );
         assert!(parse_options(&[("backfill".into(), "maybe".into())]).is_err());
         assert!(parse_size("12 parsecs").is_err());
         assert_eq!(parse_size("1048576"), Ok(1 << 20));

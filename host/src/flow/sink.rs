@@ -157,13 +157,8 @@ pub fn fit(table: &Table, output: &[Field]) -> Result<Vec<SinkColumn>, String> {
     let cols = &table.schema().columns;
     let mut problems = Vec::new();
     let mut mapping: Vec<Option<SinkColumn>> = vec![None; cols.len()];
-    let out_types: Vec<ColumnType> = output
-        .iter()
-        .map(column_type)
-        .collect::<Result<_, _>>()?;
-    let by_name = output
-        .iter()
-        .all(|f| cols.iter().any(|c| c.name == f.name));
+    let out_types: Vec<ColumnType> = output.iter().map(column_type).collect::<Result<_, _>>()?;
+    let by_name = output.iter().all(|f| cols.iter().any(|c| c.name == f.name));
     if by_name {
         for (i, f) in output.iter().enumerate() {
             let Some(j) = cols.iter().position(|c| c.name == f.name) else {
@@ -239,7 +234,10 @@ pub fn fit(table: &Table, output: &[Field]) -> Result<Vec<SinkColumn>, String> {
             problems.join("; ")
         ));
     }
-    Ok(mapping.into_iter().map(|m| m.unwrap_or(SinkColumn::Zero)).collect())
+    Ok(mapping
+        .into_iter()
+        .map(|m| m.unwrap_or(SinkColumn::Zero))
+        .collect())
 }
 
 /// Sink writes derived from one tick's output.
@@ -286,7 +284,11 @@ pub fn writes(
                 cast(a, &ty).map_err(|e| format!("cannot cast column '{}': {e}", c.name))?
             }
             SinkColumn::TickTime | SinkColumn::Zero => {
-                let v = if *m == SinkColumn::TickTime { tick_ms } else { 0 };
+                let v = if *m == SinkColumn::TickTime {
+                    tick_ms
+                } else {
+                    0
+                };
                 let ms = Arc::new(Int64Array::from(vec![v; rows])) as ArrayRef;
                 let ms = cast(&ms, &ArrowType::Timestamp(TimeUnit::Millisecond, None))
                     .map_err(|e| e.to_string())?;
@@ -380,7 +382,7 @@ mod tests {
     #[test]
     fn derived_schemas() {
         let out = vec![
-            f("host", DataType::String),
+            f("host", DataType::Utf8),
             f("w", DataType::TimestampMillisecond),
             f("c", DataType::Int64),
         ];
@@ -417,7 +419,7 @@ mod tests {
 
     #[test]
     fn fitting_existing_sinks() {
-        let out = vec![f("host", DataType::String), f("c", DataType::Int32)];
+        let out = vec![f("host", DataType::Utf8), f("c", DataType::Int32)];
         let good = TableSchema::new(
             vec![
                 ColumnSchema::new("host", ColumnType::String, true),
@@ -471,7 +473,7 @@ mod tests {
     #[test]
     fn diffs_become_upserts_and_deletes() {
         let out = vec![
-            f("host", DataType::String),
+            f("host", DataType::Utf8),
             f("w", DataType::TimestampMillisecond),
             f("v", DataType::Float64),
         ];
@@ -488,11 +490,16 @@ mod tests {
         )
         .unwrap();
         let w = writes(&t, &mapping, &batch, &[-1, 1, -1, 1], 99).unwrap();
+        assert_eq!(w.rows(), 3);
         let up = w.upserts.unwrap();
         let del = w.deletes.unwrap();
         assert_eq!(up.num_rows(), 2); // a (new value), c
         assert_eq!(del.num_rows(), 1); // b
-        let v = up.column(2).as_any().downcast_ref::<Float64Array>().unwrap();
+        let v = up
+            .column(2)
+            .as_any()
+            .downcast_ref::<Float64Array>()
+            .unwrap();
         assert_eq!(v.values(), &[2.0, 4.0]);
         let at = up
             .column(3)
@@ -500,6 +507,5 @@ mod tests {
             .downcast_ref::<TimestampMillisecondArray>()
             .unwrap();
         assert_eq!(at.value(0), 99);
-        assert_eq!(w.rows(), 3);
     }
 }

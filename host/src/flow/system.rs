@@ -19,7 +19,9 @@ use datafusion::catalog::{SchemaProvider, Session, TableProvider};
 use datafusion::datasource::MemTable;
 use datafusion::logical_expr::{Expr, TableType};
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::sql::sqlparser::ast::{visit_relations_mut, Ident, ObjectName, ObjectNamePart, Statement};
+use datafusion::sql::sqlparser::ast::{
+    visit_relations_mut, Ident, ObjectName, ObjectNamePart, Statement,
+};
 
 use super::manager::FlowInfo;
 use crate::catalog::DEFAULT_CATALOG;
@@ -231,10 +233,16 @@ mod tests {
     fn rewrites_only_the_flows_table() {
         let sql = "SELECT f.flow_name FROM information_schema.flows f \
                    JOIN INFORMATION_SCHEMA.FLOWS g ON true, information_schema.tables";
-        let mut stmt = Parser::parse_sql(&GenericDialect {}, sql).unwrap().remove(0);
+        let mut stmt = Parser::parse_sql(&GenericDialect {}, sql)
+            .unwrap()
+            .remove(0);
         rewrite_system_tables(&mut stmt);
         let text = stmt.to_string();
-        assert_eq!(text.matches("greptime.\"__sandflow_system\".flows").count(), 2, "{text}");
+        assert_eq!(
+            text.matches("greptime.\"__sandflow_system\".flows").count(),
+            2,
+            "{text}"
+        );
         assert!(text.contains("information_schema.tables"), "{text}");
     }
 }

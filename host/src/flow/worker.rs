@@ -288,7 +288,12 @@ impl Worker {
             .table(&self.sink.info.database, &self.sink.info.name)
             .map_err(|e| e.to_string())?
             .filter(|t| t.id() == self.sink.id())
-            .ok_or_else(|| format!("sink table '{}' no longer exists", self.sink.qualified_name()))?;
+            .ok_or_else(|| {
+                format!(
+                    "sink table '{}' no longer exists",
+                    self.sink.qualified_name()
+                )
+            })?;
         let mut set = WriteSet::new();
         if let Some(d) = writes.deletes {
             set.delete(sink.clone(), d);
@@ -296,10 +301,12 @@ impl Worker {
         if let Some(u) = writes.upserts {
             set.upsert(sink, u);
         }
-        self.core
-            .store
-            .commit(set)
-            .map_err(|e| format!("cannot write to sink table '{}': {e}", self.sink.qualified_name()))?;
+        self.core.store.commit(set).map_err(|e| {
+            format!(
+                "cannot write to sink table '{}': {e}",
+                self.sink.qualified_name()
+            )
+        })?;
         Ok(rows)
     }
 }
