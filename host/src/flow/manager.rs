@@ -225,6 +225,28 @@ impl FlowManager {
         self.flows.read().ok().and_then(|f| f.get(name).cloned())
     }
 
+    /// A flow named in a string argument (`ADMIN FLUSH_FLOW('Name')`): the
+    /// exact name, else the one name equal ignoring case, with or without a
+    /// `database.` prefix (flow names are server-wide).
+    fn find(&self, name: &str) -> Option<Arc<FlowHandle>> {
+        if let Some(h) = self.get(name) {
+            return Some(h);
+        }
+        let flows = self.flows.read().ok()?;
+        let bare = name.rsplit('.').next().unwrap_or(name);
+        if let Some(h) = flows.get(bare) {
+            return Some(h.clone());
+        }
+        let mut matches = flows
+            .iter()
+            .filter(|(k, _)| k.eq_ignore_ascii_case(bare))
+            .map(|(_, h)| h.clone());
+        match (matches.next(), matches.next()) {
+            (Some(h), None) => Some(h),
+            _ => None,
+        }
+    }
+
     /// Flow names, sorted.
     pub fn names(&self) -> Vec<String> {
         self.flows
@@ -452,7 +474,7 @@ impl FlowManager {
     /// of sink rows written (upserts + deletes) since the previous flush,
     /// counting ticks that ran on their own in between.
     pub async fn flush(&self, name: &str) -> Result<u64> {
-        let handle = self.get(name).ok_or_else(|| {
+        let handle = self.find(name).ok_or_else(|| {
             NotFoundSnafu {
                 message: format!("flow '{name}' does not exist; see SHOW FLOWS"),
             }
