@@ -100,6 +100,55 @@ fn rust_client_extended_protocol() {
     assert_eq!(row.as_deref(), Some("2"));
 }
 
+// Flow statements through Parse/Bind/Describe/Execute: the flush runs once
+// (Describe learns its columns without running it) and returns its count.
+#[test]
+fn flows_over_the_extended_protocol() {
+    let s = Server::start();
+    let mut c = connect(&s);
+    c.execute(
+        "CREATE TABLE t (host STRING, v DOUBLE, ts TIMESTAMP TIME INDEX, PRIMARY KEY (host))",
+        &[],
+    )
+    .expect("create table");
+    c.execute(
+        "CREATE FLOW f SINK TO f_sink AS SELECT host, count(*) AS n FROM t GROUP BY host",
+        &[],
+    )
+    .expect("create flow");
+    c.execute(
+        "INSERT INTO t VALUES ($1, 1.0, '2024-01-01T00:00:00'), ('b', 2.0, '2024-01-01T00:00:00')",
+        &[&"a"],
+    )
+    .expect("insert");
+    let rows = c.query("ADMIN FLUSH_FLOW('f')", &[]).expect("flush");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(
+        rows[0].get::<_, i64>(0),
+        2,
+        "two groups written by this flush"
+    );
+    let rows = c
+        .query(
+            "SELECT host, n FROM f_sink WHERE n >= $1 ORDER BY host",
+            &[&1i64],
+        )
+        .expect("select sink");
+    let got: Vec<(String, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(got, vec![("a".into(), 1), ("b".into(), 1)]);
+    let rows = c
+        .query(
+            "SELECT flow_name, status FROM information_schema.flows WHERE flow_name = $1",
+            &[&"f"],
+        )
+        .expect("information_schema.flows");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].get::<_, String>(1), "running");
+    let rows = c.query("SHOW FLOWS", &[]).expect("show flows");
+    assert_eq!(rows.len(), 1);
+    c.execute("DROP FLOW f", &[]).expect("drop flow");
+}
+
 fn python_or_skip(module: &str) -> bool {
     if python_has(module) {
         return true;

@@ -189,3 +189,46 @@ fn influx_malformed_writes_nothing() {
     // Still serving.
     assert_eq!(s.sql("SELECT 1"), "1");
 }
+
+// Flows are declared, flushed and inspected over /v1/sql like any statement.
+#[test]
+fn flows_over_http() {
+    let s = Server::start();
+    let ok = |sql: &str| {
+        let (status, v) = s.http_sql(sql);
+        assert_eq!(status, 200, "{sql}: {v}");
+        v
+    };
+    ok("CREATE TABLE m (host STRING, v DOUBLE, ts TIMESTAMP(3) TIME INDEX, PRIMARY KEY (host))");
+    ok("INSERT INTO m VALUES ('a', 1.5, 1000), ('b', 2.5, 2000), ('a', 3.0, 3000)");
+    ok("CREATE FLOW per_host SINK TO per_host_sink AS \
+        SELECT host, count(*) AS n, sum(v) AS total FROM m GROUP BY host");
+    let v = ok("ADMIN FLUSH_FLOW('per_host')");
+    assert_eq!(v["output"][0]["records"]["rows"][0][0], json!(2), "{v}");
+    let v = ok("SELECT host, n, total FROM per_host_sink ORDER BY host");
+    assert_eq!(
+        v["output"][0]["records"]["rows"],
+        json!([["a", 2, 4.5], ["b", 1, 2.5]]),
+        "{v}"
+    );
+    ok("DELETE FROM m WHERE host = 'b'");
+    let v = ok("ADMIN FLUSH_FLOW('per_host')");
+    assert_eq!(v["output"][0]["records"]["rows"][0][0], json!(1), "{v}");
+    let v = ok("SELECT host FROM per_host_sink ORDER BY host");
+    assert_eq!(v["output"][0]["records"]["rows"], json!([["a"]]), "{v}");
+    let v = ok("SELECT flow_name, status, sink_table_name FROM information_schema.flows");
+    assert_eq!(
+        v["output"][0]["records"]["rows"],
+        json!([["per_host", "running", "per_host_sink"]]),
+        "{v}"
+    );
+    let (status, v) = s.http_sql("CREATE FLOW per_host SINK TO x AS SELECT host FROM m");
+    assert!((400..500).contains(&status), "{status} {v}");
+    assert!(
+        v["error"].as_str().unwrap_or("").contains("already exists"),
+        "{v}"
+    );
+    ok("DROP FLOW per_host");
+    let v = ok("SHOW FLOWS");
+    assert_eq!(v["output"][0]["records"]["total_rows"], json!(0), "{v}");
+}
