@@ -181,7 +181,7 @@ impl Runtime {
     ) -> Result<FlowInstance, RuntimeError> {
         let mut inst = self.instantiate(limits)?;
         let sources: Vec<_> = sources.iter().map(convert::source_to_wit).collect();
-        let handle = inst.call(|bindings, store| {
+        let handle = inst.setup_call(|bindings, store| {
             bindings
                 .sandflow_flow_engine()
                 .flow()
@@ -199,7 +199,7 @@ impl Runtime {
         limits: FlowLimits,
     ) -> Result<FlowInstance, RuntimeError> {
         let mut inst = self.instantiate(limits)?;
-        let handle = inst.call(|bindings, store| {
+        let handle = inst.setup_call(|bindings, store| {
             bindings
                 .sandflow_flow_engine()
                 .flow()
@@ -222,7 +222,7 @@ impl Runtime {
         let mut store = Store::new(&self.engine, GuestState::new(limits.memory));
         store.limiter(|state| &mut state.limiter);
         store.epoch_deadline_trap();
-        store.set_epoch_deadline(budget_ticks(limits.cpu_per_call));
+        store.set_epoch_deadline(budget_ticks(setup_budget(limits)));
         let bindings = self
             .pre
             .instantiate(&mut store)
@@ -236,6 +236,15 @@ impl Runtime {
             failed: None,
         })
     }
+}
+
+/// Setting up an instance (instantiate, create or restore, output schema)
+/// gets at least this budget: a tight per-tick budget must not fail the
+/// setup because an epoch happened to tick during it.
+const MIN_SETUP_BUDGET: Duration = Duration::from_secs(5);
+
+fn setup_budget(limits: FlowLimits) -> Duration {
+    limits.cpu_per_call.max(MIN_SETUP_BUDGET)
 }
 
 fn budget_ticks(budget: Duration) -> u64 {
@@ -326,13 +335,34 @@ impl FlowInstance {
             &mut Store<GuestState>,
         ) -> wasmtime::Result<Result<T, convert::WitFlowError>>,
     ) -> Result<T, RuntimeError> {
+        self.call_with_budget(self.limits.cpu_per_call, f)
+    }
+
+    /// A setup call (create, restore, output schema): see [`MIN_SETUP_BUDGET`].
+    fn setup_call<T>(
+        &mut self,
+        f: impl FnOnce(
+            &FlowEngine,
+            &mut Store<GuestState>,
+        ) -> wasmtime::Result<Result<T, convert::WitFlowError>>,
+    ) -> Result<T, RuntimeError> {
+        self.call_with_budget(setup_budget(self.limits), f)
+    }
+
+    fn call_with_budget<T>(
+        &mut self,
+        budget: Duration,
+        f: impl FnOnce(
+            &FlowEngine,
+            &mut Store<GuestState>,
+        ) -> wasmtime::Result<Result<T, convert::WitFlowError>>,
+    ) -> Result<T, RuntimeError> {
         if let Some(failed) = &self.failed {
             return Err(RuntimeError::Poisoned {
                 message: failed.to_string(),
             });
         }
-        self.store
-            .set_epoch_deadline(budget_ticks(self.limits.cpu_per_call));
+        self.store.set_epoch_deadline(budget_ticks(budget));
         let result = match f(&self.bindings, &mut self.store) {
             Ok(Ok(value)) => return Ok(value),
             Ok(Err(error)) => RuntimeError::Guest {
@@ -377,7 +407,7 @@ impl FlowInstance {
 
     fn load_output_schema(&mut self) -> Result<(), RuntimeError> {
         let handle = self.handle()?;
-        let fields = self.call(|bindings, store| {
+        let fields = self.setup_call(|bindings, store| {
             bindings
                 .sandflow_flow_engine()
                 .flow()
