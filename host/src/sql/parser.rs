@@ -345,6 +345,13 @@ fn parse_flow_statement(p: &mut Parser, sql: &str) -> Result<Option<Stmt>> {
     if is_kw(p, 0, Keyword::SHOW) && is_word(p, 1, "FLOWS") {
         p.next_token();
         p.next_token();
+        // Flow names are server-wide: `SHOW FLOWS FROM db` lists them all.
+        if p
+            .parse_one_of_keywords(&[Keyword::FROM, Keyword::IN])
+            .is_some()
+        {
+            database_name(&p.parse_object_name(false).map_err(sql_err)?)?;
+        }
         let like = parse_like(p)?;
         return Ok(Some(Stmt::ShowFlows { like }));
     }
@@ -809,6 +816,10 @@ mod tests {
         assert_eq!(f.query, "SELECT host, count(*) FROM t GROUP BY host");
         assert!(matches!(&s[1], Stmt::DropFlow { name, if_exists: true } if name == "f"));
         assert!(matches!(&s[2], Stmt::ShowFlows { like: Some(l) } if l == "f%"));
+        assert!(matches!(
+            parse("SHOW FLOWS FROM public LIKE 'x'").unwrap().as_slice(),
+            [Stmt::ShowFlows { like: Some(_) }]
+        ));
         assert!(matches!(&s[3], Stmt::ShowCreateFlow(n) if n == "F"));
         assert!(
             matches!(&s[4], Stmt::Admin { function, args } if function == "flush_flow" && args == &["f".to_string()])
