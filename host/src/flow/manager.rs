@@ -13,6 +13,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::thread::JoinHandle;
@@ -27,7 +28,7 @@ use tracing::{info, warn};
 use super::compile::{compile, CompiledFlow};
 use super::options::{format_interval, parse_interval, parse_options, FlowOptions};
 use super::sink;
-use super::worker::{FlowStatus, Msg, SharedStatus, Worker};
+use super::worker::{pos_key, state_key, FlowStatus, Msg, SharedStatus, Worker};
 use crate::catalog::{display_name, Table, DEFAULT_DATABASE};
 use crate::database::Core;
 use crate::error::{FlowSnafu, InternalSnafu, NotFoundSnafu, Result, SqlSnafu, UnsupportedSnafu};
@@ -48,6 +49,9 @@ pub struct FlowSettings {
     pub default_limits: FlowLimits,
     /// Where the compiled guest is cached (`None`: compile at every start).
     pub cache_dir: Option<PathBuf>,
+    /// How often a busy flow snapshots its state (with its sink writes);
+    /// a restart replays at most this much of the change log.
+    pub snapshot_interval: Duration,
 }
 
 impl Default for FlowSettings {
@@ -56,6 +60,7 @@ impl Default for FlowSettings {
             tick_interval: Duration::from_secs(1),
             default_limits: FlowLimits::default(),
             cache_dir: None,
+            snapshot_interval: Duration::from_secs(10),
         }
     }
 }
@@ -146,6 +151,8 @@ struct FlowHandle {
     sink_id: Option<u64>,
     /// `None` when the flow could not be started (its status says why).
     tx: Option<Sender<Msg>>,
+    /// Position of the flow's last durable snapshot (0: none yet).
+    snap_pos: Arc<AtomicU64>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -153,7 +160,7 @@ impl FlowHandle {
     /// Stops the flow's thread and waits for it (at most one guest call).
     fn stop(&self) {
         if let Some(tx) = &self.tx {
-            let _ = tx.send(Msg::Stop);
+            let _ = tx.send(Msg::Halt);
         }
         let thread = self.thread.lock().ok().and_then(|mut t| t.take());
         if let Some(t) = thread {
@@ -297,8 +304,40 @@ impl FlowManager {
             }
         }
         for h in handles {
-            h.stop();
+            // Stop was sent: wait for the final write-back and snapshot.
+            let thread = h.thread.lock().ok().and_then(|mut t| t.take());
+            if let Some(t) = thread {
+                let _ = t.join();
+            }
         }
+    }
+
+    /// Trims the change logs of `tables` up to the oldest snapshot position
+    /// among the flows that read each of them.
+    pub(crate) fn collect_logs(&self, core: &Core, tables: &[u64]) -> Result<()> {
+        let handles = self.handles();
+        for &t in tables {
+            let min = handles
+                .iter()
+                .filter(|h| h.source_ids.contains(&t))
+                .map(|h| h.snap_pos.load(Ordering::Relaxed))
+                .min()
+                .unwrap_or(0);
+            if min > 0 {
+                core.store.truncate_log(t, min)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops logging tables that no flow reads any more.
+    fn retain_logs(&self, core: &Core) -> Result<()> {
+        let keep: HashSet<u64> = self
+            .handles()
+            .iter()
+            .flat_map(|h| h.source_ids.iter().copied())
+            .collect();
+        core.store.retain_logs(&keep)
     }
 
     /// Restarts every persisted flow (at database open). A flow that cannot
@@ -314,10 +353,20 @@ impl FlowManager {
                 }
             };
             let name = def.name.clone();
-            let handle = match self.prepare(core, ctx, &def).await {
+            let recovery = load_recovery(core, &name)?;
+            let handle = match self.prepare(core, ctx, &def, recovery.as_ref()).await {
                 Ok(prepared) => {
-                    info!(flow = %name, "flow restarted; rebuilding its state from its sources");
-                    self.launch(core, def, prepared)?
+                    match &recovery {
+                        Some(r) => info!(
+                            flow = %name,
+                            "flow restored from its snapshot at commit {}, replaying its sources' changes since",
+                            r.snapshot_pos
+                        ),
+                        None => {
+                            info!(flow = %name, "flow restarted without a snapshot; rebuilding its state from its sources")
+                        }
+                    }
+                    self.launch(core, def, prepared, recovery)?
                 }
                 Err(e) => {
                     warn!(flow = %name, "flow cannot start: {e}");
@@ -329,6 +378,7 @@ impl FlowManager {
                         source_ids: Vec::new(),
                         sink_id: None,
                         tx: None,
+                        snap_pos: Arc::new(AtomicU64::new(0)),
                         thread: Mutex::new(None),
                         def,
                     })
@@ -404,7 +454,7 @@ impl FlowManager {
             updated_ms: now,
         };
         self.check_graph(&def)?;
-        let prepared = self.prepare(core, ctx, &def).await?;
+        let prepared = self.prepare(core, ctx, &def, None).await?;
         // Persist, then swap: from here on nothing fails but storage.
         let json = serde_json::to_vec(&def).map_err(|e| {
             InternalSnafu {
@@ -412,27 +462,32 @@ impl FlowManager {
             }
             .build()
         })?;
-        let c = core.clone();
-        let key = format!("{DEF_PREFIX}{}", def.name);
-        let next = (id + 1).max(self.peek_next_id(core)?);
-        blocking(move || {
-            c.store.commit_meta(vec![
-                MetaWrite::Put(key, json),
-                MetaWrite::Put(NEXT_ID_KEY.into(), next.to_be_bytes().to_vec()),
-            ])
-        })
-        .await?;
         if let Some(old) = old {
+            // The old flow's state must not outlive its definition.
             blocking(move || {
                 old.stop();
                 Ok(())
             })
             .await?;
         }
-        let handle = self.launch(core, def, prepared)?;
+        let c = core.clone();
+        let key = format!("{DEF_PREFIX}{}", def.name);
+        let next = (id + 1).max(self.peek_next_id(core)?);
+        let name = def.name.clone();
+        blocking(move || {
+            c.store.commit_meta(vec![
+                MetaWrite::Put(key, json),
+                MetaWrite::Put(NEXT_ID_KEY.into(), next.to_be_bytes().to_vec()),
+                MetaWrite::Delete(state_key(&name)),
+                MetaWrite::Delete(pos_key(&name)),
+            ])
+        })
+        .await?;
+        let handle = self.launch(core, def, prepared, None)?;
         if let Ok(mut f) = self.flows.write() {
             f.insert(stmt.name.clone(), handle);
         }
+        self.retain_logs(core)?;
         info!(flow = %stmt.name, "flow created");
         Ok(true)
     }
@@ -454,9 +509,6 @@ impl FlowManager {
             }
             .fail();
         };
-        let c = core.clone();
-        let key = format!("{DEF_PREFIX}{name}");
-        blocking(move || c.store.commit_meta(vec![MetaWrite::Delete(key)])).await?;
         if let Ok(mut f) = self.flows.write() {
             f.remove(name);
         }
@@ -465,6 +517,21 @@ impl FlowManager {
             Ok(())
         })
         .await?;
+        let c = core.clone();
+        let (key, state, pos) = (
+            format!("{DEF_PREFIX}{name}"),
+            state_key(name),
+            pos_key(name),
+        );
+        blocking(move || {
+            c.store.commit_meta(vec![
+                MetaWrite::Delete(key),
+                MetaWrite::Delete(state),
+                MetaWrite::Delete(pos),
+            ])
+        })
+        .await?;
+        self.retain_logs(core)?;
         info!(flow = %name, "flow dropped");
         Ok(true)
     }
@@ -566,6 +633,7 @@ impl FlowManager {
         core: &Arc<Core>,
         ctx: &SessionContext,
         def: &FlowDef,
+        recovery: Option<&Recovery>,
     ) -> Result<Prepared> {
         let options =
             parse_options(&def.options).map_err(|message| SqlSnafu { message }.build())?;
@@ -586,12 +654,20 @@ impl FlowManager {
         let plan = compiled.plan.clone();
         let schemas: Vec<_> = compiled.sources.iter().map(|s| s.schema.clone()).collect();
         let name = def.name.clone();
-        let instance = tokio::task::spawn_blocking(move || {
-            runtime.create_flow(&plan, &schemas, &guest_options, limits)
+        let state = recovery.map(|r| r.state.clone());
+        let instance = tokio::task::spawn_blocking(move || match state {
+            Some(state) => runtime.restore_flow(&state, limits).map_err(|e| {
+                flow_err(format!(
+                    "cannot restore flow '{name}' from its snapshot: {e}; \
+                     recreate it with CREATE OR REPLACE FLOW"
+                ))
+            }),
+            None => runtime
+                .create_flow(&plan, &schemas, &guest_options, limits)
+                .map_err(|e| guest_error(&name, e)),
         })
         .await
-        .map_err(|e| flow_err(format!("flow setup task failed: {e}")))?
-        .map_err(|e| guest_error(&name, e))?;
+        .map_err(|e| flow_err(format!("flow setup task failed: {e}")))??;
         let output = instance.output_schema().to_vec();
         let sink = match core.catalog.table(&def.sink_database, &def.sink_table)? {
             Some(t) => t,
@@ -651,8 +727,16 @@ impl FlowManager {
         rt.map_err(flow_err)
     }
 
-    /// Subscribes the flow to its sources and starts its thread.
-    fn launch(&self, core: &Arc<Core>, def: FlowDef, p: Prepared) -> Result<Arc<FlowHandle>> {
+    /// Subscribes the flow to its sources and starts its thread. A new flow
+    /// gets the sources' rows as back-fill; a restored one the logged
+    /// changes after its snapshot (those up to its last sink write silently).
+    fn launch(
+        &self,
+        core: &Arc<Core>,
+        def: FlowDef,
+        p: Prepared,
+        recovery: Option<Recovery>,
+    ) -> Result<Arc<FlowHandle>> {
         let (tx, rx) = channel::<Msg>();
         let status: SharedStatus = Arc::new(Mutex::new(FlowStatus::default()));
         let mut make = |i: usize| -> Subscriber {
@@ -666,11 +750,17 @@ impl FlowManager {
                 .is_ok()
             })
         };
-        let snapshots = core
-            .store
-            .subscribe_all(&p.sources, p.options.backfill(), &mut make)?;
+        let backfill_wanted = recovery.is_none() && p.options.backfill();
+        let sub = core.store.subscribe_all(
+            &p.sources,
+            backfill_wanted,
+            true,
+            recovery.as_ref().map(|r| r.snapshot_pos),
+            &mut make,
+        )?;
         let mut backfill = Vec::new();
-        for (i, snap) in snapshots.into_iter().enumerate() {
+        let mut silent = Vec::new();
+        for (i, snap) in sub.snapshots.into_iter().enumerate() {
             let Some(snap) = snap else { continue };
             for b in snap.batches {
                 if b.num_rows() == 0 {
@@ -687,6 +777,18 @@ impl FlowManager {
                 ));
             }
         }
+        for (i, change) in sub.replay {
+            match &recovery {
+                Some(r) if change.seq <= r.written_pos => silent.push((i as u32, change)),
+                _ => backfill.push((i as u32, change)),
+            }
+        }
+        let (pos, snap_pos) = match &recovery {
+            Some(r) => (r.snapshot_pos, r.snapshot_pos.max(1)),
+            None => (sub.seq, 0),
+        };
+        let snap_pos = Arc::new(AtomicU64::new(snap_pos));
+        let source_ids: Vec<u64> = p.sources.iter().map(|t| t.id()).collect();
         let worker = Worker {
             name: def.name.clone(),
             core: core.clone(),
@@ -698,20 +800,58 @@ impl FlowManager {
             tick_interval: self.settings.tick_interval,
             status: status.clone(),
             backfill,
+            silent,
+            pos,
+            snap_pos: snap_pos.clone(),
+            snapshot_interval: self.settings.snapshot_interval,
+            source_ids: source_ids.clone(),
         };
         let thread = std::thread::Builder::new()
             .name(format!("flow-{}", def.name))
             .spawn(move || worker.run(rx))
             .map_err(|e| flow_err(format!("cannot start the flow's thread: {e}")))?;
         Ok(Arc::new(FlowHandle {
-            source_ids: p.sources.iter().map(|t| t.id()).collect(),
+            source_ids,
             sink_id: Some(p.sink.id()),
             status,
             tx: Some(tx),
+            snap_pos,
             thread: Mutex::new(Some(thread)),
             def,
         }))
     }
+}
+
+/// Where a restarting flow resumes: its snapshot and the position of its
+/// last sink write.
+pub(crate) struct Recovery {
+    state: Vec<u8>,
+    snapshot_pos: u64,
+    written_pos: u64,
+}
+
+fn load_recovery(core: &Core, name: &str) -> Result<Option<Recovery>> {
+    let Some(bytes) = core.store.get_meta(&state_key(name))? else {
+        return Ok(None);
+    };
+    if bytes.len() < 8 {
+        return Ok(None);
+    }
+    let mut p = [0u8; 8];
+    p.copy_from_slice(&bytes[..8]);
+    let snapshot_pos = u64::from_be_bytes(p);
+    let written_pos = match core.store.get_meta(&pos_key(name))? {
+        Some(w) if w.len() == 8 => {
+            p.copy_from_slice(&w);
+            u64::from_be_bytes(p).max(snapshot_pos)
+        }
+        _ => snapshot_pos,
+    };
+    Ok(Some(Recovery {
+        state: bytes[8..].to_vec(),
+        snapshot_pos,
+        written_pos,
+    }))
 }
 
 struct Prepared {

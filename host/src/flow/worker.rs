@@ -9,6 +9,7 @@
 //! an idle flow sleeps on its channel. A flush request travels the same
 //! channel as the changes, so it sees every change committed before it.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -31,8 +32,11 @@ pub(crate) enum Msg {
     /// Process everything received so far, write it back, reply with the
     /// number of sink rows written since the previous flush.
     Flush(oneshot::Sender<Result<u64, String>>),
-    /// Write back what is pending, then end the thread.
+    /// Write back what is pending, snapshot the state, then end the thread
+    /// (the database is closing).
     Stop,
+    /// End the thread now (the flow is dropped or replaced).
+    Halt,
 }
 
 /// Run-time facts about a flow, shared with `information_schema.flows`.
@@ -78,8 +82,31 @@ pub(crate) struct Worker {
     pub mapping: Vec<SinkColumn>,
     pub tick_interval: Duration,
     pub status: SharedStatus,
-    /// Rows already in the sources at creation (the back-fill), per source.
+    /// Rows already in the sources at creation (the back-fill), or logged
+    /// changes to replay after a restore, per source.
     pub backfill: Vec<(u32, ChangeBatch)>,
+    /// Logged changes whose effect is already in the sink (after a restore):
+    /// replayed into the state without writing anything.
+    pub silent: Vec<(u32, ChangeBatch)>,
+    /// Every change with a sequence number up to this is in the state.
+    pub pos: u64,
+    /// The position of the last durable snapshot (0: none), shared with
+    /// the manager for change-log garbage collection.
+    pub snap_pos: Arc<AtomicU64>,
+    /// How often the state is snapshotted (with the tick's sink writes).
+    pub snapshot_interval: Duration,
+    /// Table ids of the sources (for change-log garbage collection).
+    pub source_ids: Vec<u64>,
+}
+
+/// Meta key of a flow's state: 8 bytes position (big endian), then the snapshot.
+pub(crate) fn state_key(name: &str) -> String {
+    format!("flow/state/{name}")
+}
+
+/// Meta key of the position of a flow's last sink write (8 bytes, big endian).
+pub(crate) fn pos_key(name: &str) -> String {
+    format!("flow/pos/{name}")
 }
 
 struct Schedule {
@@ -96,11 +123,31 @@ impl Worker {
             last_tick: None,
             due: None,
         };
+        let mut last_snapshot: Option<Instant> = None;
+        let silent = std::mem::take(&mut self.silent);
+        if !silent.is_empty() {
+            for (source, change) in silent {
+                self.push(source, &change, &mut clock);
+            }
+            // Catch the state up with what the sink already shows.
+            if self.failed().is_none() {
+                let now = clock.now();
+                if let Err(e) = self.drain(now) {
+                    self.fail(e);
+                }
+            }
+        }
         for (source, change) in std::mem::take(&mut self.backfill) {
             self.push(source, &change, &mut clock);
         }
+        // A new flow writes its back-fill and a first snapshot right away.
+        let fresh = self.snap_pos.load(Ordering::Relaxed) == 0;
         if self.failed().is_none() {
-            self.schedule_input(&mut sched);
+            if fresh {
+                let _ = self.tick(&mut clock, &mut sched, &mut last_snapshot, true);
+            } else {
+                self.schedule_input(&mut sched);
+            }
         }
         loop {
             let msg = match sched.due {
@@ -116,12 +163,14 @@ impl Worker {
             };
             match msg {
                 Some(Msg::Stop) => {
-                    // A clean stop (shutdown, DROP, replace) writes back what is pending.
-                    if sched.due.is_some() && self.failed().is_none() {
-                        let _ = self.tick(&mut clock, &mut sched);
+                    // A clean shutdown writes back what is pending and
+                    // snapshots, so that the restart replays nothing.
+                    if self.failed().is_none() {
+                        let _ = self.tick(&mut clock, &mut sched, &mut last_snapshot, true);
                     }
                     return;
                 }
+                Some(Msg::Halt) => return,
                 Some(Msg::Change { source, change }) => {
                     if self.failed().is_none() {
                         self.push(source, &change, &mut clock);
@@ -141,19 +190,21 @@ impl Worker {
                             Msg::Flush(other) => {
                                 let _ = other.send(Err("flushed concurrently".into()));
                             }
-                            Msg::Stop => stop = true,
+                            Msg::Stop | Msg::Halt => stop = true,
                         }
                     }
                     let result = match self.failed() {
                         Some(e) => Err(e),
-                        None => self.tick(&mut clock, &mut sched).map(|_| {
-                            // Count what was written since the last flush,
-                            // including ticks that ran on their own meanwhile.
-                            let mut s = self.status.lock().unwrap_or_else(|p| p.into_inner());
-                            let n = s.rows_written - s.rows_at_flush;
-                            s.rows_at_flush = s.rows_written;
-                            n
-                        }),
+                        None => self
+                            .tick(&mut clock, &mut sched, &mut last_snapshot, false)
+                            .map(|_| {
+                                // Count what was written since the last flush,
+                                // including ticks that ran on their own meanwhile.
+                                let mut s = self.status.lock().unwrap_or_else(|p| p.into_inner());
+                                let n = s.rows_written - s.rows_at_flush;
+                                s.rows_at_flush = s.rows_written;
+                                n
+                            }),
                     };
                     let result = result.map_err(|e| {
                         format!(
@@ -168,7 +219,7 @@ impl Worker {
                 }
                 None => {
                     if self.failed().is_none() {
-                        let _ = self.tick(&mut clock, &mut sched);
+                        let _ = self.tick(&mut clock, &mut sched, &mut last_snapshot, false);
                     } else {
                         sched.due = None;
                     }
@@ -216,40 +267,62 @@ impl Worker {
         if let Err(e) = self.instance.push(source, batch) {
             self.fail(e.to_string());
         }
+        self.pos = self.pos.max(change.seq);
+    }
+
+    /// Ticks at `now` until the guest has released all its output.
+    fn drain(&mut self, now: i64) -> Result<(Vec<Batch>, Option<i64>), String> {
+        let mut batches = Vec::new();
+        loop {
+            let out = self.instance.tick(now).map_err(|e| e.to_string())?;
+            if out.output.rows > 0 {
+                batches.push(out.output);
+            }
+            if !out.more {
+                return Ok((batches, out.next_wakeup));
+            }
+        }
     }
 
     /// Ticks the guest at the current time until it has released all its
-    /// output, and writes the output back in one commit.
-    fn tick(&mut self, clock: &mut Clock, sched: &mut Schedule) -> Result<u64, String> {
+    /// output, and writes the output back in one commit together with the
+    /// flow's position (and, when due or `force_snapshot`, its state).
+    fn tick(
+        &mut self,
+        clock: &mut Clock,
+        sched: &mut Schedule,
+        last_snapshot: &mut Option<Instant>,
+        force_snapshot: bool,
+    ) -> Result<u64, String> {
         let now = clock.now();
         sched.last_tick = Some(Instant::now());
         sched.due = None;
-        let mut batches: Vec<Batch> = Vec::new();
-        let wakeup = loop {
-            match self.instance.tick(now) {
-                Ok(out) => {
-                    if out.output.rows > 0 {
-                        batches.push(out.output);
-                    }
-                    if !out.more {
-                        break out.next_wakeup;
-                    }
-                }
-                Err(e) => {
-                    let e = e.to_string();
-                    self.fail(e.clone());
-                    return Err(e);
-                }
+        let (batches, wakeup) = match self.drain(now) {
+            Ok(r) => r,
+            Err(e) => {
+                self.fail(e.clone());
+                return Err(e);
             }
         };
         let state_size = self.instance.state_size().unwrap_or(0);
-        let written = match self.write_back(&batches, now) {
+        let snapshot_due =
+            force_snapshot || last_snapshot.is_none_or(|t| t.elapsed() >= self.snapshot_interval);
+        let snap_pos = self.snap_pos.load(Ordering::Relaxed);
+        let snapshot = snapshot_due && (self.pos > snap_pos || snap_pos == 0);
+        let written = match self.write_back(&batches, now, snapshot) {
             Ok(n) => n,
             Err(e) => {
                 self.fail(e.clone());
                 return Err(e);
             }
         };
+        if snapshot {
+            *last_snapshot = Some(Instant::now());
+            self.snap_pos.store(self.pos.max(1), Ordering::Relaxed);
+            if let Err(e) = self.core.flows.collect_logs(&self.core, &self.source_ids) {
+                warn!(flow = %self.name, "cannot trim the change log: {e}");
+            }
+        }
         if let Ok(mut s) = self.status.lock() {
             s.last_execution_ms = Some(now);
             s.state_size = state_size;
@@ -264,42 +337,54 @@ impl Worker {
         Ok(written)
     }
 
-    fn write_back(&self, batches: &[Batch], now: i64) -> Result<u64, String> {
-        if batches.is_empty() {
-            return Ok(0);
-        }
-        let mut arrow = Vec::with_capacity(batches.len());
-        let mut diffs = Vec::new();
-        for b in batches {
-            arrow.push(batch_to_arrow(b, &self.output).map_err(|e| e.to_string())?);
-            diffs.extend_from_slice(&b.diffs);
-        }
-        let all = concat_batches(&schema_from_fields(&self.output), &arrow)
-            .map_err(|e| format!("cannot gather the flow's output: {e}"))?;
-        let writes = sink::writes(&self.sink, &self.mapping, &all, &diffs, now)?;
-        let rows = writes.rows();
-        if rows == 0 {
-            return Ok(0);
-        }
-        // The sink may have been dropped and recreated: write to the live table.
-        let sink = self
-            .core
-            .catalog
-            .table(&self.sink.info.database, &self.sink.info.name)
-            .map_err(|e| e.to_string())?
-            .filter(|t| t.id() == self.sink.id())
-            .ok_or_else(|| {
-                format!(
-                    "sink table '{}' no longer exists",
-                    self.sink.qualified_name()
-                )
-            })?;
+    /// Commits the sink writes of `batches`, the flow's position and, with
+    /// `snapshot`, its state, in one transaction.
+    fn write_back(&mut self, batches: &[Batch], now: i64, snapshot: bool) -> Result<u64, String> {
         let mut set = WriteSet::new();
-        if let Some(d) = writes.deletes {
-            set.delete(sink.clone(), d);
+        let mut rows = 0;
+        if !batches.is_empty() {
+            let mut arrow = Vec::with_capacity(batches.len());
+            let mut diffs = Vec::new();
+            for b in batches {
+                arrow.push(batch_to_arrow(b, &self.output).map_err(|e| e.to_string())?);
+                diffs.extend_from_slice(&b.diffs);
+            }
+            let all = concat_batches(&schema_from_fields(&self.output), &arrow)
+                .map_err(|e| format!("cannot gather the flow's output: {e}"))?;
+            let writes = sink::writes(&self.sink, &self.mapping, &all, &diffs, now)?;
+            rows = writes.rows();
+            if rows > 0 {
+                // The sink may have been dropped and recreated: write to the live table.
+                let sink = self
+                    .core
+                    .catalog
+                    .table(&self.sink.info.database, &self.sink.info.name)
+                    .map_err(|e| e.to_string())?
+                    .filter(|t| t.id() == self.sink.id())
+                    .ok_or_else(|| {
+                        format!(
+                            "sink table '{}' no longer exists",
+                            self.sink.qualified_name()
+                        )
+                    })?;
+                if let Some(d) = writes.deletes {
+                    set.delete(sink.clone(), d);
+                }
+                if let Some(u) = writes.upserts {
+                    set.upsert(sink, u);
+                }
+            }
         }
-        if let Some(u) = writes.upserts {
-            set.upsert(sink, u);
+        if rows == 0 && !snapshot {
+            return Ok(0);
+        }
+        let pos = self.pos.to_be_bytes().to_vec();
+        set.put_meta(pos_key(&self.name), pos.clone());
+        if snapshot {
+            let state = self.instance.snapshot().map_err(|e| e.to_string())?;
+            let mut value = pos;
+            value.extend_from_slice(&state);
+            set.put_meta(state_key(&self.name), value);
         }
         self.core.store.commit(set).map_err(|e| {
             format!(

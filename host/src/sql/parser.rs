@@ -346,8 +346,7 @@ fn parse_flow_statement(p: &mut Parser, sql: &str) -> Result<Option<Stmt>> {
         p.next_token();
         p.next_token();
         // Flow names are server-wide: `SHOW FLOWS FROM db` lists them all.
-        if p
-            .parse_one_of_keywords(&[Keyword::FROM, Keyword::IN])
+        if p.parse_one_of_keywords(&[Keyword::FROM, Keyword::IN])
             .is_some()
         {
             database_name(&p.parse_object_name(false).map_err(sql_err)?)?;

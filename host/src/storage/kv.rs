@@ -12,6 +12,8 @@ pub enum Space {
     /// (e.g. flow state and source positions).
     Meta,
     Table(TableId),
+    /// The durable change log of a table that flows read (see `Store`).
+    Log(TableId),
 }
 
 /// Visits entries in key order; return `Ok(false)` to stop.

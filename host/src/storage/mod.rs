@@ -12,7 +12,7 @@ pub(crate) mod codec;
 pub mod kv;
 pub mod redb;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -43,6 +43,17 @@ pub struct ChangeBatch {
     pub batch: RecordBatch,
     /// One diff per row of `batch`.
     pub diffs: Vec<i64>,
+}
+
+/// What [`Store::subscribe_all`] hands over.
+#[derive(Debug, Clone)]
+pub struct Subscription {
+    /// The last commit before the subscription.
+    pub seq: u64,
+    /// Per table, its contents (when a snapshot was asked for).
+    pub snapshots: Vec<Option<Snapshot>>,
+    /// Logged changes after the requested point: (table index, change).
+    pub replay: Vec<(usize, ChangeBatch)>,
 }
 
 /// A table's contents at one commit: every later change has a larger `seq`.
@@ -159,6 +170,8 @@ fn channel_subscriber(tx: UnboundedSender<ChangeBatch>) -> Subscriber {
 struct CommitState {
     last_seq: u64,
     subscribers: Subscribers,
+    /// Tables whose changes are also appended to their durable change log.
+    logged: HashSet<TableId>,
 }
 
 /// Table storage with upsert semantics and a change feed.
@@ -198,6 +211,7 @@ impl Store {
             state: Mutex::new(CommitState {
                 last_seq,
                 subscribers: HashMap::new(),
+                logged: HashSet::new(),
             }),
         })
     }
@@ -261,7 +275,8 @@ impl Store {
                 RowOp::Upsert(t, b) => (t, b, false),
                 RowOp::Delete(t, b) => (t, b, true),
             };
-            let watched = state.subscribers.contains_key(&table.id());
+            let watched =
+                state.subscribers.contains_key(&table.id()) || state.logged.contains(&table.id());
             let mut out: Changes = Vec::new();
             txn.space(Space::Table(table.id()), &mut |space| {
                 rows += if delete {
@@ -285,6 +300,15 @@ impl Store {
                 }
             }
         }
+        for (table, entries) in &changes {
+            if state.logged.contains(&table.id()) {
+                let bytes = encode_log(entries);
+                txn.space(Space::Log(table.id()), &mut |space| {
+                    space.put(&seq.to_be_bytes(), &bytes)?;
+                    Ok(())
+                })?;
+            }
+        }
         let mut dropped = Vec::new();
         txn.space(Space::Meta, &mut |space| {
             space.put(COMMIT_SEQ_KEY, &seq.to_be_bytes())?;
@@ -306,6 +330,7 @@ impl Store {
                 MetaWrite::CreateTable(id) => txn.space(Space::Table(*id), &mut |_| Ok(()))?,
                 MetaWrite::DropTable(id) => {
                     txn.drop_space(Space::Table(*id))?;
+                    txn.drop_space(Space::Log(*id))?;
                     dropped.push(*id);
                 }
                 _ => {}
@@ -332,6 +357,7 @@ impl Store {
         }
         for id in dropped {
             state.subscribers.remove(&id);
+            state.logged.remove(&id);
         }
         Ok(CommitInfo { seq, rows })
     }
@@ -345,7 +371,8 @@ impl Store {
     ) -> Result<CommitInfo> {
         let mut state = self.state.lock().map_err(|_| poisoned())?;
         let seq = state.last_seq + 1;
-        let watched = state.subscribers.contains_key(&table.id());
+        let logged = state.logged.contains(&table.id());
+        let watched = state.subscribers.contains_key(&table.id()) || logged;
         let mut txn = self.kv.begin_write()?;
         let mut out: Changes = Vec::new();
         let mut rows = 0u64;
@@ -395,6 +422,13 @@ impl Store {
             }
             Ok(())
         })?;
+        if logged && !out.is_empty() {
+            let bytes = encode_log(&out);
+            txn.space(Space::Log(table.id()), &mut |space| {
+                space.put(&seq.to_be_bytes(), &bytes)?;
+                Ok(())
+            })?;
+        }
         txn.space(Space::Meta, &mut |space| {
             space.put(COMMIT_SEQ_KEY, &seq.to_be_bytes())?;
             Ok(())
@@ -455,24 +489,112 @@ impl Store {
         Ok(rx)
     }
 
-    /// Subscribes `make(i)` to `tables[i]` for every i and, when `snapshot`,
-    /// scans each table too, all under the commit lock: every change after
-    /// the snapshots reaches the subscribers, none before.
+    /// Subscribes `make(i)` to `tables[i]` for every i, all under the commit
+    /// lock, so that nothing is missed or seen twice:
+    /// * `snapshot`: also scans each table (the back-fill); every change
+    ///   after the scans reaches the subscribers;
+    /// * `log`: from now on each table's changes are also appended to its
+    ///   durable change log, in the commit that makes them;
+    /// * `log_after`: also returns the logged changes with a larger sequence
+    ///   number (a restored flow's replay), in commit order.
     pub fn subscribe_all(
         &self,
         tables: &[Arc<Table>],
         snapshot: bool,
+        log: bool,
+        log_after: Option<u64>,
         make: &mut dyn FnMut(usize) -> Subscriber,
-    ) -> Result<Vec<Option<Snapshot>>> {
+    ) -> Result<Subscription> {
         let mut state = self.state.lock().map_err(|_| poisoned())?;
-        let mut snapshots = Vec::with_capacity(tables.len());
-        for t in tables {
-            snapshots.push(if snapshot { Some(self.scan(t)?) } else { None });
+        let mut out = Subscription {
+            seq: state.last_seq,
+            snapshots: Vec::with_capacity(tables.len()),
+            replay: Vec::new(),
+        };
+        for (i, t) in tables.iter().enumerate() {
+            out.snapshots
+                .push(if snapshot { Some(self.scan(t)?) } else { None });
+            if let Some(after) = log_after {
+                for change in self.read_log(t, after)? {
+                    out.replay.push((i, change));
+                }
+            }
         }
+        out.replay.sort_by_key(|(_, c)| c.seq);
         for (i, t) in tables.iter().enumerate() {
             state.subscribers.entry(t.id()).or_default().push(make(i));
+            if log {
+                state.logged.insert(t.id());
+            }
         }
-        Ok(snapshots)
+        Ok(out)
+    }
+
+    /// The logged changes of `table` with a sequence number above `after`.
+    pub fn read_log(&self, table: &Table, after: u64) -> Result<Vec<ChangeBatch>> {
+        let txn = self.kv.begin_read()?;
+        let mut out = Vec::new();
+        let mut failure = None;
+        let start = (after.saturating_add(1)).to_be_bytes();
+        txn.scan(Space::Log(table.id()), &start, &mut |k, v| {
+            let seq = match <[u8; 8]>::try_from(k) {
+                Ok(b) => u64::from_be_bytes(b),
+                Err(_) => return Ok(true),
+            };
+            match decode_log(v).and_then(|entries| publish_batch(table, seq, &entries)) {
+                Ok(c) => out.push(c),
+                Err(e) => {
+                    failure = Some(e);
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        })?;
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+
+    /// Drops the logged changes of `table` up to and including `upto`
+    /// (every reader has them in a durable snapshot).
+    pub fn truncate_log(&self, table: TableId, upto: u64) -> Result<()> {
+        let _state = self.state.lock().map_err(|_| poisoned())?;
+        let mut txn = self.kv.begin_write()?;
+        txn.space(Space::Log(table), &mut |space| {
+            let mut doomed = Vec::new();
+            space.scan(&[], &mut |k, _| {
+                match <[u8; 8]>::try_from(k) {
+                    Ok(b) if u64::from_be_bytes(b) <= upto => doomed.push(k.to_vec()),
+                    Ok(_) => return Ok(false),
+                    Err(_) => {}
+                }
+                Ok(true)
+            })?;
+            for k in doomed {
+                space.delete(&k)?;
+            }
+            Ok(())
+        })?;
+        txn.commit()
+    }
+
+    /// Stops logging the tables not in `keep` and removes their logs.
+    pub fn retain_logs(&self, keep: &HashSet<TableId>) -> Result<()> {
+        let mut state = self.state.lock().map_err(|_| poisoned())?;
+        let gone: Vec<TableId> = state.logged.difference(keep).copied().collect();
+        if gone.is_empty() {
+            return Ok(());
+        }
+        let mut txn = self.kv.begin_write()?;
+        for id in &gone {
+            txn.drop_space(Space::Log(*id))?;
+        }
+        txn.commit()?;
+        for id in gone {
+            state.logged.remove(&id);
+        }
+        Ok(())
     }
 
     /// A snapshot of `table` and a feed of every change after it, with no gap
@@ -605,6 +727,52 @@ fn delete_rows(
         }
     }
     Ok(deleted)
+}
+
+/// A change log entry: the (key, value, diff) changes of one table in one
+/// commit, as `count u32, then per change: key len u32, key, value len u32,
+/// value, diff i64` (little endian).
+fn encode_log(entries: &Changes) -> Vec<u8> {
+    let size: usize = entries.iter().map(|(k, v, _)| k.len() + v.len() + 16).sum();
+    let mut out = Vec::with_capacity(size + 4);
+    out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+    for (k, v, d) in entries {
+        out.extend_from_slice(&(k.len() as u32).to_le_bytes());
+        out.extend_from_slice(k);
+        out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+        out.extend_from_slice(v);
+        out.extend_from_slice(&d.to_le_bytes());
+    }
+    out
+}
+
+fn decode_log(bytes: &[u8]) -> Result<Changes> {
+    let corrupt = || {
+        crate::error::StorageSnafu {
+            message: "corrupt change log entry".to_string(),
+        }
+        .build()
+    };
+    let mut pos = 0usize;
+    let mut take = |n: usize| -> Result<&[u8]> {
+        let end = pos.checked_add(n).ok_or_else(corrupt)?;
+        let s = bytes.get(pos..end).ok_or_else(corrupt)?;
+        pos = end;
+        Ok(s)
+    };
+    let u32_of = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
+    let count = u32_of(take(4)?);
+    let mut out = Vec::with_capacity(count.min(1 << 20));
+    for _ in 0..count {
+        let kl = u32_of(take(4)?);
+        let k = take(kl)?.to_vec();
+        let vl = u32_of(take(4)?);
+        let v = take(vl)?.to_vec();
+        let d = take(8)?;
+        let d = i64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]]);
+        out.push((k, v, d));
+    }
+    Ok(out)
 }
 
 fn publish_batch(table: &Table, seq: u64, entries: &Changes) -> Result<ChangeBatch> {

@@ -20,6 +20,7 @@ fn space_name(space: Space) -> String {
     match space {
         Space::Meta => "meta".to_string(),
         Space::Table(id) => format!("table_{id}"),
+        Space::Log(id) => format!("log_{id}"),
     }
 }
 
