@@ -228,7 +228,21 @@ fn flows_over_http() {
         v["error"].as_str().unwrap_or("").contains("already exists"),
         "{v}"
     );
+    // Per-flow series on /metrics.
+    let (status, text) = s.http("GET", "/metrics", None, "");
+    assert_eq!(status, 200);
+    for line in [
+        "sandflow_flow_sink_rows_written{flow=\"per_host\"} 3",
+        "sandflow_flow_failed{flow=\"per_host\"} 0",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "{line} missing from\n{text}"
+        );
+    }
     ok("DROP FLOW per_host");
+    let (_, text) = s.http("GET", "/metrics", None, "");
+    assert!(!text.contains("flow=\"per_host\""), "{text}");
     let v = ok("SHOW FLOWS");
     assert_eq!(v["output"][0]["records"]["total_rows"], json!(0), "{v}");
 }

@@ -370,11 +370,13 @@ impl FlowManager {
                 }
                 Err(e) => {
                     warn!(flow = %name, "flow cannot start: {e}");
+                    let status = Arc::new(Mutex::new(FlowStatus {
+                        error: Some(format!("cannot start after restart: {e}")),
+                        ..Default::default()
+                    }));
+                    register_metrics(&name, &status);
                     Arc::new(FlowHandle {
-                        status: Arc::new(Mutex::new(FlowStatus {
-                            error: Some(format!("cannot start after restart: {e}")),
-                            ..Default::default()
-                        })),
+                        status,
                         source_ids: Vec::new(),
                         sink_id: None,
                         tx: None,
@@ -512,6 +514,7 @@ impl FlowManager {
         if let Ok(mut f) = self.flows.write() {
             f.remove(name);
         }
+        unregister_metrics(name);
         blocking(move || {
             handle.stop();
             Ok(())
@@ -810,6 +813,7 @@ impl FlowManager {
             .name(format!("flow-{}", def.name))
             .spawn(move || worker.run(rx))
             .map_err(|e| flow_err(format!("cannot start the flow's thread: {e}")))?;
+        register_metrics(&def.name, &status);
         Ok(Arc::new(FlowHandle {
             source_ids,
             sink_id: Some(p.sink.id()),
@@ -819,6 +823,50 @@ impl FlowManager {
             thread: Mutex::new(Some(thread)),
             def,
         }))
+    }
+}
+
+const METRICS: [(&str, &str); 4] = [
+    (
+        "sandflow_flow_failed",
+        "1 if the flow has failed (see information_schema.flows.last_error)",
+    ),
+    (
+        "sandflow_flow_sink_rows_written",
+        "Sink rows written (upserts + deletes) by the flow since it started",
+    ),
+    (
+        "sandflow_flow_state_bytes",
+        "Bytes of operator state the flow's guest reports",
+    ),
+    (
+        "sandflow_flow_last_execution_timestamp_seconds",
+        "Wall-clock time of the flow's last tick (lag = now - this while input is pending)",
+    ),
+];
+
+/// Per-flow series on /metrics, read from the flow's status at scrape time.
+fn register_metrics(name: &str, status: &SharedStatus) {
+    let registry = crate::server::metrics::global();
+    for (i, (metric, help)) in METRICS.iter().enumerate() {
+        let weak = Arc::downgrade(status);
+        registry.gauge_fn(metric, help, &[("flow", name)], move || {
+            let Some(s) = weak.upgrade() else { return 0.0 };
+            let Ok(s) = s.lock() else { return 0.0 };
+            match i {
+                0 => s.error.is_some() as u8 as f64,
+                1 => s.rows_written as f64,
+                2 => s.state_size as f64,
+                _ => s.last_execution_ms.unwrap_or(0) as f64 / 1000.0,
+            }
+        });
+    }
+}
+
+fn unregister_metrics(name: &str) {
+    let registry = crate::server::metrics::global();
+    for (metric, _) in METRICS {
+        registry.remove(metric, &[("flow", name)]);
     }
 }
 
