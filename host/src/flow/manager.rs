@@ -539,6 +539,47 @@ impl FlowManager {
         Ok(true)
     }
 
+    /// `ADMIN RESUME_FLOW('name')`: restarts a failed flow from its last
+    /// snapshot, replaying its sources' logged changes since (or, without a
+    /// snapshot, from a back-fill). A running flow is left alone (`false`).
+    pub(crate) async fn resume(
+        &self,
+        core: &Arc<Core>,
+        ctx: &SessionContext,
+        name: &str,
+    ) -> Result<bool> {
+        let _ddl = self.ddl.lock().await;
+        let handle = self.find(name).ok_or_else(|| {
+            NotFoundSnafu {
+                message: format!("flow '{name}' does not exist; see SHOW FLOWS"),
+            }
+            .build()
+        })?;
+        let failed = handle
+            .status
+            .lock()
+            .map(|s| s.error.is_some())
+            .unwrap_or(true);
+        if !failed {
+            return Ok(false);
+        }
+        let def = handle.def.clone();
+        let recovery = load_recovery(core, &def.name)?;
+        let prepared = self.prepare(core, ctx, &def, recovery.as_ref()).await?;
+        let old = handle.clone();
+        blocking(move || {
+            old.stop();
+            Ok(())
+        })
+        .await?;
+        let new = self.launch(core, def.clone(), prepared, recovery)?;
+        if let Ok(mut f) = self.flows.write() {
+            f.insert(def.name.clone(), new);
+        }
+        info!(flow = %def.name, "flow resumed");
+        Ok(true)
+    }
+
     /// `ADMIN FLUSH_FLOW('name')`: processes everything committed to the
     /// flow's sources before the call, writes it back, and returns the number
     /// of sink rows written (upserts + deletes) since the previous flush,

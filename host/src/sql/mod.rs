@@ -173,7 +173,7 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
                 vec![vec![def.name.clone(), def.create_statement()]],
             )
         }
-        Stmt::Admin { function, args } => admin(core, &function, &args).await,
+        Stmt::Admin { function, args } => admin(core, ctx, &function, &args).await,
         Stmt::Query(mut stmt) => {
             crate::flow::system::rewrite_system_tables(&mut stmt);
             run_datafusion(ctx, *stmt).await
@@ -200,12 +200,24 @@ pub fn result_schema_without_running(sql: &str) -> Option<Arc<Schema>> {
         [Stmt::Admin { function, args }] if function == "flush_flow" && args.len() == 1 => {
             Some(flush_flow_schema(&args[0]))
         }
+        [Stmt::Admin { function, args }] if function == "resume_flow" && args.len() == 1 => {
+            Some(Arc::new(Schema::new(vec![Field::new(
+                format!("ADMIN RESUME_FLOW('{}')", args[0]),
+                DataType::Int64,
+                false,
+            )])))
+        }
         _ => None,
     }
 }
 
 /// `ADMIN function(args)`.
-async fn admin(core: &Arc<Core>, function: &str, args: &[String]) -> Result<Output> {
+async fn admin(
+    core: &Arc<Core>,
+    ctx: &SessionContext,
+    function: &str,
+    args: &[String],
+) -> Result<Output> {
     match function {
         "flush_flow" => {
             let [name] = args else {
@@ -234,8 +246,38 @@ async fn admin(core: &Arc<Core>, function: &str, args: &[String]) -> Result<Outp
                 batches: vec![batch],
             })
         }
+        "resume_flow" => {
+            let [name] = args else {
+                return SqlSnafu {
+                    message: "RESUME_FLOW takes one argument, the flow's name: ADMIN RESUME_FLOW('name')",
+                }
+                .fail();
+            };
+            let resumed = core.flows.resume(core, ctx, name).await?;
+            let schema = Arc::new(Schema::new(vec![Field::new(
+                format!("ADMIN RESUME_FLOW('{name}')"),
+                DataType::Int64,
+                false,
+            )]));
+            let batch = RecordBatch::try_new(
+                schema.clone(),
+                vec![Arc::new(datafusion::arrow::array::Int64Array::from(vec![resumed as i64])) as ArrayRef],
+            )
+            .map_err(|e| {
+                InternalSnafu {
+                    message: format!("cannot build result: {e}"),
+                }
+                .build()
+            })?;
+            Ok(Output::Rows {
+                schema,
+                batches: vec![batch],
+            })
+        }
         other => UnsupportedSnafu {
-            message: format!("ADMIN {other} is not supported; supported: ADMIN FLUSH_FLOW('name')"),
+            message: format!(
+                "ADMIN {other} is not supported; supported: ADMIN FLUSH_FLOW('name'), ADMIN RESUME_FLOW('name')"
+            ),
         }
         .fail(),
     }
