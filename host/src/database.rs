@@ -309,7 +309,8 @@ impl Database {
 
     /// Commits a [`WriteSet`] (upserts and deletes on several tables plus
     /// metadata entries) as ONE durable transaction, then publishes its
-    /// changes. Metadata keys must not start with `catalog/` or `store/`.
+    /// changes. Metadata keys must not start with `catalog/`, `store/` or
+    /// `flow/` (sandflow's own).
     pub async fn commit(&self, set: WriteSet) -> Result<CommitInfo> {
         set.check_user_meta()?;
         let core = self.core.clone();

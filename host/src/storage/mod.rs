@@ -137,10 +137,14 @@ impl WriteSet {
                     .fail()
                 }
             };
-            if key.starts_with("catalog/") || key.starts_with("store/") {
+            if ["catalog/", "store/", "flow/"]
+                .iter()
+                .any(|p| key.starts_with(p))
+            {
                 return InvalidDataSnafu {
                     message: format!(
-                        "metadata key '{key}' is reserved; use another prefix (e.g. flow/)"
+                        "metadata key '{key}' is reserved (catalog/, store/ and flow/ belong to \
+                         sandflow); use another prefix, e.g. app/"
                     ),
                 }
                 .fail();
