@@ -8,6 +8,8 @@
 //!
 //! [flow]
 //! tick_interval = "1s"
+//! memory_limit = "256MiB"       # default per flow, WITH (memory_limit = ...) overrides
+//! cpu_limit_per_tick = "10s"    # default per flow, WITH (cpu_limit_per_tick = ...) overrides
 //! ```
 
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -46,6 +48,12 @@ pub enum ConfigError {
         "invalid duration {value:?} for {what}: {message} (use e.g. \"500ms\", \"1s\", \"2m\")"
     ))]
     InvalidDuration {
+        what: String,
+        value: String,
+        message: String,
+    },
+    #[snafu(display("invalid size {value:?} for {what}: {message}"))]
+    InvalidSize {
         what: String,
         value: String,
         message: String,
@@ -104,6 +112,18 @@ pub struct StartArgs {
     /// How often flows are ticked, e.g. "500ms", "1s". [default: 1s]
     #[arg(long, value_name = "DURATION", env = "SANDFLOW_FLOW_TICK_INTERVAL")]
     pub flow_tick_interval: Option<String>,
+
+    /// Memory cap of a flow that sets none, e.g. "64MiB". [default: 256MiB]
+    #[arg(long, value_name = "SIZE", env = "SANDFLOW_FLOW_MEMORY_LIMIT")]
+    pub flow_memory_limit: Option<String>,
+
+    /// CPU budget of one tick of a flow that sets none, e.g. "2s". [default: 10s]
+    #[arg(
+        long,
+        value_name = "DURATION",
+        env = "SANDFLOW_FLOW_CPU_LIMIT_PER_TICK"
+    )]
+    pub flow_cpu_limit_per_tick: Option<String>,
 }
 
 /// The `[flow]` section.
@@ -111,12 +131,19 @@ pub struct StartArgs {
 pub struct FlowConfig {
     /// How often the runtime ticks every flow.
     pub tick_interval: Duration,
+    /// Memory cap of a flow without `WITH (memory_limit = ...)`.
+    pub memory_limit: usize,
+    /// CPU budget per tick of a flow without `WITH (cpu_limit_per_tick = ...)`.
+    pub cpu_limit_per_tick: Duration,
 }
 
 impl Default for FlowConfig {
     fn default() -> Self {
+        let limits = crate::runtime::FlowLimits::default();
         FlowConfig {
             tick_interval: DEFAULT_TICK_INTERVAL,
+            memory_limit: limits.memory,
+            cpu_limit_per_tick: limits.cpu_per_call,
         }
     }
 }
@@ -156,6 +183,8 @@ pub struct FileConfig {
 #[serde(deny_unknown_fields)]
 pub struct FileFlowConfig {
     pub tick_interval: Option<String>,
+    pub memory_limit: Option<String>,
+    pub cpu_limit_per_tick: Option<String>,
 }
 
 impl FileConfig {
@@ -215,11 +244,38 @@ impl Config {
             }
             None => DEFAULT_TICK_INTERVAL,
         };
+        let defaults = FlowConfig::default();
+        let memory_limit = match args
+            .flow_memory_limit
+            .as_deref()
+            .or(file.flow.memory_limit.as_deref())
+        {
+            Some(s) => {
+                crate::flow::options::parse_size(s).map_err(|message| ConfigError::InvalidSize {
+                    what: "flow.memory_limit".into(),
+                    value: s.to_string(),
+                    message,
+                })?
+            }
+            None => defaults.memory_limit,
+        };
+        let cpu_limit_per_tick = match args
+            .flow_cpu_limit_per_tick
+            .as_deref()
+            .or(file.flow.cpu_limit_per_tick.as_deref())
+        {
+            Some(s) => parse_duration("flow.cpu_limit_per_tick", s)?,
+            None => defaults.cpu_limit_per_tick,
+        };
         Ok(Config {
             data_dir,
             postgres_addr,
             http_addr,
-            flow: FlowConfig { tick_interval },
+            flow: FlowConfig {
+                tick_interval,
+                memory_limit,
+                cpu_limit_per_tick,
+            },
         })
     }
 }
@@ -290,7 +346,7 @@ mod tests {
     #[test]
     fn args_beat_file_beat_defaults() {
         let file: FileConfig = toml::from_str(
-            "data_dir = \"/f\"\npostgres_addr = \"127.0.0.1:1\"\nhttp_addr = \"127.0.0.1:2\"\n[flow]\ntick_interval = \"250ms\"\n",
+            "data_dir = \"/f\"\npostgres_addr = \"127.0.0.1:1\"\nhttp_addr = \"127.0.0.1:2\"\n[flow]\ntick_interval = \"250ms\"\nmemory_limit = \"64MiB\"\n",
         )
         .unwrap();
         let args = StartArgs {
@@ -302,6 +358,14 @@ mod tests {
         assert_eq!(c.postgres_addr.port(), 1);
         assert_eq!(c.http_addr.port(), 3);
         assert_eq!(c.flow.tick_interval, Duration::from_millis(250));
+        assert_eq!(c.flow.memory_limit, 64 << 20);
+        assert_eq!(c.flow.cpu_limit_per_tick, Duration::from_secs(10));
+        let args = StartArgs {
+            flow_memory_limit: Some("12 parsecs".into()),
+            ..Default::default()
+        };
+        let e = Config::merge(&args, FileConfig::default()).unwrap_err();
+        assert!(e.to_string().contains("flow.memory_limit"), "{e}");
     }
 
     #[test]

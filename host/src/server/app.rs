@@ -94,10 +94,12 @@ pub async fn start(
 ) -> Result<(), String> {
     let _ = metrics::global();
     info!(data_dir = %config.data_dir.display(), "opening database");
-    let flows = crate::flow::FlowSettings {
+    let mut flows = crate::flow::FlowSettings {
         tick_interval: config.flow.tick_interval,
         ..Default::default()
     };
+    flows.default_limits.memory = config.flow.memory_limit;
+    flows.default_limits.cpu_per_call = config.flow.cpu_limit_per_tick;
     let db = Database::open_with(&config.data_dir, flows)
         .await
         .map_err(|e| format!("cannot open database in {}: {e}", config.data_dir.display()))?;
