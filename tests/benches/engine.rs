@@ -15,6 +15,15 @@ const BATCH: usize = 10_000;
 const KEYS: i64 = 1000;
 const RUNS: usize = 5;
 
+/// Runs per engine: `SANDFLOW_BENCH_RUNS` (e.g. 1 under valgrind), else [`RUNS`].
+fn runs() -> usize {
+    std::env::var("SANDFLOW_BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(RUNS)
+}
+
 fn batches() -> Vec<Batch> {
     (0..ROWS / BATCH)
         .map(|b| {
@@ -38,20 +47,38 @@ fn batches() -> Vec<Batch> {
         .collect()
 }
 
-/// Runs the workload once; returns the elapsed time and a checksum of the output.
+/// Minor page faults of this process so far (Linux; 0 elsewhere).
+fn minor_faults() -> u64 {
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            // Fields after the command name (which is in parentheses); minflt is field 10.
+            let rest = s.rsplit_once(')')?.1;
+            rest.split_whitespace().nth(7)?.parse().ok()
+        })
+        .unwrap_or(0)
+}
+
+/// Runs the workload once; returns the elapsed time, the part of it spent in
+/// `push`, the minor page faults taken, and a checksum of the output.
 fn run(
     mut push: impl FnMut(Batch),
     mut tick: impl FnMut(i64) -> (u32, i64),
     input: Vec<Batch>,
-) -> (Duration, i64) {
+) -> (Duration, Duration, u64, i64) {
     let mut checksum = 0i64;
+    let mut pushing = Duration::ZERO;
+    let faults = minor_faults();
     let started = Instant::now();
     for (i, b) in input.into_iter().enumerate() {
+        let p = Instant::now();
         push(b);
+        pushing += p.elapsed();
         let (rows, sum) = tick(i as i64);
         checksum = checksum.wrapping_add(rows as i64).wrapping_add(sum);
     }
-    (started.elapsed(), checksum)
+    let elapsed = started.elapsed();
+    (elapsed, pushing, minor_faults() - faults, checksum)
 }
 
 fn median(mut xs: Vec<Duration>) -> Duration {
@@ -84,19 +111,38 @@ fn main() {
         )
     };
 
-    let runtime = Runtime::new(RuntimeConfig::default()).expect("wasm runtime");
+    // SANDFLOW_BENCH_GUEST=<component.wasm> measures another build of the guest
+    // (e.g. one built with different flags) instead of the embedded one.
+    // One instance is alive at a time; a small pool also fits in valgrind's address space.
+    let config = RuntimeConfig {
+        max_instances: 2,
+        ..RuntimeConfig::default()
+    };
+    let runtime = match std::env::var_os("SANDFLOW_BENCH_GUEST") {
+        Some(path) => {
+            let bytes = std::fs::read(&path).expect("read SANDFLOW_BENCH_GUEST");
+            Runtime::with_untrusted_component(config, &bytes)
+        }
+        None => Runtime::new(config),
+    }
+    .expect("wasm runtime");
     let limits = FlowLimits {
         max_output_rows: u32::MAX,
         ..FlowLimits::default()
     };
     let mut wasm_times = Vec::new();
     let mut native_times = Vec::new();
+    let mut wasm_push = Vec::new();
+    let mut native_push = Vec::new();
+    let mut wasm_faults = Vec::new();
+    let mut native_faults = Vec::new();
     let mut sums = (0, 0);
-    for _ in 0..RUNS {
+    let runs = runs();
+    for _ in 0..runs {
         let mut flow = runtime
             .create_flow(&plan, &sources, &[], limits)
             .expect("wasm flow");
-        let (t, s) = {
+        let (t, p, f, s) = {
             let flow = std::cell::RefCell::new(&mut flow);
             run(
                 |b| flow.borrow_mut().push(0, b).expect("wasm push"),
@@ -105,11 +151,13 @@ fn main() {
             )
         };
         wasm_times.push(t);
+        wasm_push.push(p);
+        wasm_faults.push(f);
         sums.0 = s;
 
         let mut native =
             sandflow_guest::Flow::create(&plan, sources.clone(), vec![]).expect("native flow");
-        let (t, s) = {
+        let (t, p, f, s) = {
             let native = std::cell::RefCell::new(&mut native);
             run(
                 |b| native.borrow_mut().push(0, b).expect("native push"),
@@ -126,13 +174,15 @@ fn main() {
             )
         };
         native_times.push(t);
+        native_push.push(p);
+        native_faults.push(f);
         sums.1 = s;
     }
     assert_eq!(sums.0, sums.1, "wasm and native outputs differ");
     let wasm = median(wasm_times);
     let native = median(native_times);
     let rate = |d: Duration| ROWS as f64 / d.as_secs_f64() / 1e6;
-    println!("reference workload: {ROWS} rows, {KEYS} keys, batches of {BATCH}, count+sum per key, median of {RUNS} runs");
+    println!("reference workload: {ROWS} rows, {KEYS} keys, batches of {BATCH}, count+sum per key, median of {runs} runs");
     println!(
         "wasm   {:>8.1} M rows/s  ({:.1} ms)",
         rate(wasm),
@@ -146,5 +196,20 @@ fn main() {
     println!(
         "wasm/native time ratio {:.2}x",
         wasm.as_secs_f64() / native.as_secs_f64()
+    );
+    let (wp, np) = (median(wasm_push), median(native_push));
+    println!(
+        "of which push (median): wasm {:.1} ms, native {:.1} ms; tick and read-back: wasm {:.1} ms, native {:.1} ms",
+        wp.as_secs_f64() * 1e3,
+        np.as_secs_f64() * 1e3,
+        wasm.saturating_sub(wp).as_secs_f64() * 1e3,
+        native.saturating_sub(np).as_secs_f64() * 1e3
+    );
+    wasm_faults.sort();
+    native_faults.sort();
+    println!(
+        "minor page faults per run (median): wasm {}, native {}",
+        wasm_faults[wasm_faults.len() / 2],
+        native_faults[native_faults.len() / 2]
     );
 }
