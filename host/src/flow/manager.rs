@@ -344,6 +344,12 @@ impl FlowManager {
     /// start is listed as failed with the reason.
     pub(crate) async fn start_all(&self, core: &Arc<Core>, ctx: &SessionContext) -> Result<()> {
         let defs = core.store.scan_meta(DEF_PREFIX)?;
+        // Every flow subscribes (and so turns on the change logs of its
+        // sources) and is registered before any of them runs: a flow's first
+        // tick must neither trim log entries another flow has yet to replay
+        // nor write into a sink before the flow reading that sink listens.
+        let gate = Arc::new(Gate::default());
+        let _open_on_exit = OpenOnDrop(gate.clone());
         for (key, bytes) in defs {
             let def: FlowDef = match serde_json::from_slice(&bytes) {
                 Ok(d) => d,
@@ -366,10 +372,17 @@ impl FlowManager {
                             info!(flow = %name, "flow restarted without a snapshot; rebuilding its state from its sources")
                         }
                     }
-                    self.launch(core, def, prepared, recovery)?
+                    self.launch(core, def.clone(), prepared, recovery, Some(gate.clone()))?
                 }
                 Err(e) => {
                     warn!(flow = %name, "flow cannot start: {e}");
+                    // Its sources' logs stay (for ADMIN RESUME_FLOW).
+                    let source_ids = def
+                        .sources
+                        .iter()
+                        .filter_map(|(d, t)| core.catalog.table(d, t).ok().flatten())
+                        .map(|t| t.id())
+                        .collect();
                     let status = Arc::new(Mutex::new(FlowStatus {
                         error: Some(format!("cannot start after restart: {e}")),
                         ..Default::default()
@@ -377,7 +390,7 @@ impl FlowManager {
                     register_metrics(&name, &status);
                     Arc::new(FlowHandle {
                         status,
-                        source_ids: Vec::new(),
+                        source_ids,
                         sink_id: None,
                         tx: None,
                         snap_pos: Arc::new(AtomicU64::new(0)),
@@ -485,7 +498,7 @@ impl FlowManager {
             ])
         })
         .await?;
-        let handle = self.launch(core, def, prepared, None)?;
+        let handle = self.launch(core, def, prepared, None, None)?;
         if let Ok(mut f) = self.flows.write() {
             f.insert(stmt.name.clone(), handle);
         }
@@ -572,7 +585,7 @@ impl FlowManager {
             Ok(())
         })
         .await?;
-        let new = self.launch(core, def.clone(), prepared, recovery)?;
+        let new = self.launch(core, def.clone(), prepared, recovery, None)?;
         if let Ok(mut f) = self.flows.write() {
             f.insert(def.name.clone(), new);
         }
@@ -780,6 +793,7 @@ impl FlowManager {
         def: FlowDef,
         p: Prepared,
         recovery: Option<Recovery>,
+        gate: Option<Arc<Gate>>,
     ) -> Result<Arc<FlowHandle>> {
         let (tx, rx) = channel::<Msg>();
         let status: SharedStatus = Arc::new(Mutex::new(FlowStatus::default()));
@@ -852,7 +866,12 @@ impl FlowManager {
         };
         let thread = std::thread::Builder::new()
             .name(format!("flow-{}", def.name))
-            .spawn(move || worker.run(rx))
+            .spawn(move || {
+                if let Some(gate) = gate {
+                    gate.wait();
+                }
+                worker.run(rx)
+            })
             .map_err(|e| flow_err(format!("cannot start the flow's thread: {e}")))?;
         register_metrics(&def.name, &status);
         Ok(Arc::new(FlowHandle {
@@ -908,6 +927,41 @@ fn unregister_metrics(name: &str) {
     let registry = crate::server::metrics::global();
     for (metric, _) in METRICS {
         registry.remove(metric, &[("flow", name)]);
+    }
+}
+
+/// Holds flow threads back until every flow of a restart is subscribed.
+#[derive(Default)]
+pub(crate) struct Gate {
+    open: Mutex<bool>,
+    cv: std::sync::Condvar,
+}
+
+impl Gate {
+    fn open(&self) {
+        if let Ok(mut o) = self.open.lock() {
+            *o = true;
+        }
+        self.cv.notify_all();
+    }
+
+    fn wait(&self) {
+        let Ok(mut o) = self.open.lock() else { return };
+        while !*o {
+            o = match self.cv.wait(o) {
+                Ok(o) => o,
+                Err(_) => return,
+            };
+        }
+    }
+}
+
+/// Opens the gate however `start_all` ends.
+struct OpenOnDrop(Arc<Gate>);
+
+impl Drop for OpenOnDrop {
+    fn drop(&mut self) {
+        self.0.open();
     }
 }
 
