@@ -118,6 +118,21 @@ impl DataType {
         }
     }
 
+    /// Whether [`DataType::wrap_int`] can change a value (false for the 64-bit types).
+    pub fn wraps(self) -> bool {
+        matches!(
+            self,
+            DataType::Boolean
+                | DataType::Int8
+                | DataType::Int16
+                | DataType::Int32
+                | DataType::UInt8
+                | DataType::UInt16
+                | DataType::UInt32
+                | DataType::Date32
+        )
+    }
+
     /// Wraps an integer to this type's width (two's complement), as Arrow's wrapping kernels do.
     pub fn wrap_int(self, v: i64) -> i64 {
         match self {
@@ -468,9 +483,23 @@ pub fn validate_batch(fields: &[Field], b: &Batch) -> Result<(), FlowError> {
             return Err(bad(format!("column {name}: booleans must be 0 or 1")));
         }
         let t = f.data_type;
-        if c.ints.iter().any(|v| t.wrap_int(*v) != *v) {
+        if t.wraps() && c.ints.iter().any(|v| t.wrap_int(*v) != *v) {
             return Err(bad(format!("column {name}: value out of range for {t}")));
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DataType;
+
+    #[test]
+    fn wraps_says_when_wrap_int_can_change_a_value() {
+        let probes = [i64::MIN, -129, -1, 0, 1, 128, 256, 1 << 40, i64::MAX];
+        for t in DataType::ALL {
+            let changes = probes.iter().any(|v| t.wrap_int(*v) != *v);
+            assert_eq!(changes, t.wraps(), "{t}");
+        }
+    }
 }
