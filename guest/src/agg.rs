@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use crate::codec::{Reader, Writer};
 use crate::column::{get, Chunk, ColBuilder, S};
 use crate::expr::Expr;
-use crate::hash::FxHashMap;
+use crate::hash::{FxHashMap, IntMap};
 use crate::plan::{AggKind, AggSpec};
 use crate::types::{internal, Column, DataType, FlowError, Storage};
 
@@ -259,7 +259,24 @@ impl State {
         }
     }
 
+    /// The measure's current value for group `g` (count and integer sum inline: the flush
+    /// calls this for every changed group).
+    #[inline(always)]
     fn value(&self, g: usize, in_ty: Option<DataType>) -> Out {
+        match self {
+            State::Count(v) => Out::I(v.get(g).copied().unwrap_or(0)),
+            State::SumInt { s, n } => {
+                if n.get(g).is_none_or(|c| *c == 0) {
+                    Out::Null
+                } else {
+                    Out::I(s.get(g).copied().unwrap_or(0))
+                }
+            }
+            _ => self.value_other(g, in_ty),
+        }
+    }
+
+    fn value_other(&self, g: usize, in_ty: Option<DataType>) -> Out {
         let n_of = |n: &Vec<i64>| n.get(g).copied().unwrap_or(0);
         match self {
             State::Count(v) => Out::I(v.get(g).copied().unwrap_or(0)),
@@ -426,7 +443,7 @@ enum Keys {
     Global,
     /// One integer-like key.
     Int {
-        map: FxHashMap<i64, u32>,
+        map: IntMap,
         null_gid: Option<u32>,
         vals: Vec<i64>,
         nulls: Vec<bool>,
@@ -552,7 +569,7 @@ impl AggOp {
         let keys = match key_types.as_slice() {
             [] => Keys::Global,
             [t] if t.storage() == Storage::Ints => Keys::Int {
-                map: FxHashMap::default(),
+                map: IntMap::default(),
                 null_gid: None,
                 vals: Vec::new(),
                 nulls: Vec::new(),
@@ -697,9 +714,11 @@ impl AggOp {
                     map, vals, nulls, ..
                 } = &mut table
                 {
-                    for &k in col.ints.iter().take(n) {
-                        let g = match map.get(&k) {
-                            Some(&g) => g,
+                    let ks = col.ints.get(..n).unwrap_or(&col.ints);
+                    gids.resize(ks.len(), 0);
+                    for (slot, &k) in gids.iter_mut().zip(ks) {
+                        let g = match map.get(k) {
+                            Some(g) => g,
                             None => {
                                 let g = self.alloc_gid();
                                 map.insert(k, g);
@@ -716,7 +735,7 @@ impl AggOp {
                         if !self.mark.get(g as usize).copied().unwrap_or(true) {
                             self.touch(g);
                         }
-                        gids.push(g);
+                        *slot = g;
                     }
                 }
                 self.keys = table;
@@ -738,7 +757,7 @@ impl AggOp {
                             if null {
                                 *null_gid
                             } else {
-                                map.get(&k).copied()
+                                map.get(k)
                             }
                         }
                         _ => None,
@@ -843,11 +862,7 @@ impl AggOp {
         self.lookup(&keys, n, now);
         let gids = std::mem::take(&mut self.gids);
         let diffs = &c.diffs;
-        for (g, d) in gids.iter().zip(diffs.iter()) {
-            if let Some(r) = self.rows.get_mut(*g as usize) {
-                *r = r.wrapping_add(*d);
-            }
-        }
+        scatter_add(&mut self.rows, &gids, diffs);
         for (mi, state) in self.states.iter_mut().enumerate() {
             let arg = args.get(mi).and_then(|a| a.as_deref());
             let filter = filters.get(mi).and_then(|f| f.as_deref());
@@ -858,6 +873,7 @@ impl AggOp {
         Ok(())
     }
 
+    #[inline]
     fn key_out(&self, g: usize, k: usize) -> Out {
         match &self.keys {
             Keys::Global => Out::Null,
@@ -887,7 +903,7 @@ impl AggOp {
                 if nulls.get(gi).copied().unwrap_or(false) {
                     *null_gid = None;
                 } else if let Some(k) = vals.get(gi) {
-                    map.remove(k);
+                    map.remove(*k);
                 }
             }
             Keys::Encoded { map, vals } => {
@@ -1130,6 +1146,56 @@ impl AggOp {
     }
 }
 
+/// `v[g[i]] += d[i]` for every row (rows whose group is out of range, e.g. `SKIP`, are left
+/// out). Unrolled by four: in wasm every loop iteration also pays an epoch-interruption check.
+#[inline]
+fn scatter_add(v: &mut [i64], gids: &[u32], diffs: &[i64]) {
+    let mut g4 = gids.chunks_exact(4);
+    let mut d4 = diffs.chunks_exact(4);
+    for (g, d) in (&mut g4).zip(&mut d4) {
+        for (g, d) in g.iter().zip(d) {
+            if let Some(x) = v.get_mut(*g as usize) {
+                *x = x.wrapping_add(*d);
+            }
+        }
+    }
+    for (g, d) in g4.remainder().iter().zip(d4.remainder()) {
+        if let Some(x) = v.get_mut(*g as usize) {
+            *x = x.wrapping_add(*d);
+        }
+    }
+}
+
+/// `v[g[i]] += x[i] * d[i]` (wrapping) for every row, unrolled like [`scatter_add`]. Rows past the
+/// end of `x` (none in a validated chunk) would add 0 * d = 0 and are left out.
+#[inline]
+fn scatter_mul_add(v: &mut [i64], gids: &[u32], diffs: &[i64], x: &[i64]) {
+    let n = gids.len().min(diffs.len()).min(x.len());
+    let gh = gids.get(..n).unwrap_or_default();
+    let dh = diffs.get(..n).unwrap_or_default();
+    let xh = x.get(..n).unwrap_or_default();
+    let mut g4 = gh.chunks_exact(4);
+    let mut d4 = dh.chunks_exact(4);
+    let mut x4 = xh.chunks_exact(4);
+    for ((g, d), x) in (&mut g4).zip(&mut d4).zip(&mut x4) {
+        for ((g, d), x) in g.iter().zip(d).zip(x) {
+            if let Some(s) = v.get_mut(*g as usize) {
+                *s = s.wrapping_add(x.wrapping_mul(*d));
+            }
+        }
+    }
+    for ((g, d), x) in g4
+        .remainder()
+        .iter()
+        .zip(d4.remainder())
+        .zip(x4.remainder())
+    {
+        if let Some(s) = v.get_mut(*g as usize) {
+            *s = s.wrapping_add(x.wrapping_mul(*d));
+        }
+    }
+}
+
 fn update(
     state: &mut State,
     gids: &[u32],
@@ -1149,11 +1215,7 @@ fn update(
     match state {
         State::Count(v) => {
             if simple {
-                for (g, d) in gids.iter().zip(diffs.iter()) {
-                    if let Some(x) = v.get_mut(*g as usize) {
-                        *x = x.wrapping_add(*d);
-                    }
-                }
+                scatter_add(v, gids, diffs);
             } else {
                 for (i, (g, d)) in gids.iter().zip(diffs.iter()).enumerate() {
                     if keep(i) && valid(i) {
@@ -1163,6 +1225,10 @@ fn update(
                     }
                 }
             }
+        }
+        State::SumInt { s, n } if simple => {
+            scatter_add(n, gids, diffs);
+            scatter_mul_add(s, gids, diffs, &a.ints);
         }
         State::SumInt { s, n } => {
             for (i, (g, d)) in gids.iter().zip(diffs.iter()).enumerate() {

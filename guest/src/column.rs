@@ -36,7 +36,8 @@ pub(crate) fn get(col: &Column, storage: Storage, i: usize) -> S<'_> {
     }
 }
 
-/// Builds a column row by row.
+/// Builds a column row by row. The null mask is only materialised once a null arrives (most
+/// output columns have none), so a non-null integer costs one push.
 pub(crate) struct ColBuilder {
     storage: Storage,
     col: Column,
@@ -55,7 +56,6 @@ impl ColBuilder {
                 col.offsets.push(0);
             }
         }
-        col.nulls.reserve(cap);
         ColBuilder {
             storage,
             col,
@@ -63,36 +63,47 @@ impl ColBuilder {
         }
     }
 
+    /// Rows pushed so far.
+    fn rows(&self) -> usize {
+        match self.storage {
+            Storage::Ints => self.col.ints.len(),
+            Storage::Floats => self.col.floats.len(),
+            Storage::Bytes => self.col.offsets.len().saturating_sub(1),
+        }
+    }
+
+    #[inline(always)]
     pub fn push(&mut self, v: S<'_>) {
         match (self.storage, v) {
-            (Storage::Ints, S::I(x)) => {
-                self.col.ints.push(x);
-                self.col.nulls.push(0);
-            }
-            (Storage::Ints, S::F(x)) => {
-                self.col.ints.push(x as i64);
-                self.col.nulls.push(0);
-            }
-            (Storage::Floats, S::F(x)) => {
-                self.col.floats.push(x);
-                self.col.nulls.push(0);
-            }
-            (Storage::Floats, S::I(x)) => {
-                self.col.floats.push(x as f64);
-                self.col.nulls.push(0);
-            }
+            (Storage::Ints, S::I(x)) if !self.any_null => self.col.ints.push(x),
+            _ => self.push_any(v),
+        }
+    }
+
+    fn push_any(&mut self, v: S<'_>) {
+        match (self.storage, v) {
+            (Storage::Ints, S::I(x)) => self.col.ints.push(x),
+            (Storage::Ints, S::F(x)) => self.col.ints.push(x as i64),
+            (Storage::Floats, S::F(x)) => self.col.floats.push(x),
+            (Storage::Floats, S::I(x)) => self.col.floats.push(x as f64),
             (Storage::Bytes, S::B(b)) => {
                 self.col.bytes.extend_from_slice(b);
                 let off = self.col.bytes.len() as u32;
                 self.col.offsets.push(off);
-                self.col.nulls.push(0);
             }
-            _ => self.push_null(),
+            _ => return self.push_null(),
+        }
+        if self.any_null {
+            self.col.nulls.push(0);
         }
     }
 
     pub fn push_null(&mut self) {
-        self.any_null = true;
+        if !self.any_null {
+            self.any_null = true;
+            let rows = self.rows();
+            self.col.nulls.resize(rows, 0);
+        }
         self.col.nulls.push(1);
         match self.storage {
             Storage::Ints => self.col.ints.push(0),
@@ -108,10 +119,7 @@ impl ColBuilder {
         self.push(S::B(s.as_bytes()));
     }
 
-    pub fn finish(mut self) -> Column {
-        if !self.any_null {
-            self.col.nulls = Vec::new();
-        }
+    pub fn finish(self) -> Column {
         self.col
     }
 }

@@ -66,3 +66,197 @@ impl Hasher for FxHasher {
 
 pub(crate) type FxBuild = BuildHasherDefault<FxHasher>;
 pub(crate) type FxHashMap<K, V> = HashMap<K, V, FxBuild>;
+
+/// Integer group key → group id: open addressing with linear probing, at most half full.
+///
+/// Replaces a `HashMap<i64, u32>` on the per-row lookup path. The first probe is branch-light
+/// and needs no loop (in wasm every loop iteration also pays an epoch-interruption check, and
+/// `hashbrown` has no SIMD group matching there). Never iterated, so nothing observable depends
+/// on slot order. Ids are below `u32::MAX`, which marks a free slot.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct IntMap {
+    slots: Vec<Slot>,
+    len: usize,
+    /// `64 - log2(slots.len())`: the home slot is the top bits of the mixed key.
+    shift: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    key: i64,
+    gid: u32,
+}
+
+const FREE: u32 = u32::MAX;
+
+impl IntMap {
+    #[inline]
+    fn home(&self, k: i64) -> usize {
+        let x = k as u64;
+        ((x ^ (x >> 32)).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> self.shift) as usize
+    }
+
+    #[inline]
+    fn mask(&self) -> usize {
+        self.slots.len().wrapping_sub(1)
+    }
+
+    /// The id stored for `k`.
+    #[inline]
+    pub fn get(&self, k: i64) -> Option<u32> {
+        let i = self.home(k);
+        let s = self.slots.get(i)?;
+        if s.key == k && s.gid != FREE {
+            return Some(s.gid);
+        }
+        if s.gid == FREE {
+            return None;
+        }
+        self.probe(k, i).ok()
+    }
+
+    /// Slot of `k` (`Ok`) or the free slot where it would go (`Err`), starting after `i`.
+    fn probe(&self, k: i64, mut i: usize) -> Result<u32, usize> {
+        let mask = self.mask();
+        // At most half full: a free slot is always reached.
+        for _ in 0..self.slots.len() {
+            i = (i + 1) & mask;
+            match self.slots.get(i) {
+                Some(s) if s.gid == FREE => return Err(i),
+                Some(s) if s.key == k => return Ok(s.gid),
+                Some(_) => {}
+                None => return Err(i),
+            }
+        }
+        Err(i)
+    }
+
+    /// Stores `k → gid` (`gid` must not be `u32::MAX`); returns the id it replaces.
+    pub fn insert(&mut self, k: i64, gid: u32) -> Option<u32> {
+        if (self.len + 1) * 2 > self.slots.len() {
+            self.grow();
+        }
+        let i = self.home(k);
+        let at = match self.slots.get(i) {
+            Some(s) if s.gid == FREE => i,
+            Some(s) if s.key == k => i,
+            _ => match self.probe(k, i) {
+                Ok(_) => self.find(k).unwrap_or(i),
+                Err(free) => free,
+            },
+        };
+        let slot = self.slots.get_mut(at)?;
+        let old = (slot.gid != FREE).then_some(slot.gid);
+        *slot = Slot { key: k, gid };
+        if old.is_none() {
+            self.len += 1;
+        }
+        old
+    }
+
+    /// Slot index holding `k`.
+    fn find(&self, k: i64) -> Option<usize> {
+        if self.slots.is_empty() {
+            return None;
+        }
+        let mask = self.mask();
+        let mut i = self.home(k);
+        for _ in 0..self.slots.len() {
+            let s = self.slots.get(i)?;
+            if s.gid == FREE {
+                return None;
+            }
+            if s.key == k {
+                return Some(i);
+            }
+            i = (i + 1) & mask;
+        }
+        None
+    }
+
+    /// Removes `k` (backward-shift deletion: no tombstones).
+    pub fn remove(&mut self, k: i64) -> Option<u32> {
+        let mut hole = self.find(k)?;
+        let mask = self.mask();
+        let old = self.slots.get(hole).map(|s| s.gid);
+        let mut j = hole;
+        for _ in 0..self.slots.len() {
+            j = (j + 1) & mask;
+            let Some(&s) = self.slots.get(j) else { break };
+            if s.gid == FREE {
+                break;
+            }
+            // `s` may fill the hole unless its home lies cyclically in (hole, j].
+            let h = self.home(s.key);
+            if (j.wrapping_sub(h) & mask) >= (j.wrapping_sub(hole) & mask) {
+                if let Some(dst) = self.slots.get_mut(hole) {
+                    *dst = s;
+                }
+                hole = j;
+            }
+        }
+        if let Some(dst) = self.slots.get_mut(hole) {
+            dst.gid = FREE;
+        }
+        self.len -= 1;
+        old
+    }
+
+    pub fn clear(&mut self) {
+        self.slots.clear();
+        self.len = 0;
+        self.shift = 0;
+    }
+
+    fn grow(&mut self) {
+        let cap = (self.slots.len() * 2).max(16);
+        let old = std::mem::replace(&mut self.slots, vec![Slot { key: 0, gid: FREE }; cap]);
+        self.shift = 64 - cap.trailing_zeros();
+        self.len = 0;
+        for s in old {
+            if s.gid != FREE {
+                self.insert(s.key, s.gid);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::IntMap;
+    use std::collections::HashMap;
+
+    #[test]
+    fn int_map_matches_a_hash_map() {
+        // Deterministic pseudo-random operations over keys that collide a lot.
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for spread in [8u64, 64, 1 << 12, u64::MAX] {
+            let mut m = IntMap::default();
+            let mut r: HashMap<i64, u32> = HashMap::new();
+            for step in 0..20_000u32 {
+                let k = match spread {
+                    u64::MAX => next() as i64,
+                    s => ((next() % s) as i64 - (s as i64 / 2)) << (step % 3 * 20),
+                };
+                match next() % 3 {
+                    0 => assert_eq!(m.remove(k), r.remove(&k)),
+                    _ => assert_eq!(m.insert(k, step), r.insert(k, step)),
+                }
+                assert_eq!(m.get(k), r.get(&k).copied());
+                assert_eq!(m.len, r.len());
+            }
+            for (k, v) in &r {
+                assert_eq!(m.get(*k), Some(*v));
+            }
+            for k in -100..100 {
+                assert_eq!(m.get(k), r.get(&k).copied());
+            }
+        }
+    }
+}
