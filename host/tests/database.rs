@@ -635,20 +635,17 @@ async fn programmatic_sink_and_one_transaction() {
     };
     let mut set = WriteSet::new();
     set.upsert(sink.clone(), rows(vec!["a", "b"], vec![1, 2]))
-        .put_meta("flow/f/state", b"blob".to_vec())
-        .put_meta("flow/f/positions", b"42".to_vec());
+        .put_meta("app/f/state", b"blob".to_vec())
+        .put_meta("app/f/positions", b"42".to_vec());
     let info = db.commit(set).await.unwrap();
     assert_eq!(info.rows, 2);
     let mut set = WriteSet::new();
     set.delete(sink.clone(), rows(vec!["a"], vec![0]))
         .upsert(sink.clone(), rows(vec!["b"], vec![5]))
-        .put_meta("flow/f/state", b"blob2".to_vec());
+        .put_meta("app/f/state", b"blob2".to_vec());
     db.commit(set).await.unwrap();
-    assert_eq!(
-        db.get_meta("flow/f/state").unwrap(),
-        Some(b"blob2".to_vec())
-    );
-    assert_eq!(db.scan_meta("flow/f/").unwrap().len(), 2);
+    assert_eq!(db.get_meta("app/f/state").unwrap(), Some(b"blob2".to_vec()));
+    assert_eq!(db.scan_meta("app/f/").unwrap().len(), 2);
     let got = query(&db, "SELECT host, n FROM sink").await;
     assert!(
         got.contains("| b    | 5 |") && !got.contains("| a "),
@@ -659,17 +656,20 @@ async fn programmatic_sink_and_one_transaction() {
     let mut set = WriteSet::new();
     set.upsert(sink.clone(), rows(vec!["c"], vec![1]))
         .upsert(db.table("cpu").unwrap(), rows(vec!["c"], vec![1]))
-        .put_meta("flow/f/state", b"blob3".to_vec());
+        .put_meta("app/f/state", b"blob3".to_vec());
     assert!(db.commit(set).await.is_err());
-    assert_eq!(
-        db.get_meta("flow/f/state").unwrap(),
-        Some(b"blob2".to_vec())
-    );
+    assert_eq!(db.get_meta("app/f/state").unwrap(), Some(b"blob2".to_vec()));
     assert!(!query(&db, "SELECT host FROM sink").await.contains("| c "));
     // Reserved keys are refused.
     let mut set = WriteSet::new();
     set.put_meta("catalog/x", vec![]);
     assert!(db.commit(set).await.is_err());
+    let mut set = WriteSet::new();
+    set.put_meta("flow/x/state", vec![]);
+    assert!(
+        db.commit(set).await.is_err(),
+        "flow/ belongs to the flow manager"
+    );
 }
 
 #[tokio::test]

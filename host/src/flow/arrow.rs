@@ -268,6 +268,15 @@ fn null_buffer(c: &Column) -> Option<NullBuffer> {
 /// been validated (`types::validate_batch`) for `rows` rows.
 pub fn column_to_arrow(c: &Column, t: DataType, rows: usize) -> Result<ArrayRef, ConvertError> {
     let nulls = null_buffer(c);
+    // Arrow's constructors panic on these; a malformed batch is an error.
+    if let Some(n) = &nulls {
+        if n.len() != rows {
+            return err(format!(
+                "{t} column has {} null flags for {rows} rows",
+                n.len()
+            ));
+        }
+    }
     let ints = || -> Result<&[i64], ConvertError> {
         match c.ints.get(..rows) {
             Some(v) => Ok(v),
@@ -328,6 +337,9 @@ pub fn column_to_arrow(c: &Column, t: DataType, rows: usize) -> Result<ArrayRef,
                     "{t} column has {} offsets for {rows} rows",
                     offsets.len()
                 ));
+            }
+            if offsets.first().is_some_and(|o| *o < 0) || offsets.windows(2).any(|w| w[0] > w[1]) {
+                return err(format!("{t} column has decreasing or negative offsets"));
             }
             let offsets = OffsetBuffer::new(ScalarBuffer::from(offsets));
             let values = c.bytes.clone().into();
