@@ -181,14 +181,34 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
     }
 }
 
-/// The result columns of `ADMIN FLUSH_FLOW('name')`.
-fn flush_flow_schema(name: &str) -> Arc<Schema> {
-    let column = format!("ADMIN FLUSH_FLOW('{name}')");
+/// The one result column of `ADMIN FUNCTION('name')`, named as GreptimeDB
+/// does (e.g. `ADMIN FLUSH_FLOW('f')`).
+fn admin_schema(function: &str, name: &str) -> Arc<Schema> {
+    let column = format!("ADMIN {}('{name}')", function.to_uppercase());
     Arc::new(Schema::new(vec![Field::new(
         &column,
         DataType::Int64,
         false,
     )]))
+}
+
+/// A one-row, one-integer result of an ADMIN function.
+fn admin_output(function: &str, name: &str, value: i64) -> Result<Output> {
+    let schema = admin_schema(function, name);
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        vec![Arc::new(datafusion::arrow::array::Int64Array::from(vec![value])) as ArrayRef],
+    )
+    .map_err(|e| {
+        InternalSnafu {
+            message: format!("cannot build result: {e}"),
+        }
+        .build()
+    })?;
+    Ok(Output::Rows {
+        schema,
+        batches: vec![batch],
+    })
 }
 
 /// The result columns of a statement that must not run twice (ADMIN), for
@@ -197,15 +217,10 @@ fn flush_flow_schema(name: &str) -> Arc<Schema> {
 pub fn result_schema_without_running(sql: &str) -> Option<Arc<Schema>> {
     let stmts = parser::parse(sql).ok()?;
     match stmts.as_slice() {
-        [Stmt::Admin { function, args }] if function == "flush_flow" && args.len() == 1 => {
-            Some(flush_flow_schema(&args[0]))
-        }
-        [Stmt::Admin { function, args }] if function == "resume_flow" && args.len() == 1 => {
-            Some(Arc::new(Schema::new(vec![Field::new(
-                format!("ADMIN RESUME_FLOW('{}')", args[0]),
-                DataType::Int64,
-                false,
-            )])))
+        [Stmt::Admin { function, args }]
+            if (function == "flush_flow" || function == "resume_flow") && args.len() == 1 =>
+        {
+            Some(admin_schema(function, &args[0]))
         }
         _ => None,
     }
@@ -228,23 +243,7 @@ async fn admin(
                 .fail();
             };
             let rows = core.flows.flush(name).await?;
-            let schema = flush_flow_schema(name);
-            let batch = RecordBatch::try_new(
-                schema.clone(),
-                vec![Arc::new(datafusion::arrow::array::Int64Array::from(vec![
-                    rows as i64,
-                ])) as ArrayRef],
-            )
-            .map_err(|e| {
-                InternalSnafu {
-                    message: format!("cannot build result: {e}"),
-                }
-                .build()
-            })?;
-            Ok(Output::Rows {
-                schema,
-                batches: vec![batch],
-            })
+            admin_output(function, name, rows as i64)
         }
         "resume_flow" => {
             let [name] = args else {
@@ -254,25 +253,7 @@ async fn admin(
                 .fail();
             };
             let resumed = core.flows.resume(core, ctx, name).await?;
-            let schema = Arc::new(Schema::new(vec![Field::new(
-                format!("ADMIN RESUME_FLOW('{name}')"),
-                DataType::Int64,
-                false,
-            )]));
-            let batch = RecordBatch::try_new(
-                schema.clone(),
-                vec![Arc::new(datafusion::arrow::array::Int64Array::from(vec![resumed as i64])) as ArrayRef],
-            )
-            .map_err(|e| {
-                InternalSnafu {
-                    message: format!("cannot build result: {e}"),
-                }
-                .build()
-            })?;
-            Ok(Output::Rows {
-                schema,
-                batches: vec![batch],
-            })
+            admin_output(function, name, resumed as i64)
         }
         other => UnsupportedSnafu {
             message: format!(

@@ -683,31 +683,7 @@ fn parse_create_table(p: &mut Parser) -> Result<CreateTable> {
             let _ = p.consume_token(&Token::Eq);
             p.parse_identifier().map_err(sql_err)?;
         } else if p.parse_keyword(Keyword::WITH) {
-            p.expect_token(&Token::LParen).map_err(sql_err)?;
-            loop {
-                if p.consume_token(&Token::RParen) {
-                    break;
-                }
-                let key = match p.next_token().token {
-                    Token::Word(w) => w.value.to_lowercase(),
-                    Token::SingleQuotedString(s) | Token::DoubleQuotedString(s) => s.to_lowercase(),
-                    other => return Err(syntax(format!("expected an option name, found {other}"))),
-                };
-                p.expect_token(&Token::Eq).map_err(sql_err)?;
-                let value = match p.next_token().token {
-                    Token::SingleQuotedString(s) | Token::DoubleQuotedString(s) => s,
-                    Token::Number(n, _) => n,
-                    Token::Word(w) => w.value.to_lowercase(),
-                    other => {
-                        return Err(syntax(format!("expected an option value, found {other}")))
-                    }
-                };
-                ct.options.push((key, value));
-                if !p.consume_token(&Token::Comma) {
-                    p.expect_token(&Token::RParen).map_err(sql_err)?;
-                    break;
-                }
-            }
+            ct.options.extend(parse_options(p)?);
         } else {
             break;
         }
