@@ -10,6 +10,10 @@
 //! tick_interval = "1s"
 //! memory_limit = "256MiB"       # default per flow, WITH (memory_limit = ...) overrides
 //! cpu_limit_per_tick = "10s"    # default per flow, WITH (cpu_limit_per_tick = ...) overrides
+//! output_rows_limit_per_tick = 10000000  # default per flow (WITH overrides)
+//! state_size_limit = "1GiB"     # default per flow (WITH overrides); unset: only memory_limit bounds it
+//! max_restarts = 10             # automatic restarts after a transient failure (0: never)
+//! restart_backoff = "1s"        # first wait before an automatic restart; doubles, at most 60s
 //! ```
 
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -48,6 +52,12 @@ pub enum ConfigError {
         "invalid duration {value:?} for {what}: {message} (use e.g. \"500ms\", \"1s\", \"2m\")"
     ))]
     InvalidDuration {
+        what: String,
+        value: String,
+        message: String,
+    },
+    #[snafu(display("invalid number {value:?} for {what}: {message}"))]
+    InvalidNumber {
         what: String,
         value: String,
         message: String,
@@ -124,6 +134,31 @@ pub struct StartArgs {
         env = "SANDFLOW_FLOW_CPU_LIMIT_PER_TICK"
     )]
     pub flow_cpu_limit_per_tick: Option<String>,
+
+    /// Most sink rows one tick of a flow that sets none may produce.
+    /// [default: 10000000]
+    #[arg(
+        long,
+        value_name = "ROWS",
+        env = "SANDFLOW_FLOW_OUTPUT_ROWS_LIMIT_PER_TICK"
+    )]
+    pub flow_output_rows_limit_per_tick: Option<String>,
+
+    /// Most operator state of a flow that sets none, e.g. "1GiB".
+    /// [default: none, only the memory limit bounds it]
+    #[arg(long, value_name = "SIZE", env = "SANDFLOW_FLOW_STATE_SIZE_LIMIT")]
+    pub flow_state_size_limit: Option<String>,
+
+    /// How many times in a row a flow that failed for a transient reason
+    /// (CPU budget, storage error) restarts by itself; 0 turns automatic
+    /// restarts off. [default: 10]
+    #[arg(long, value_name = "N", env = "SANDFLOW_FLOW_MAX_RESTARTS")]
+    pub flow_max_restarts: Option<String>,
+
+    /// Wait before the first automatic restart; it doubles with each attempt,
+    /// up to 60s. [default: 1s]
+    #[arg(long, value_name = "DURATION", env = "SANDFLOW_FLOW_RESTART_BACKOFF")]
+    pub flow_restart_backoff: Option<String>,
 }
 
 /// The `[flow]` section.
@@ -135,6 +170,14 @@ pub struct FlowConfig {
     pub memory_limit: usize,
     /// CPU budget per tick of a flow without `WITH (cpu_limit_per_tick = ...)`.
     pub cpu_limit_per_tick: Duration,
+    /// Sink rows per tick of a flow without `WITH (output_rows_limit_per_tick = ...)`.
+    pub output_rows_limit_per_tick: u64,
+    /// State bound of a flow without `WITH (state_size_limit = ...)`.
+    pub state_size_limit: Option<u64>,
+    /// Automatic restarts in a row after transient failures.
+    pub max_restarts: u32,
+    /// First wait before an automatic restart.
+    pub restart_backoff: Duration,
 }
 
 impl Default for FlowConfig {
@@ -144,6 +187,10 @@ impl Default for FlowConfig {
             tick_interval: DEFAULT_TICK_INTERVAL,
             memory_limit: limits.memory,
             cpu_limit_per_tick: limits.cpu_per_call,
+            output_rows_limit_per_tick: limits.output_rows_per_tick,
+            state_size_limit: limits.state_size,
+            max_restarts: crate::flow::DEFAULT_MAX_RESTARTS,
+            restart_backoff: crate::flow::DEFAULT_RESTART_BACKOFF,
         }
     }
 }
@@ -185,6 +232,10 @@ pub struct FileFlowConfig {
     pub tick_interval: Option<String>,
     pub memory_limit: Option<String>,
     pub cpu_limit_per_tick: Option<String>,
+    pub output_rows_limit_per_tick: Option<toml::Value>,
+    pub state_size_limit: Option<String>,
+    pub max_restarts: Option<toml::Value>,
+    pub restart_backoff: Option<String>,
 }
 
 impl FileConfig {
@@ -267,6 +318,60 @@ impl Config {
             Some(s) => parse_duration("flow.cpu_limit_per_tick", s)?,
             None => defaults.cpu_limit_per_tick,
         };
+        let count = |what: &str, value: String| {
+            crate::flow::options::parse_count(&value).map_err(|message| {
+                ConfigError::InvalidNumber {
+                    what: what.into(),
+                    value,
+                    message,
+                }
+            })
+        };
+        let output_rows_limit_per_tick = match args
+            .flow_output_rows_limit_per_tick
+            .clone()
+            .or(file.flow.output_rows_limit_per_tick.map(toml_text))
+        {
+            Some(s) => count("flow.output_rows_limit_per_tick", s)?,
+            None => defaults.output_rows_limit_per_tick,
+        };
+        let state_size_limit = match args
+            .flow_state_size_limit
+            .as_deref()
+            .or(file.flow.state_size_limit.as_deref())
+        {
+            Some(s) => Some(crate::flow::options::parse_size(s).map_err(|message| {
+                ConfigError::InvalidSize {
+                    what: "flow.state_size_limit".into(),
+                    value: s.to_string(),
+                    message,
+                }
+            })? as u64),
+            None => defaults.state_size_limit,
+        };
+        let max_restarts = match args
+            .flow_max_restarts
+            .clone()
+            .or(file.flow.max_restarts.map(toml_text))
+        {
+            Some(s) => s
+                .trim()
+                .parse::<u32>()
+                .map_err(|_| ConfigError::InvalidNumber {
+                    what: "flow.max_restarts".into(),
+                    value: s.clone(),
+                    message: "use a whole number, 0 to turn automatic restarts off".into(),
+                })?,
+            None => defaults.max_restarts,
+        };
+        let restart_backoff = match args
+            .flow_restart_backoff
+            .as_deref()
+            .or(file.flow.restart_backoff.as_deref())
+        {
+            Some(s) => parse_duration("flow.restart_backoff", s)?,
+            None => defaults.restart_backoff,
+        };
         Ok(Config {
             data_dir,
             postgres_addr,
@@ -275,8 +380,20 @@ impl Config {
                 tick_interval,
                 memory_limit,
                 cpu_limit_per_tick,
+                output_rows_limit_per_tick,
+                state_size_limit,
+                max_restarts,
+                restart_backoff,
             },
         })
+    }
+}
+
+/// A TOML value as text: `10` and `"10"` both mean 10.
+fn toml_text(v: toml::Value) -> String {
+    match v {
+        toml::Value::String(s) => s,
+        other => other.to_string(),
     }
 }
 
@@ -366,6 +483,52 @@ mod tests {
         };
         let e = Config::merge(&args, FileConfig::default()).unwrap_err();
         assert!(e.to_string().contains("flow.memory_limit"), "{e}");
+    }
+
+    #[test]
+    fn flow_bounds_and_restarts() {
+        let file: FileConfig = toml::from_str(
+            "[flow]\noutput_rows_limit_per_tick = 5000\nstate_size_limit = \"1MiB\"\nmax_restarts = 3\nrestart_backoff = \"250ms\"\n",
+        )
+        .unwrap();
+        let args = StartArgs {
+            flow_max_restarts: Some("0".into()),
+            ..Default::default()
+        };
+        let c = Config::merge(&args, file).unwrap();
+        assert_eq!(c.flow.output_rows_limit_per_tick, 5000);
+        assert_eq!(c.flow.state_size_limit, Some(1 << 20));
+        assert_eq!(c.flow.max_restarts, 0);
+        assert_eq!(c.flow.restart_backoff, Duration::from_millis(250));
+        let d = Config::merge(&StartArgs::default(), FileConfig::default()).unwrap();
+        assert_eq!(d.flow.max_restarts, crate::flow::DEFAULT_MAX_RESTARTS);
+        assert_eq!(d.flow.state_size_limit, None);
+        for (args, what) in [
+            (
+                StartArgs {
+                    flow_output_rows_limit_per_tick: Some("-1".into()),
+                    ..Default::default()
+                },
+                "flow.output_rows_limit_per_tick",
+            ),
+            (
+                StartArgs {
+                    flow_max_restarts: Some("often".into()),
+                    ..Default::default()
+                },
+                "flow.max_restarts",
+            ),
+            (
+                StartArgs {
+                    flow_state_size_limit: Some("huge".into()),
+                    ..Default::default()
+                },
+                "flow.state_size_limit",
+            ),
+        ] {
+            let e = Config::merge(&args, FileConfig::default()).unwrap_err();
+            assert!(e.to_string().contains(what), "{e}");
+        }
     }
 
     #[test]

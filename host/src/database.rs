@@ -170,6 +170,20 @@ fn split_name(name: &str) -> (&str, &str) {
     }
 }
 
+/// A DataFusion session whose catalog is the database's.
+fn session(core: &Arc<Core>) -> SessionContext {
+    let config = SessionConfig::new()
+        .with_information_schema(true)
+        .with_create_default_catalog_and_schema(false)
+        .with_default_catalog_and_schema(DEFAULT_CATALOG, DEFAULT_DATABASE);
+    let ctx = SessionContext::new_with_config(config);
+    ctx.register_catalog(
+        DEFAULT_CATALOG,
+        Arc::new(SandCatalog { core: core.clone() }),
+    );
+    ctx
+}
+
 /// A sandflow database: open it on a data dir, then run SQL or use the typed API.
 pub struct Database {
     core: Arc<Core>,
@@ -213,16 +227,9 @@ impl Database {
             expr_ctx: SessionContext::new(),
             defaults: RwLock::new(HashMap::new()),
         });
-        let config = SessionConfig::new()
-            .with_information_schema(true)
-            .with_create_default_catalog_and_schema(false)
-            .with_default_catalog_and_schema(DEFAULT_CATALOG, DEFAULT_DATABASE);
-        let ctx = SessionContext::new_with_config(config);
-        ctx.register_catalog(
-            DEFAULT_CATALOG,
-            Arc::new(SandCatalog { core: core.clone() }),
-        );
+        let ctx = session(&core);
         core.flows.start_all(&core, &ctx).await?;
+        core.flows.start_supervisor(&core, session);
         Ok(Arc::new(Database { core, ctx }))
     }
 

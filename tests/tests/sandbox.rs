@@ -19,6 +19,7 @@ fn limits() -> FlowLimits {
         memory: 32 << 20,
         cpu_per_call: Duration::from_millis(300),
         max_output_rows: 1000,
+        ..FlowLimits::default()
     }
 }
 
@@ -177,6 +178,7 @@ fn the_real_guest_is_stopped_by_its_memory_cap_and_others_continue() {
         memory: 24 << 20,
         cpu_per_call: Duration::from_secs(30),
         max_output_rows: 100_000,
+        ..FlowLimits::default()
     };
     let mut greedy = rt
         .create_flow(&plan, &sources, &[], small)

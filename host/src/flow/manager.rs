@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::thread::JoinHandle;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use datafusion::common::TableReference;
 use datafusion::prelude::SessionContext;
@@ -28,7 +28,9 @@ use tracing::{info, warn};
 use super::compile::{compile, CompiledFlow};
 use super::options::{format_interval, parse_interval, parse_options, FlowOptions};
 use super::sink;
-use super::worker::{pos_key, state_key, FlowStatus, Msg, SharedStatus, Worker};
+use super::worker::{
+    failure_message, pos_key, state_key, wall_ms, FlowStatus, Msg, SharedStatus, Worker,
+};
 use crate::catalog::{display_name, Table, DEFAULT_DATABASE};
 use crate::database::Core;
 use crate::error::{FlowSnafu, InternalSnafu, NotFoundSnafu, Result, SqlSnafu, UnsupportedSnafu};
@@ -52,7 +54,41 @@ pub struct FlowSettings {
     /// How often a busy flow snapshots its state (with its sink writes);
     /// a restart replays at most this much of the change log.
     pub snapshot_interval: Duration,
+    /// Automatic restarts in a row of a flow that failed for a transient
+    /// reason (CPU budget, storage error); 0 turns them off.
+    pub max_restarts: u32,
+    /// Wait before the first automatic restart; doubles with each attempt
+    /// up to [`MAX_RESTART_BACKOFF`].
+    pub restart_backoff: Duration,
+    /// Only for tests of the sandbox through the whole database: flows this
+    /// selects run another guest component instead of sandflow's own. The
+    /// server never sets it; nothing in SQL, flags or files can.
+    #[doc(hidden)]
+    pub untrusted_guest: Option<UntrustedGuest>,
 }
+
+/// See [`FlowSettings::untrusted_guest`].
+#[doc(hidden)]
+#[derive(Clone)]
+pub struct UntrustedGuest {
+    /// The component's bytes.
+    pub component: Arc<Vec<u8>>,
+    /// Which flows (by name) run it.
+    pub runs: Arc<dyn Fn(&str) -> bool + Send + Sync>,
+}
+
+impl std::fmt::Debug for UntrustedGuest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "UntrustedGuest({} bytes)", self.component.len())
+    }
+}
+
+/// Default of [`FlowSettings::max_restarts`].
+pub const DEFAULT_MAX_RESTARTS: u32 = 10;
+/// Default of [`FlowSettings::restart_backoff`].
+pub const DEFAULT_RESTART_BACKOFF: Duration = Duration::from_secs(1);
+/// The longest wait between automatic restarts.
+pub const MAX_RESTART_BACKOFF: Duration = Duration::from_secs(60);
 
 impl Default for FlowSettings {
     fn default() -> Self {
@@ -61,6 +97,9 @@ impl Default for FlowSettings {
             default_limits: FlowLimits::default(),
             cache_dir: None,
             snapshot_interval: Duration::from_secs(10),
+            max_restarts: DEFAULT_MAX_RESTARTS,
+            restart_backoff: DEFAULT_RESTART_BACKOFF,
+            untrusted_guest: None,
         }
     }
 }
@@ -154,6 +193,8 @@ struct FlowHandle {
     /// Position of the flow's last durable snapshot (0: none yet).
     snap_pos: Arc<AtomicU64>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Which run of the flow this is (see [`Worker::incarnation`]).
+    incarnation: u64,
 }
 
 impl FlowHandle {
@@ -173,9 +214,26 @@ impl FlowHandle {
 pub struct FlowManager {
     settings: FlowSettings,
     runtime: Arc<OnceLock<std::result::Result<Arc<Runtime>, String>>>,
+    /// The runtime of [`FlowSettings::untrusted_guest`], if set.
+    untrusted: Arc<OnceLock<std::result::Result<Arc<Runtime>, String>>>,
     flows: RwLock<BTreeMap<String, Arc<FlowHandle>>>,
     /// Serialises CREATE / DROP FLOW.
     ddl: tokio::sync::Mutex<()>,
+    /// Where failed flows ask for an automatic restart (see [`supervise`]);
+    /// taken at shutdown, which ends the supervisor.
+    restarts: Mutex<Option<tokio::sync::mpsc::UnboundedSender<RestartRequest>>>,
+    /// Source of [`FlowHandle::incarnation`].
+    incarnations: AtomicU64,
+    /// Set at shutdown: nothing starts any more.
+    closed: std::sync::atomic::AtomicBool,
+}
+
+/// A failed flow's request to be restarted after `delay`.
+#[derive(Debug)]
+pub(crate) struct RestartRequest {
+    name: String,
+    incarnation: u64,
+    delay: Duration,
 }
 
 impl std::fmt::Debug for FlowManager {
@@ -185,10 +243,50 @@ impl std::fmt::Debug for FlowManager {
 }
 
 fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    wall_ms()
+}
+
+/// The wait before automatic restart number `attempts + 1`.
+fn restart_delay(initial: Duration, attempts: u32) -> Duration {
+    initial
+        .saturating_mul(1u32 << attempts.min(16))
+        .min(MAX_RESTART_BACKOFF)
+        .max(Duration::from_millis(10))
+}
+
+/// Runs automatic restarts when they are due, one at a time, until the
+/// database shuts down (its sender is dropped) or is gone.
+async fn supervise(
+    core: std::sync::Weak<Core>,
+    session: fn(&Arc<Core>) -> SessionContext,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<RestartRequest>,
+) {
+    let mut due: Vec<(tokio::time::Instant, RestartRequest)> = Vec::new();
+    loop {
+        let next = due.iter().map(|(at, _)| *at).min();
+        let request = match next {
+            Some(at) => tokio::select! {
+                r = rx.recv() => r.map(Some),
+                _ = tokio::time::sleep_until(at) => Some(None),
+            },
+            None => rx.recv().await.map(Some),
+        };
+        match request {
+            None => return,
+            Some(Some(req)) => due.push((tokio::time::Instant::now() + req.delay, req)),
+            Some(None) => {
+                let now = tokio::time::Instant::now();
+                let (ready, later): (Vec<_>, Vec<_>) =
+                    due.into_iter().partition(|(at, _)| *at <= now);
+                due = later;
+                for (_, req) in ready {
+                    let Some(core) = core.upgrade() else { return };
+                    let ctx = session(&core);
+                    core.flows.auto_restart(&core, &ctx, req).await;
+                }
+            }
+        }
+    }
 }
 
 fn flow_err(message: impl Into<String>) -> crate::error::Error {
@@ -216,8 +314,12 @@ impl FlowManager {
         FlowManager {
             settings,
             runtime: Arc::new(OnceLock::new()),
+            untrusted: Arc::new(OnceLock::new()),
             flows: RwLock::new(BTreeMap::new()),
             ddl: tokio::sync::Mutex::new(()),
+            restarts: Mutex::new(None),
+            incarnations: AtomicU64::new(1),
+            closed: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -294,6 +396,10 @@ impl FlowManager {
 
     /// Stops every flow's thread (the database is closing).
     pub fn shutdown(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        if let Ok(mut r) = self.restarts.lock() {
+            r.take();
+        }
         let handles: Vec<_> = match self.flows.write() {
             Ok(mut f) => std::mem::take(&mut *f).into_values().collect(),
             Err(_) => return,
@@ -372,7 +478,14 @@ impl FlowManager {
                             info!(flow = %name, "flow restarted without a snapshot; rebuilding its state from its sources")
                         }
                     }
-                    self.launch(core, def.clone(), prepared, recovery, Some(gate.clone()))?
+                    self.launch(
+                        core,
+                        def.clone(),
+                        prepared,
+                        recovery,
+                        Some(gate.clone()),
+                        FlowStatus::default(),
+                    )?
                 }
                 Err(e) => {
                     warn!(flow = %name, "flow cannot start: {e}");
@@ -395,6 +508,7 @@ impl FlowManager {
                         tx: None,
                         snap_pos: Arc::new(AtomicU64::new(0)),
                         thread: Mutex::new(None),
+                        incarnation: self.incarnations.fetch_add(1, Ordering::Relaxed),
                         def,
                     })
                 }
@@ -498,7 +612,7 @@ impl FlowManager {
             ])
         })
         .await?;
-        let handle = self.launch(core, def, prepared, None, None)?;
+        let handle = self.launch(core, def, prepared, None, None, FlowStatus::default())?;
         if let Ok(mut f) = self.flows.write() {
             f.insert(stmt.name.clone(), handle);
         }
@@ -568,12 +682,57 @@ impl FlowManager {
             }
             .build()
         })?;
-        let failed = handle
-            .status
-            .lock()
-            .map(|s| s.error.is_some())
-            .unwrap_or(true);
-        if !failed {
+        self.restart(core, ctx, handle, false).await
+    }
+
+    /// An automatic restart that [`supervise`] runs when its delay is up:
+    /// only if the same run of the flow is still failed (it may have been
+    /// resumed, replaced or dropped meanwhile). A restart that cannot even
+    /// set the flow up counts as another failed attempt.
+    async fn auto_restart(&self, core: &Arc<Core>, ctx: &SessionContext, req: RestartRequest) {
+        let _ddl = self.ddl.lock().await;
+        let Some(handle) = self.get(&req.name) else {
+            return;
+        };
+        if handle.incarnation != req.incarnation {
+            return;
+        }
+        info!(flow = %req.name, "restarting the flow after a transient failure");
+        if let Err(e) = self.restart(core, ctx, handle.clone(), true).await {
+            let attempts = {
+                let mut s = handle.status.lock().unwrap_or_else(|p| p.into_inner());
+                s.error = Some(format!("automatic restart failed: {e}"));
+                s.failures += 1;
+                s.restarts += 1;
+                s.restart_attempts += 1;
+                s.next_restart_ms = None;
+                s.restart_attempts
+            };
+            self.schedule_restart(&req.name, req.incarnation, &handle.status, attempts);
+        }
+    }
+
+    /// Restarts `handle`'s flow if it has failed (the caller holds the DDL
+    /// lock). Counters carry over; an automatic restart counts as one more
+    /// attempt in a row, RESUME_FLOW starts the count afresh.
+    async fn restart(
+        &self,
+        core: &Arc<Core>,
+        ctx: &SessionContext,
+        handle: Arc<FlowHandle>,
+        automatic: bool,
+    ) -> Result<bool> {
+        let carried = {
+            let s = handle.status.lock().unwrap_or_else(|p| p.into_inner());
+            if s.error.is_none() {
+                return Ok(false);
+            }
+            let mut c = s.carried();
+            c.restarts += 1;
+            c.restart_attempts = if automatic { c.restart_attempts + 1 } else { 0 };
+            c
+        };
+        if self.closed.load(Ordering::SeqCst) {
             return Ok(false);
         }
         let def = handle.def.clone();
@@ -585,12 +744,75 @@ impl FlowManager {
             Ok(())
         })
         .await?;
-        let new = self.launch(core, def.clone(), prepared, recovery, None)?;
+        let new = self.launch(core, def.clone(), prepared, recovery, None, carried)?;
         if let Ok(mut f) = self.flows.write() {
-            f.insert(def.name.clone(), new);
+            f.insert(def.name.clone(), new.clone());
         }
-        info!(flow = %def.name, "flow resumed");
+        if self.closed.load(Ordering::SeqCst) {
+            // Shut down meanwhile: this run must not outlive the database.
+            blocking(move || {
+                if let Some(tx) = &new.tx {
+                    let _ = tx.send(Msg::Stop);
+                }
+                let thread = new.thread.lock().ok().and_then(|mut t| t.take());
+                if let Some(t) = thread {
+                    let _ = t.join();
+                }
+                Ok(())
+            })
+            .await?;
+            return Ok(false);
+        }
+        info!(flow = %def.name, automatic, "flow restarted");
         Ok(true)
+    }
+
+    /// A flow failed for a transient reason after `attempts` automatic
+    /// restarts in a row: asks the supervisor to restart it after the
+    /// backoff, or gives up (the error then says to resume it by hand).
+    pub(crate) fn schedule_restart(
+        &self,
+        name: &str,
+        incarnation: u64,
+        status: &SharedStatus,
+        attempts: u32,
+    ) {
+        let max = self.settings.max_restarts;
+        let sender = self.restarts.lock().ok().and_then(|r| r.clone());
+        let mut s = status.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(sender) = sender.filter(|_| max > 0) else {
+            return;
+        };
+        if attempts >= max {
+            if let Some(e) = &mut s.error {
+                e.push_str(&format!(
+                    " (gave up after {attempts} automatic restarts in a row)"
+                ));
+            }
+            s.next_restart_ms = None;
+            return;
+        }
+        let delay = restart_delay(self.settings.restart_backoff, attempts);
+        s.next_restart_ms = Some(now_ms() + delay.as_millis() as i64);
+        let _ = sender.send(RestartRequest {
+            name: name.to_string(),
+            incarnation,
+            delay,
+        });
+    }
+
+    /// Starts the task that runs automatic restarts when they are due. It
+    /// holds only a weak reference to the database and ends at shutdown.
+    pub(crate) fn start_supervisor(
+        &self,
+        core: &Arc<Core>,
+        session: fn(&Arc<Core>) -> SessionContext,
+    ) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        if let Ok(mut r) = self.restarts.lock() {
+            *r = Some(tx);
+        }
+        tokio::spawn(supervise(Arc::downgrade(core), session, rx));
     }
 
     /// `ADMIN FLUSH_FLOW('name')`: processes everything committed to the
@@ -606,17 +828,13 @@ impl FlowManager {
         })?;
         let failed = |e: String| {
             flow_err(format!(
-                "flow '{name}' has failed: {e}; fix the cause and recreate it with CREATE OR REPLACE FLOW"
+                "flow '{name}' has failed: {e}; fix the cause, then run ADMIN RESUME_FLOW('{name}') \
+                 or recreate it with CREATE OR REPLACE FLOW"
             ))
         };
         let Some(tx) = &handle.tx else {
-            let e = handle
-                .status
-                .lock()
-                .ok()
-                .and_then(|s| s.error.clone())
-                .unwrap_or_else(|| "it is not running".into());
-            return Err(failed(e));
+            let s = handle.status.lock().unwrap_or_else(|p| p.into_inner());
+            return Err(flow_err(failure_message(&handle.def.name, &s)));
         };
         let (reply, rx) = oneshot::channel();
         if tx.send(Msg::Flush(reply)).is_err() {
@@ -700,7 +918,10 @@ impl FlowManager {
             sources.push(core.catalog.require_table(&d, &t)?);
         }
         let limits = limits(&self.settings.default_limits, &options);
-        let runtime = self.runtime_async().await?;
+        let runtime = match &self.settings.untrusted_guest {
+            Some(u) if (u.runs)(&def.name) => self.untrusted_runtime(u.component.clone()).await?,
+            _ => self.runtime_async().await?,
+        };
         let mut guest_options = Vec::new();
         if let Some(ms) = def.expire_after_ms {
             guest_options.push((
@@ -760,6 +981,21 @@ impl FlowManager {
         })
     }
 
+    async fn untrusted_runtime(&self, component: Arc<Vec<u8>>) -> Result<Arc<Runtime>> {
+        let cell = self.untrusted.clone();
+        tokio::task::spawn_blocking(move || {
+            cell.get_or_init(|| {
+                Runtime::with_untrusted_component(RuntimeConfig::default(), &component)
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string())
+            })
+            .clone()
+        })
+        .await
+        .map_err(|e| flow_err(format!("runtime setup task failed: {e}")))?
+        .map_err(flow_err)
+    }
+
     async fn runtime_async(&self) -> Result<Arc<Runtime>> {
         if let Some(rt) = self.runtime.get() {
             return rt.clone().map_err(flow_err);
@@ -794,9 +1030,11 @@ impl FlowManager {
         p: Prepared,
         recovery: Option<Recovery>,
         gate: Option<Arc<Gate>>,
+        status: FlowStatus,
     ) -> Result<Arc<FlowHandle>> {
         let (tx, rx) = channel::<Msg>();
-        let status: SharedStatus = Arc::new(Mutex::new(FlowStatus::default()));
+        let status: SharedStatus = Arc::new(Mutex::new(status));
+        let incarnation = self.incarnations.fetch_add(1, Ordering::Relaxed);
         let mut make = |i: usize| -> Subscriber {
             let tx = tx.clone();
             let source = i as u32;
@@ -863,6 +1101,7 @@ impl FlowManager {
             snap_pos: snap_pos.clone(),
             snapshot_interval: self.settings.snapshot_interval,
             source_ids: source_ids.clone(),
+            incarnation,
         };
         let thread = std::thread::Builder::new()
             .name(format!("flow-{}", def.name))
@@ -881,12 +1120,13 @@ impl FlowManager {
             tx: Some(tx),
             snap_pos,
             thread: Mutex::new(Some(thread)),
+            incarnation,
             def,
         }))
     }
 }
 
-const METRICS: [(&str, &str); 4] = [
+const METRICS: [(&str, &str); 7] = [
     (
         "sandflow_flow_failed",
         "1 if the flow has failed (see information_schema.flows.last_error)",
@@ -901,7 +1141,19 @@ const METRICS: [(&str, &str); 4] = [
     ),
     (
         "sandflow_flow_last_execution_timestamp_seconds",
-        "Wall-clock time of the flow's last tick (lag = now - this while input is pending)",
+        "Wall-clock time of the flow's last tick",
+    ),
+    (
+        "sandflow_flow_failures",
+        "Times the flow failed since the server started",
+    ),
+    (
+        "sandflow_flow_restarts",
+        "Times the flow was restarted (automatically or by ADMIN RESUME_FLOW) since the server started",
+    ),
+    (
+        "sandflow_flow_lag_seconds",
+        "Age of the oldest source change the flow's sink does not reflect yet (0 when caught up)",
     ),
 ];
 
@@ -917,7 +1169,10 @@ fn register_metrics(name: &str, status: &SharedStatus) {
                 0 => s.error.is_some() as u8 as f64,
                 1 => s.rows_written as f64,
                 2 => s.state_size as f64,
-                _ => s.last_execution_ms.unwrap_or(0) as f64 / 1000.0,
+                3 => s.last_execution_ms.unwrap_or(0) as f64 / 1000.0,
+                4 => s.failures as f64,
+                5 => s.restarts as f64,
+                _ => s.lag_ms(wall_ms()) as f64 / 1000.0,
             }
         });
     }
@@ -1012,6 +1267,10 @@ fn limits(defaults: &FlowLimits, options: &FlowOptions) -> FlowLimits {
         memory: options.memory_limit.unwrap_or(defaults.memory),
         cpu_per_call: options.cpu_limit_per_tick.unwrap_or(defaults.cpu_per_call),
         max_output_rows: defaults.max_output_rows,
+        output_rows_per_tick: options
+            .output_rows_limit_per_tick
+            .unwrap_or(defaults.output_rows_per_tick),
+        state_size: options.state_size_limit.or(defaults.state_size),
     }
 }
 

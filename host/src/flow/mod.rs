@@ -16,5 +16,10 @@ pub mod sink;
 pub mod system;
 pub(crate) mod worker;
 
-pub use manager::{FlowDef, FlowInfo, FlowManager, FlowSettings};
+#[doc(hidden)]
+pub use manager::UntrustedGuest;
+pub use manager::{
+    FlowDef, FlowInfo, FlowManager, FlowSettings, DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_BACKOFF,
+    MAX_RESTART_BACKOFF,
+};
 pub use worker::FlowStatus;

@@ -5,7 +5,13 @@
 use std::time::Duration;
 
 /// Options `WITH (...)` accepts, in the order error messages list them.
-pub const KNOWN_OPTIONS: &[&str] = &["backfill", "memory_limit", "cpu_limit_per_tick"];
+pub const KNOWN_OPTIONS: &[&str] = &[
+    "backfill",
+    "memory_limit",
+    "cpu_limit_per_tick",
+    "output_rows_limit_per_tick",
+    "state_size_limit",
+];
 
 /// Parsed `WITH (...)` options of a flow.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -16,6 +22,10 @@ pub struct FlowOptions {
     pub memory_limit: Option<usize>,
     /// CPU budget of one call into the guest.
     pub cpu_limit_per_tick: Option<Duration>,
+    /// Most sink rows one tick may produce.
+    pub output_rows_limit_per_tick: Option<u64>,
+    /// Most bytes of operator state the flow may keep.
+    pub state_size_limit: Option<u64>,
 }
 
 impl FlowOptions {
@@ -42,6 +52,10 @@ pub fn parse_options(pairs: &[(String, String)]) -> Result<FlowOptions, String> 
                     .map_err(|e| format!("invalid cpu_limit_per_tick '{value}': {e}"))?;
                 out.cpu_limit_per_tick = Some(Duration::from_millis(ms as u64));
             }
+            "output_rows_limit_per_tick" => {
+                out.output_rows_limit_per_tick = Some(parse_count(value)?)
+            }
+            "state_size_limit" => out.state_size_limit = Some(parse_size(value)? as u64),
             _ => {
                 return Err(format!(
                     "unknown flow option '{key}'; known options: {}",
@@ -51,6 +65,21 @@ pub fn parse_options(pairs: &[(String, String)]) -> Result<FlowOptions, String> 
         }
     }
     Ok(out)
+}
+
+/// A positive number of rows: `100000`, `100_000` or `1,000,000`.
+pub fn parse_count(text: &str) -> Result<u64, String> {
+    let digits: String = text
+        .trim()
+        .chars()
+        .filter(|c| *c != '_' && *c != ',')
+        .collect();
+    match digits.parse::<u64>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!(
+            "invalid row count '{text}'; use a positive whole number, e.g. '1000000'"
+        )),
+    }
 }
 
 /// A byte size: `1048576`, `64MiB`, `64 MB`, `1GiB`, `512KiB` (KB and KiB are
@@ -221,9 +250,18 @@ mod tests {
         assert_eq!(o.cpu_limit_per_tick, Some(Duration::from_millis(100)));
         let e = parse_options(&[("nope".into(), "1".into())]).unwrap_err();
         assert!(
-            e.contains("backfill, memory_limit, cpu_limit_per_tick"),
+            e.contains("backfill, memory_limit, cpu_limit_per_tick, output_rows_limit_per_tick, state_size_limit"),
             "{e}"
         );
+        let o = parse_options(&[
+            ("output_rows_limit_per_tick".into(), "1_000".into()),
+            ("state_size_limit".into(), "1MiB".into()),
+        ])
+        .unwrap();
+        assert_eq!(o.output_rows_limit_per_tick, Some(1000));
+        assert_eq!(o.state_size_limit, Some(1 << 20));
+        assert!(parse_options(&[("output_rows_limit_per_tick".into(), "0".into())]).is_err());
+        assert!(parse_options(&[("output_rows_limit_per_tick".into(), "many".into())]).is_err());
         assert!(parse_options(&[("backfill".into(), "maybe".into())]).is_err());
         assert!(parse_size("12 parsecs").is_err());
         assert_eq!(parse_size("1048576"), Ok(1 << 20));

@@ -62,7 +62,8 @@ pub fn rewrite_system_tables(stmt: &mut Statement) {
 }
 
 /// The columns of `information_schema.flows` (GreptimeDB's, plus `status`,
-/// `last_error` and `rows_written`).
+/// `last_error`, `rows_written`, `failures`, `restarts`, `lag_ms` and
+/// `next_restart_time`).
 pub fn flows_schema() -> SchemaRef {
     let ts = || DataType::Timestamp(TimeUnit::Millisecond, None);
     Arc::new(Schema::new(vec![
@@ -84,6 +85,10 @@ pub fn flows_schema() -> SchemaRef {
         Field::new("status", DataType::Utf8, false),
         Field::new("last_error", DataType::Utf8, true),
         Field::new("rows_written", DataType::UInt64, false),
+        Field::new("failures", DataType::UInt64, false),
+        Field::new("restarts", DataType::UInt64, false),
+        Field::new("lag_ms", DataType::Int64, false),
+        Field::new("next_restart_time", ts(), true),
     ]))
 }
 
@@ -93,6 +98,7 @@ fn json_list(items: impl Iterator<Item = String>) -> String {
 
 /// The rows of `information_schema.flows`.
 pub fn flows_batch(flows: &[FlowInfo]) -> datafusion::common::Result<RecordBatch> {
+    let now = super::worker::wall_ms();
     let s = |f: &dyn Fn(&FlowInfo) -> String| -> ArrayRef {
         Arc::new(StringArray::from_iter_values(flows.iter().map(f)))
     };
@@ -161,6 +167,30 @@ pub fn flows_batch(flows: &[FlowInfo]) -> datafusion::common::Result<RecordBatch
                 .iter()
                 .map(|f| f.status.rows_written)
                 .collect::<UInt64Array>(),
+        ),
+        Arc::new(
+            flows
+                .iter()
+                .map(|f| f.status.failures)
+                .collect::<UInt64Array>(),
+        ),
+        Arc::new(
+            flows
+                .iter()
+                .map(|f| f.status.restarts)
+                .collect::<UInt64Array>(),
+        ),
+        Arc::new(
+            flows
+                .iter()
+                .map(|f| f.status.lag_ms(now))
+                .collect::<Int64Array>(),
+        ),
+        Arc::new(
+            flows
+                .iter()
+                .map(|f| f.status.next_restart_ms)
+                .collect::<TimestampMillisecondArray>(),
         ),
     ];
     Ok(RecordBatch::try_new(flows_schema(), columns)?)

@@ -22,7 +22,7 @@ use super::arrow::{batch_from_arrow, batch_to_arrow, schema_from_fields};
 use super::sink::{self, SinkColumn};
 use crate::catalog::Table;
 use crate::database::Core;
-use crate::runtime::{Batch, Field, FlowInstance};
+use crate::runtime::{Batch, Field, FlowInstance, RuntimeError};
 use crate::storage::{ChangeBatch, WriteSet};
 
 /// What a flow's thread is asked to do.
@@ -52,6 +52,85 @@ pub struct FlowStatus {
     pub rows_written: u64,
     /// `rows_written` at the last flush.
     pub rows_at_flush: u64,
+    /// Times the flow failed since the server started.
+    pub failures: u64,
+    /// Times the flow was restarted (automatically or by `ADMIN
+    /// RESUME_FLOW`) since the server started.
+    pub restarts: u64,
+    /// Automatic restarts in a row without a successful tick in between.
+    pub restart_attempts: u32,
+    /// When the next automatic restart is due (wall-clock ms), if one is.
+    pub next_restart_ms: Option<i64>,
+    /// Wall-clock ms at which the oldest source change the sink does not
+    /// reflect yet arrived; `None` when the flow is caught up.
+    pub pending_since_ms: Option<i64>,
+}
+
+impl FlowStatus {
+    /// How far the sink is behind its sources at wall-clock `now_ms`: the
+    /// age of the oldest change not yet written back, 0 when caught up.
+    pub fn lag_ms(&self, now_ms: i64) -> i64 {
+        self.pending_since_ms
+            .map(|t| now_ms.saturating_sub(t).max(0))
+            .unwrap_or(0)
+    }
+
+    /// The counters a restarted flow carries over from its previous run.
+    pub(crate) fn carried(&self) -> FlowStatus {
+        FlowStatus {
+            rows_written: self.rows_written,
+            rows_at_flush: self.rows_at_flush,
+            failures: self.failures,
+            restarts: self.restarts,
+            restart_attempts: self.restart_attempts,
+            pending_since_ms: self.pending_since_ms,
+            last_execution_ms: self.last_execution_ms,
+            ..FlowStatus::default()
+        }
+    }
+}
+
+/// Why a flow's thread stopped working, and whether trying again later may
+/// succeed (a CPU budget missed on a busy machine, a storage error) or not
+/// (a trap, the memory cap, a limit the flow's data keeps hitting).
+#[derive(Debug, Clone)]
+pub(crate) struct Failure {
+    pub message: String,
+    pub transient: bool,
+}
+
+impl Failure {
+    fn permanent(message: impl Into<String>) -> Failure {
+        Failure {
+            message: message.into(),
+            transient: false,
+        }
+    }
+
+    fn transient(message: impl Into<String>) -> Failure {
+        Failure {
+            message: message.into(),
+            transient: true,
+        }
+    }
+}
+
+impl From<RuntimeError> for Failure {
+    fn from(e: RuntimeError) -> Failure {
+        let transient = matches!(e, RuntimeError::CpuLimit { .. });
+        Failure {
+            message: e.to_string(),
+            transient,
+        }
+    }
+}
+
+/// Wall-clock milliseconds now.
+pub(crate) fn wall_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }
 
 pub(crate) type SharedStatus = Arc<Mutex<FlowStatus>>;
@@ -63,11 +142,7 @@ struct Clock {
 
 impl Clock {
     fn now(&mut self) -> i64 {
-        let wall = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as i64)
-            .unwrap_or(0);
-        self.last = self.last.max(wall);
+        self.last = self.last.max(wall_ms());
         self.last
     }
 }
@@ -97,6 +172,9 @@ pub(crate) struct Worker {
     pub snapshot_interval: Duration,
     /// Table ids of the sources (for change-log garbage collection).
     pub source_ids: Vec<u64>,
+    /// Which run of the flow this is (a restart gets a new one), so that an
+    /// automatic restart never replaces a newer run.
+    pub incarnation: u64,
 }
 
 /// Meta key of a flow's state: 8 bytes position (big endian), then the snapshot.
@@ -172,6 +250,7 @@ impl Worker {
                 }
                 Some(Msg::Halt) => return,
                 Some(Msg::Change { source, change }) => {
+                    self.note_pending();
                     if self.failed().is_none() {
                         self.push(source, &change, &mut clock);
                         self.schedule_input(&mut sched);
@@ -183,6 +262,7 @@ impl Worker {
                     while let Ok(m) = rx.try_recv() {
                         match m {
                             Msg::Change { source, change } => {
+                                self.note_pending();
                                 if self.failed().is_none() {
                                     self.push(source, &change, &mut clock);
                                 }
@@ -194,9 +274,10 @@ impl Worker {
                         }
                     }
                     let result = match self.failed() {
-                        Some(e) => Err(e),
+                        Some(_) => Err(()),
                         None => self
                             .tick(&mut clock, &mut sched, &mut last_snapshot, false)
+                            .map_err(|_| ())
                             .map(|_| {
                                 // Count what was written since the last flush,
                                 // including ticks that ran on their own meanwhile.
@@ -206,11 +287,9 @@ impl Worker {
                                 n
                             }),
                     };
-                    let result = result.map_err(|e| {
-                        format!(
-                            "flow '{}' has failed: {e}; fix the cause and recreate it with CREATE OR REPLACE FLOW",
-                            self.name
-                        )
+                    let result = result.map_err(|()| {
+                        let status = self.status.lock().unwrap_or_else(|p| p.into_inner());
+                        failure_message(&self.name, &status)
                     });
                     let _ = reply.send(result);
                     if stop {
@@ -232,10 +311,31 @@ impl Worker {
         self.status.lock().ok().and_then(|s| s.error.clone())
     }
 
-    fn fail(&mut self, error: String) {
-        warn!(flow = %self.name, "flow failed: {error}");
+    fn fail(&mut self, failure: Failure) {
+        warn!(flow = %self.name, transient = failure.transient, "flow failed: {}", failure.message);
+        let attempts = {
+            let mut s = self.status.lock().unwrap_or_else(|p| p.into_inner());
+            if s.error.is_some() {
+                // The first reason is the one that counts.
+                return;
+            }
+            s.error = Some(failure.message);
+            s.failures += 1;
+            s.restart_attempts
+        };
+        if failure.transient {
+            self.core
+                .flows
+                .schedule_restart(&self.name, self.incarnation, &self.status, attempts);
+        }
+    }
+
+    /// A source change arrived: the sink is behind from now on (if it was not already).
+    fn note_pending(&self) {
         if let Ok(mut s) = self.status.lock() {
-            s.error = Some(error);
+            if s.pending_since_ms.is_none() {
+                s.pending_since_ms = Some(wall_ms());
+            }
         }
     }
 
@@ -253,6 +353,9 @@ impl Worker {
     }
 
     fn push(&mut self, source: u32, change: &ChangeBatch, clock: &mut Clock) {
+        if self.failed().is_some() {
+            return;
+        }
         let Some(fields) = self.source_fields.get(source as usize) else {
             return;
         };
@@ -260,22 +363,35 @@ impl Worker {
         {
             Ok(b) => b,
             Err(e) => {
-                self.fail(format!("cannot convert source rows: {e}"));
+                self.fail(Failure::permanent(format!(
+                    "cannot convert source rows: {e}"
+                )));
                 return;
             }
         };
         if let Err(e) = self.instance.push(source, batch) {
-            self.fail(e.to_string());
+            self.fail(e.into());
         }
         self.pos = self.pos.max(change.seq);
     }
 
-    /// Ticks at `now` until the guest has released all its output.
-    fn drain(&mut self, now: i64) -> Result<(Vec<Batch>, Option<i64>), String> {
+    /// Ticks at `now` until the guest has released all its output (at most
+    /// the flow's bound on output rows per tick).
+    fn drain(&mut self, now: i64) -> Result<(Vec<Batch>, Option<i64>), Failure> {
         let mut batches = Vec::new();
+        let limit = self.instance.limits().output_rows_per_tick;
+        let mut total = 0u64;
         loop {
-            let out = self.instance.tick(now).map_err(|e| e.to_string())?;
+            let out = self.instance.tick(now)?;
             if out.output.rows > 0 {
+                total += u64::from(out.output.rows);
+                if total > limit {
+                    return Err(Failure::permanent(format!(
+                        "flow produced more than {limit} sink rows in one tick and was stopped; \
+                         raise output_rows_limit_per_tick or make the query produce fewer rows \
+                         (fewer groups, a filter, EXPIRE AFTER)"
+                    )));
+                }
                 batches.push(out.output);
             }
             if !out.more {
@@ -293,18 +409,34 @@ impl Worker {
         sched: &mut Schedule,
         last_snapshot: &mut Option<Instant>,
         force_snapshot: bool,
-    ) -> Result<u64, String> {
+    ) -> Result<u64, ()> {
         let now = clock.now();
         sched.last_tick = Some(Instant::now());
         sched.due = None;
         let (batches, wakeup) = match self.drain(now) {
             Ok(r) => r,
             Err(e) => {
-                self.fail(e.clone());
-                return Err(e);
+                self.fail(e);
+                return Err(());
             }
         };
-        let state_size = self.instance.state_size().unwrap_or(0);
+        let state_size = match self.instance.state_size() {
+            Ok(n) => n,
+            Err(e) => {
+                self.fail(e.into());
+                return Err(());
+            }
+        };
+        if let Some(limit) = self.instance.limits().state_size {
+            if state_size > limit {
+                self.fail(Failure::permanent(format!(
+                    "flow state grew to {state_size} bytes, over its state_size_limit of {limit} bytes, \
+                     and the flow was stopped; raise state_size_limit, add EXPIRE AFTER or reduce \
+                     the number of groups"
+                )));
+                return Err(());
+            }
+        }
         let snapshot_due =
             force_snapshot || last_snapshot.is_none_or(|t| t.elapsed() >= self.snapshot_interval);
         let snap_pos = self.snap_pos.load(Ordering::Relaxed);
@@ -312,8 +444,8 @@ impl Worker {
         let written = match self.write_back(&batches, now, snapshot) {
             Ok(n) => n,
             Err(e) => {
-                self.fail(e.clone());
-                return Err(e);
+                self.fail(e);
+                return Err(());
             }
         };
         if snapshot {
@@ -327,6 +459,10 @@ impl Worker {
             s.last_execution_ms = Some(now);
             s.state_size = state_size;
             s.rows_written += written;
+            // Everything received so far is in the sink, and a run that
+            // gets this far has recovered.
+            s.pending_since_ms = None;
+            s.restart_attempts = 0;
         }
         if let Some(w) = wakeup {
             let wait = Duration::from_millis(w.saturating_sub(now).max(0) as u64);
@@ -339,19 +475,23 @@ impl Worker {
 
     /// Commits the sink writes of `batches`, the flow's position and, with
     /// `snapshot`, its state, in one transaction.
-    fn write_back(&mut self, batches: &[Batch], now: i64, snapshot: bool) -> Result<u64, String> {
+    fn write_back(&mut self, batches: &[Batch], now: i64, snapshot: bool) -> Result<u64, Failure> {
         let mut set = WriteSet::new();
         let mut rows = 0;
         if !batches.is_empty() {
             let mut arrow = Vec::with_capacity(batches.len());
             let mut diffs = Vec::new();
             for b in batches {
-                arrow.push(batch_to_arrow(b, &self.output).map_err(|e| e.to_string())?);
+                arrow.push(
+                    batch_to_arrow(b, &self.output)
+                        .map_err(|e| Failure::permanent(e.to_string()))?,
+                );
                 diffs.extend_from_slice(&b.diffs);
             }
             let all = concat_batches(&schema_from_fields(&self.output), &arrow)
-                .map_err(|e| format!("cannot gather the flow's output: {e}"))?;
-            let writes = sink::writes(&self.sink, &self.mapping, &all, &diffs, now)?;
+                .map_err(|e| Failure::permanent(format!("cannot gather the flow's output: {e}")))?;
+            let writes = sink::writes(&self.sink, &self.mapping, &all, &diffs, now)
+                .map_err(Failure::permanent)?;
             rows = writes.rows();
             if rows > 0 {
                 // The sink may have been dropped and recreated: write to the live table.
@@ -359,13 +499,13 @@ impl Worker {
                     .core
                     .catalog
                     .table(&self.sink.info.database, &self.sink.info.name)
-                    .map_err(|e| e.to_string())?
+                    .map_err(|e| Failure::transient(e.to_string()))?
                     .filter(|t| t.id() == self.sink.id())
                     .ok_or_else(|| {
-                        format!(
+                        Failure::permanent(format!(
                             "sink table '{}' no longer exists",
                             self.sink.qualified_name()
-                        )
+                        ))
                     })?;
                 if let Some(d) = writes.deletes {
                     set.delete(sink.clone(), d);
@@ -381,17 +521,34 @@ impl Worker {
         let pos = self.pos.to_be_bytes().to_vec();
         set.put_meta(pos_key(&self.name), pos.clone());
         if snapshot {
-            let state = self.instance.snapshot().map_err(|e| e.to_string())?;
+            let state = self.instance.snapshot()?;
             let mut value = pos;
             value.extend_from_slice(&state);
             set.put_meta(state_key(&self.name), value);
         }
         self.core.store.commit(set).map_err(|e| {
-            format!(
+            Failure::transient(format!(
                 "cannot write to sink table '{}': {e}",
                 self.sink.qualified_name()
-            )
+            ))
         })?;
         Ok(rows)
+    }
+}
+
+/// What FLUSH_FLOW says about a failed flow: the reason, and how it comes back.
+pub(crate) fn failure_message(name: &str, status: &FlowStatus) -> String {
+    let reason = status.error.as_deref().unwrap_or("it is not running");
+    match status.next_restart_ms {
+        Some(at) => format!(
+            "flow '{name}' has failed: {reason}; it restarts by itself in {} ms \
+             (automatic restart {} after a transient failure), or run ADMIN RESUME_FLOW('{name}')",
+            at.saturating_sub(wall_ms()).max(0),
+            status.restart_attempts + 1
+        ),
+        None => format!(
+            "flow '{name}' has failed: {reason}; fix the cause, then run ADMIN RESUME_FLOW('{name}') \
+             or recreate it with CREATE OR REPLACE FLOW"
+        ),
     }
 }

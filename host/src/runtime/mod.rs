@@ -91,8 +91,16 @@ pub struct FlowLimits {
     pub memory: usize,
     /// Wall-clock CPU budget of one call into the guest.
     pub cpu_per_call: Duration,
-    /// Largest number of rows one tick may return.
+    /// Largest number of rows one call to `tick` may return (the guest
+    /// returns the rest on the next call).
     pub max_output_rows: u32,
+    /// Largest number of rows one whole tick (every call at one time) may
+    /// produce; the flow layer fails a flow that produces more.
+    pub output_rows_per_tick: u64,
+    /// Largest operator state in bytes (as the guest reports it); the flow
+    /// layer fails a flow whose state grows past it. `None`: only the memory
+    /// cap bounds it.
+    pub state_size: Option<u64>,
 }
 
 impl Default for FlowLimits {
@@ -101,9 +109,14 @@ impl Default for FlowLimits {
             memory: 256 << 20,
             cpu_per_call: Duration::from_secs(10),
             max_output_rows: 100_000,
+            output_rows_per_tick: DEFAULT_OUTPUT_ROWS_PER_TICK,
+            state_size: None,
         }
     }
 }
+
+/// Default bound on the rows one tick of a flow may produce.
+pub const DEFAULT_OUTPUT_ROWS_PER_TICK: u64 = 10_000_000;
 
 /// The granularity of CPU budgets: the epoch advances this often.
 const EPOCH_TICK: Duration = Duration::from_millis(5);
@@ -247,8 +260,11 @@ fn setup_budget(limits: FlowLimits) -> Duration {
     limits.cpu_per_call.max(MIN_SETUP_BUDGET)
 }
 
+/// Epochs until the deadline. The epoch advances on its own clock, so the
+/// first one may come at once: one more than the budget needs means a call
+/// always gets at least its budget (and at most one `EPOCH_TICK` more).
 fn budget_ticks(budget: Duration) -> u64 {
-    (budget.as_nanos() / EPOCH_TICK.as_nanos()).max(1) as u64
+    budget.as_nanos().div_ceil(EPOCH_TICK.as_nanos()) as u64 + 1
 }
 
 fn make_engine(config: &RuntimeConfig) -> Result<Engine, RuntimeError> {

@@ -100,6 +100,10 @@ pub async fn start(
     };
     flows.default_limits.memory = config.flow.memory_limit;
     flows.default_limits.cpu_per_call = config.flow.cpu_limit_per_tick;
+    flows.default_limits.output_rows_per_tick = config.flow.output_rows_limit_per_tick;
+    flows.default_limits.state_size = config.flow.state_size_limit;
+    flows.max_restarts = config.flow.max_restarts;
+    flows.restart_backoff = config.flow.restart_backoff;
     let db = Database::open_with(&config.data_dir, flows)
         .await
         .map_err(|e| format!("cannot open database in {}: {e}", config.data_dir.display()))?;

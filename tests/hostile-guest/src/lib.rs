@@ -1,8 +1,12 @@
 //! A hostile implementation of sandflow's flow contract. The behaviour is chosen
-//! by the plan bytes given to `create`, and triggered on `tick` (so the host
-//! first sees a well-behaved create, as with a real flow that turns bad later):
+//! by the plan bytes given to `create` — either the mode name itself, or
+//! (when the database hands it a real Substrait plan) the first
+//! `hostile_<mode>` marker in the plan, i.e. a source table named after the
+//! mode with `_` for `-` — and triggered on `tick` (so the host first sees a
+//! well-behaved create, as with a real flow that turns bad later):
 //!
 //! - `ok`: returns one valid row per tick (a well-behaved control flow).
+//! - `endless-output`: returns `max-rows` valid rows and "more" forever.
 //! - `loop`: spins forever.
 //! - `alloc`: allocates without bound.
 //! - `recurse`: recurses without bound.
@@ -71,6 +75,31 @@ mod component {
         }
     }
 
+    /// The mode a plan asks for (see the crate docs).
+    fn mode_of(plan: &[u8]) -> Option<String> {
+        if let Ok(text) = std::str::from_utf8(plan) {
+            if !text.is_empty()
+                && text
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            {
+                return Some(text.to_string());
+            }
+        }
+        let marker = b"hostile_";
+        let at = plan.windows(marker.len()).position(|w| w == marker)?;
+        let rest = &plan[at + marker.len()..];
+        let len = rest
+            .iter()
+            .take_while(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || **b == b'_')
+            .count();
+        let mode: String = rest[..len]
+            .iter()
+            .map(|&b| if b == b'_' { '-' } else { b as char })
+            .collect();
+        (!mode.is_empty()).then_some(mode)
+    }
+
     #[allow(unconditional_recursion)]
     fn recurse(depth: u64) -> u64 {
         let local = std::hint::black_box([depth; 4]);
@@ -83,8 +112,11 @@ mod component {
             _sources: Vec<SourceSchema>,
             _options: Vec<(String, String)>,
         ) -> Result<exports::sandflow::flow::engine::Flow, FlowError> {
-            let mode = String::from_utf8(plan)
-                .map_err(|_| FlowError::BadInput("plan must be a mode name".into()))?;
+            let mode = mode_of(&plan).ok_or_else(|| {
+                FlowError::BadInput(
+                    "plan must be a mode name or name a hostile_<mode> table".into(),
+                )
+            })?;
             Ok(exports::sandflow::flow::engine::Flow::new(Evil {
                 mode,
                 ticks: Cell::new(0),
@@ -153,6 +185,30 @@ mod component {
                         times: vec![now; rows as usize],
                         diffs: vec![1; rows as usize],
                     }
+                }
+                "endless-output" => {
+                    let rows = max_rows.clamp(1, 10_000);
+                    let strs: Vec<&[u8]> = (0..rows).map(|_| &b"x"[..]).collect();
+                    let base = n * 10_000;
+                    return Ok(TickOutput {
+                        output: Batch {
+                            rows,
+                            columns: vec![
+                                Column {
+                                    ints: (0..rows as i64).map(|i| base + i).collect(),
+                                    floats: vec![],
+                                    bytes: vec![],
+                                    offsets: vec![],
+                                    nulls: vec![],
+                                },
+                                string_column(&strs),
+                            ],
+                            times: vec![now; rows as usize],
+                            diffs: vec![1; rows as usize],
+                        },
+                        more: true,
+                        next_wakeup: None,
+                    });
                 }
                 "wrong-lengths" => {
                     let mut b = one_row(now, n);
