@@ -1087,10 +1087,19 @@ fn show_information_schema_and_drop() {
     let all = s.sql(
         "SELECT flow_name, flow_id, state_size, table_catalog, flow_definition, comment, \
          expire_after, source_table_ids, sink_table_name, flownode_ids, options, created_time, \
-         updated_time, last_execution_time, source_table_names, status, last_error \
+         updated_time, last_execution_time, source_table_names, status, last_error, \
+         rows_written, failures, restarts, lag_ms, next_restart_time \
          FROM information_schema.flows",
     );
     assert!(!all.is_empty());
+    // Healthy flows: nothing failed or restarted, nothing planned.
+    assert_eq!(
+        s.sql(
+            "SELECT count(*) FROM information_schema.flows WHERE failures = 0 AND restarts = 0 \
+             AND lag_ms >= 0 AND next_restart_time IS NULL"
+        ),
+        "5"
+    );
     assert_eq!(
         s.sql(
             "SELECT flow_name, status, expire_after, comment FROM information_schema.flows \

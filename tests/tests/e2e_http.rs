@@ -234,6 +234,9 @@ fn flows_over_http() {
     for line in [
         "sandflow_flow_sink_rows_written{flow=\"per_host\"} 3",
         "sandflow_flow_failed{flow=\"per_host\"} 0",
+        "sandflow_flow_failures{flow=\"per_host\"} 0",
+        "sandflow_flow_restarts{flow=\"per_host\"} 0",
+        "sandflow_flow_lag_seconds{flow=\"per_host\"} 0",
     ] {
         assert!(
             text.lines().any(|l| l == line),

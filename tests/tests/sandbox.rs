@@ -229,3 +229,36 @@ fn bytes_that_are_not_a_valid_component_are_refused_before_anything_runs() {
         .expect("garbage bytes accepted");
     assert!(matches!(err, RuntimeError::Setup { .. }), "{err}");
 }
+
+/// A minimal component (binary format, written by hand) whose only content
+/// is an import of `evil:net/socket`, a function outside the contract and
+/// outside WASI.
+fn component_importing_evil_socket() -> Vec<u8> {
+    let name = b"evil:net/socket";
+    let mut bytes = b"\x00asm\x0d\x00\x01\x00".to_vec();
+    // Type section: one `(func)` type with no params and no results.
+    bytes.extend_from_slice(&[0x07, 0x05, 0x01, 0x40, 0x00, 0x01, 0x00]);
+    // Import section: `(import "evil:net/socket" (func (type 0)))`.
+    let mut import = vec![0x01, 0x00, name.len() as u8];
+    import.extend_from_slice(name);
+    import.extend_from_slice(&[0x01, 0x00]);
+    bytes.push(0x0a);
+    bytes.push(import.len() as u8);
+    bytes.extend_from_slice(&import);
+    bytes
+}
+
+#[test]
+fn a_component_importing_beyond_the_contract_is_refused_at_load() {
+    let err = Runtime::with_untrusted_component(
+        RuntimeConfig::default(),
+        &component_importing_evil_socket(),
+    )
+    .err()
+    .expect("a component with a foreign import was accepted");
+    let text = err.to_string();
+    assert!(matches!(err, RuntimeError::Setup { .. }), "{text}");
+    // Refused by the linker (nothing to satisfy the import), not by the parser.
+    assert!(text.contains("does not fit the sandbox"), "{text}");
+    assert!(text.contains("evil:net/socket"), "{text}");
+}
