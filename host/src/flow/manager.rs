@@ -1088,7 +1088,8 @@ impl FlowManager {
         let worker = Worker {
             name: def.name.clone(),
             core: core.clone(),
-            instance: p.instance,
+            limits: p.instance.limits(),
+            instance: Some(p.instance),
             output: p.output,
             source_fields: p.source_fields,
             sink: p.sink.clone(),

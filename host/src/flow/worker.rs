@@ -22,7 +22,7 @@ use super::arrow::{batch_from_arrow, batch_to_arrow, schema_from_fields};
 use super::sink::{self, SinkColumn};
 use crate::catalog::Table;
 use crate::database::Core;
-use crate::runtime::{Batch, Field, FlowInstance, RuntimeError};
+use crate::runtime::{Batch, Field, FlowInstance, FlowLimits, RuntimeError};
 use crate::storage::{ChangeBatch, WriteSet};
 
 /// What a flow's thread is asked to do.
@@ -150,7 +150,10 @@ impl Clock {
 pub(crate) struct Worker {
     pub name: String,
     pub core: Arc<Core>,
-    pub instance: FlowInstance,
+    /// The flow's sandbox; dropped (its memory returned) when the flow fails.
+    pub instance: Option<FlowInstance>,
+    /// The limits it runs under.
+    pub limits: FlowLimits,
     pub output: Vec<Field>,
     pub source_fields: Vec<Vec<Field>>,
     pub sink: Arc<Table>,
@@ -311,7 +314,16 @@ impl Worker {
         self.status.lock().ok().and_then(|s| s.error.clone())
     }
 
+    /// The live guest (a failed flow has none).
+    fn guest(&mut self) -> Result<&mut FlowInstance, Failure> {
+        self.instance
+            .as_mut()
+            .ok_or_else(|| Failure::permanent("the flow's guest is gone after a failure"))
+    }
+
     fn fail(&mut self, failure: Failure) {
+        // A failed flow holds no sandbox: its memory and pool slot go back now.
+        self.instance = None;
         warn!(flow = %self.name, transient = failure.transient, "flow failed: {}", failure.message);
         let attempts = {
             let mut s = self.status.lock().unwrap_or_else(|p| p.into_inner());
@@ -369,8 +381,8 @@ impl Worker {
                 return;
             }
         };
-        if let Err(e) = self.instance.push(source, batch) {
-            self.fail(e.into());
+        if let Err(e) = self.guest().and_then(|g| Ok(g.push(source, batch)?)) {
+            self.fail(e);
         }
         self.pos = self.pos.max(change.seq);
     }
@@ -379,10 +391,10 @@ impl Worker {
     /// the flow's bound on output rows per tick).
     fn drain(&mut self, now: i64) -> Result<(Vec<Batch>, Option<i64>), Failure> {
         let mut batches = Vec::new();
-        let limit = self.instance.limits().output_rows_per_tick;
+        let limit = self.limits.output_rows_per_tick;
         let mut total = 0u64;
         loop {
-            let out = self.instance.tick(now)?;
+            let out = self.guest()?.tick(now)?;
             if out.output.rows > 0 {
                 total += u64::from(out.output.rows);
                 if total > limit {
@@ -420,14 +432,14 @@ impl Worker {
                 return Err(());
             }
         };
-        let state_size = match self.instance.state_size() {
+        let state_size = match self.guest().and_then(|g| Ok(g.state_size()?)) {
             Ok(n) => n,
             Err(e) => {
-                self.fail(e.into());
+                self.fail(e);
                 return Err(());
             }
         };
-        if let Some(limit) = self.instance.limits().state_size {
+        if let Some(limit) = self.limits.state_size {
             if state_size > limit {
                 self.fail(Failure::permanent(format!(
                     "flow state grew to {state_size} bytes, over its state_size_limit of {limit} bytes, \
@@ -521,7 +533,7 @@ impl Worker {
         let pos = self.pos.to_be_bytes().to_vec();
         set.put_meta(pos_key(&self.name), pos.clone());
         if snapshot {
-            let state = self.instance.snapshot()?;
+            let state = self.guest()?.snapshot()?;
             let mut value = pos;
             value.extend_from_slice(&state);
             set.put_meta(state_key(&self.name), value);
