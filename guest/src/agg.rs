@@ -13,6 +13,11 @@ use crate::types::{internal, Column, DataType, FlowError, Storage};
 /// Sentinel group id for rows that do not take part (expired keys).
 const SKIP: u32 = u32::MAX;
 
+/// Whether an integer-stored value belongs to type `t` (booleans 0 or 1, narrow types in range).
+fn int_fits(t: DataType, v: i64) -> bool {
+    t.wrap_int(v) == v
+}
+
 /// Maps a value to an i64 whose signed order is the SQL order of the value's type.
 fn ord_key(v: S<'_>, t: DataType) -> Option<i64> {
     match v {
@@ -122,6 +127,42 @@ impl MultiSet {
     }
     fn is_empty(&self) -> bool {
         self.ints.is_empty() && self.bytes.is_empty()
+    }
+    /// Checks restored contents: values of type `t` only (in range, UTF-8 for utf8, stored as
+    /// [`ord_key`] stores them), none held 0 times.
+    fn check(&self, t: DataType) -> Result<(), String> {
+        if self
+            .ints
+            .values()
+            .chain(self.bytes.values())
+            .any(|c| *c == 0)
+        {
+            return Err("a multiset holds a value 0 times".into());
+        }
+        if t.storage() == Storage::Bytes {
+            if !self.ints.is_empty() {
+                return Err(format!("{t} state holds numbers"));
+            }
+            if t == DataType::Utf8 && self.bytes.keys().any(|k| std::str::from_utf8(k).is_err()) {
+                return Err(format!("{t} state holds invalid UTF-8"));
+            }
+            return Ok(());
+        }
+        if !self.bytes.is_empty() {
+            return Err(format!("{t} state holds bytes"));
+        }
+        for &k in self.ints.keys() {
+            let v = from_ord_key(k, t);
+            if let Out::I(x) = v {
+                if !int_fits(t, x) {
+                    return Err(format!("{t} state holds {x}, which is out of range"));
+                }
+            }
+            if ord_key(v.as_s(), t) != Some(k) {
+                return Err(format!("{t} state holds a value in a non-canonical form"));
+            }
+        }
+        Ok(())
     }
     fn approx_bytes(&self) -> usize {
         self.ints.len() * 24 + self.bytes.keys().map(|k| k.len() + 40).sum::<usize>()
@@ -314,6 +355,18 @@ impl State {
                 s.min_max(*max, in_ty.unwrap_or(DataType::Int64))
             }),
             State::Distinct { n, .. } => Out::I(n_of(n)),
+        }
+    }
+
+    /// Checks restored values against the measure's argument type (the values min and max
+    /// emit, and those count(DISTINCT) compares).
+    fn check(&self, in_ty: Option<DataType>) -> Result<(), String> {
+        match self {
+            State::MinMax { sets, .. } | State::Distinct { sets, .. } => {
+                let t = in_ty.ok_or("a min, max or count(DISTINCT) without an argument")?;
+                sets.iter().try_for_each(|m| m.check(t))
+            }
+            _ => Ok(()),
         }
     }
 
@@ -523,6 +576,51 @@ fn decode_key(mut b: &[u8], types: &[DataType], want: usize) -> Out {
         }
     }
     Out::Null
+}
+
+/// Checks a restored encoded key: exactly what [`encode_row`] writes for values of `types`
+/// (NULL only where the key is nullable, values in range, UTF-8 for utf8).
+fn check_key(mut b: &[u8], types: &[DataType], nullable: &[bool]) -> Result<(), String> {
+    let short = || "a group key is truncated".to_string();
+    for (ci, t) in types.iter().enumerate() {
+        let (&tag, rest) = b.split_first().ok_or_else(short)?;
+        b = rest;
+        match tag {
+            0 if nullable.get(ci).copied().unwrap_or(false) => continue,
+            0 => return Err(format!("group key {ci} is NULL but cannot be")),
+            1 => {}
+            _ => return Err("a group key has a bad NULL tag".into()),
+        }
+        match t.storage() {
+            Storage::Ints | Storage::Floats => {
+                let (x, rest) = b.split_first_chunk::<8>().ok_or_else(short)?;
+                b = rest;
+                let x = i64::from_le_bytes(*x);
+                if t.storage() == Storage::Ints && !int_fits(*t, x) {
+                    return Err(format!("group key {ci} holds {x}, out of range for {t}"));
+                }
+                let f = f64::from_bits(x as u64);
+                let canonical = if f.is_nan() { f64::NAN } else { f + 0.0 };
+                if t.storage() == Storage::Floats && canonical.to_bits() != f.to_bits() {
+                    return Err(format!("group key {ci} is a non-canonical float"));
+                }
+            }
+            Storage::Bytes => {
+                let (l, rest) = b.split_first_chunk::<4>().ok_or_else(short)?;
+                let l = u32::from_le_bytes(*l) as usize;
+                let v = rest.get(..l).ok_or_else(short)?;
+                b = rest.get(l..).unwrap_or(&[]);
+                if *t == DataType::Utf8 && std::str::from_utf8(v).is_err() {
+                    return Err(format!("group key {ci} is not valid UTF-8"));
+                }
+            }
+        }
+    }
+    if b.is_empty() {
+        Ok(())
+    } else {
+        Err("a group key has trailing bytes".into())
+    }
 }
 
 pub(crate) struct AggOp {
@@ -1135,6 +1233,35 @@ impl AggOp {
         for s in &mut self.states {
             s.read(r, n)?;
         }
+        // Everything that can reach the output must be a value of its column's type.
+        match &self.keys {
+            Keys::Global => {}
+            Keys::Int { vals, nulls, .. } => {
+                let t = self.key_types.first().copied().unwrap_or(DataType::Int64);
+                let nullable = self.spec.key_nullable.first().copied().unwrap_or(false);
+                for g in (0..n).filter(|g| alive.get(*g).copied().unwrap_or(false)) {
+                    if nulls.get(g).copied().unwrap_or(false) {
+                        if !nullable {
+                            return Err(snap_err("group key 0 is NULL but cannot be"));
+                        }
+                    } else if let Some(v) = vals.get(g).filter(|v| !int_fits(t, **v)) {
+                        return Err(snap_err(&format!(
+                            "group key 0 holds {v}, out of range for {t}"
+                        )));
+                    }
+                }
+            }
+            Keys::Encoded { vals, .. } => {
+                for g in (0..n).filter(|g| alive.get(*g).copied().unwrap_or(false)) {
+                    let key = vals.get(g).map_or(&[][..], |v| v.as_slice());
+                    check_key(key, &self.key_types, &self.spec.key_nullable)
+                        .map_err(|m| snap_err(&m))?;
+                }
+            }
+        }
+        for (s, t) in self.states.iter().zip(&self.arg_types) {
+            s.check(*t).map_err(|m| snap_err(&m))?;
+        }
         self.rows = rows;
         self.alive = alive;
         self.free = free;
@@ -1331,4 +1458,90 @@ pub(crate) fn validate(spec: &AggSpec) -> Result<(), FlowError> {
         return Err(internal("too many aggregate expressions"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(cols: &[Column], types: &[DataType]) -> Vec<u8> {
+        let cows: Vec<Cow<'_, Column>> = cols.iter().map(Cow::Borrowed).collect();
+        let mut buf = Vec::new();
+        encode_row(&mut buf, &cows, types, 0);
+        buf
+    }
+
+    #[test]
+    fn restored_keys_are_values_of_their_types() {
+        let types = [DataType::Int8, DataType::Utf8, DataType::Float64];
+        let cols = [
+            Column {
+                ints: vec![-5],
+                ..Column::default()
+            },
+            Column {
+                bytes: b"ok".to_vec(),
+                offsets: vec![0, 2],
+                ..Column::default()
+            },
+            Column {
+                floats: vec![-0.0],
+                nulls: vec![1],
+                ..Column::default()
+            },
+        ];
+        let good = key(&cols, &types);
+        assert_eq!(check_key(&good, &types, &[false, false, true]), Ok(()));
+        let err = |b: &[u8], nullable: [bool; 3]| check_key(b, &types, &nullable).unwrap_err();
+        assert!(err(&good, [false, false, false]).contains("NULL but cannot be"));
+        let mut b = good.clone();
+        b[1..9].copy_from_slice(&1000i64.to_le_bytes());
+        assert!(err(&b, [false, false, true]).contains("out of range for Int8"));
+        let mut b = good.clone();
+        b[14] = 0xff;
+        assert!(err(&b, [false, false, true]).contains("not valid UTF-8"));
+        let mut b = good.clone();
+        b.push(0);
+        assert!(err(&b, [false, false, true]).contains("trailing"));
+        assert!(err(&good[..good.len() - 3], [false, false, true]).contains("truncated"));
+        let mut b = good.clone();
+        let last = b.len() - 1;
+        b[last] = 1;
+        b.extend_from_slice(&(-0.0f64).to_bits().to_le_bytes());
+        assert!(err(&b, [false, false, true]).contains("non-canonical"));
+    }
+
+    #[test]
+    fn restored_multisets_hold_values_of_their_types() {
+        let mut m = MultiSet::default();
+        m.add_int(ord_key(S::I(-5), DataType::Int8).unwrap(), 2);
+        assert_eq!(m.check(DataType::Int8), Ok(()));
+        assert!(m.check(DataType::Utf8).unwrap_err().contains("numbers"));
+        m.ints.insert(300, 1);
+        assert!(m
+            .check(DataType::Int8)
+            .unwrap_err()
+            .contains("out of range"));
+        let mut m = MultiSet::default();
+        m.ints
+            .insert(ord_key(S::I(1), DataType::Boolean).unwrap(), 0);
+        assert!(m.check(DataType::Boolean).unwrap_err().contains("0 times"));
+        let mut m = MultiSet::default();
+        m.add_bytes(b"ok", 1);
+        assert_eq!(m.check(DataType::Utf8), Ok(()));
+        assert!(m.check(DataType::Int64).unwrap_err().contains("bytes"));
+        m.add_bytes(&[0xfa, b'e'], 1);
+        assert!(m.check(DataType::Utf8).unwrap_err().contains("UTF-8"));
+        assert_eq!(m.check(DataType::Binary), Ok(()));
+        let mut m = MultiSet::default();
+        m.add_int(ord_key(S::F(-0.0), DataType::Float64).unwrap(), 1);
+        assert_eq!(m.check(DataType::Float64), Ok(()));
+        let neg_zero = (-0.0f64).to_bits();
+        let raw = ((!neg_zero) ^ (1 << 63)) as i64;
+        m.ints.insert(raw, 1);
+        assert!(m
+            .check(DataType::Float64)
+            .unwrap_err()
+            .contains("non-canonical"));
+    }
 }

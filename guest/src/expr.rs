@@ -350,9 +350,10 @@ fn eval_call(f: &Func, args: &[Expr], t: DataType, c: &Chunk) -> Result<Column, 
                 .iter()
                 .map(|a| {
                     let v = a.eval(c)?;
-                    if a.ty().storage() == Storage::Bytes {
+                    if a.ty() == DataType::Utf8 {
                         Ok(v.into_owned())
                     } else {
+                        // Binary arguments are checked to be UTF-8 (as Arrow's cast does).
                         cast_column(&v, a.ty(), DataType::Utf8, n)
                     }
                 })
@@ -398,7 +399,9 @@ fn eval_call(f: &Func, args: &[Expr], t: DataType, c: &Chunk) -> Result<Column, 
             let v = arg(args, 0)?.eval(c)?;
             Ok(Column {
                 ints: (0..n)
-                    .map(|i| String::from_utf8_lossy(v.bytes_at(i)).chars().count() as i64)
+                    .map(|i| {
+                        t.wrap_int(String::from_utf8_lossy(v.bytes_at(i)).chars().count() as i64)
+                    })
                     .collect(),
                 nulls: v.nulls.clone(),
                 ..Column::default()
@@ -873,6 +876,8 @@ pub(crate) fn cast_column(
     match (from.storage(), to.storage()) {
         (Storage::Ints, Storage::Ints) => {
             let mut out = Vec::with_capacity(n);
+            // Date32 targets (from timestamps or integers) must fit 32 bits like the integers.
+            let check_range = to.wraps() && to != DataType::Boolean;
             for (i, x) in v.ints.iter().enumerate() {
                 let x = *x;
                 let null = v.is_null(i);
@@ -907,6 +912,14 @@ pub(crate) fn cast_column(
                     wrapped
                 } else {
                     x
+                };
+                let r = if check_range && to.wrap_int(r) != r {
+                    if !null {
+                        return Err(cast_err(format!("Can't cast value {x} to type {to}")));
+                    }
+                    to.wrap_int(r)
+                } else {
+                    r
                 };
                 out.push(r);
             }
@@ -984,6 +997,20 @@ pub(crate) fn cast_column(
                     S::F(x) => b.push_str(&format_float(x)),
                     S::B(_) => b.push_null(),
                 }
+            }
+            Ok(b.finish())
+        }
+        (Storage::Bytes, Storage::Bytes) if from == DataType::Binary && to == DataType::Utf8 => {
+            let mut b = ColBuilder::new(to, n);
+            for i in 0..n {
+                if v.is_null(i) {
+                    b.push_null();
+                    continue;
+                }
+                let s = std::str::from_utf8(v.bytes_at(i)).map_err(|_| {
+                    cast_err("Cannot cast binary to string: not valid UTF-8".into())
+                })?;
+                b.push_str(s);
             }
             Ok(b.finish())
         }
@@ -1089,6 +1116,57 @@ mod tests {
         assert!(m("a%b", "a\\%b"));
         assert!(!m("axb", "a\\%b"));
         assert!(m("abcabc", "%b%c"));
+    }
+
+    #[test]
+    fn casts_give_values_of_the_target_type() {
+        let binary = crate::types::Batch::from_rows(
+            &[crate::types::Field::new("b", DataType::Binary, true)],
+            &[
+                vec![crate::types::Value::Bytes(b"ok".to_vec())],
+                vec![crate::types::Value::Null],
+            ],
+            &[0, 0],
+            &[1, 1],
+        )
+        .unwrap();
+        let mut col = binary.columns[0].clone();
+        let s = cast_column(&col, DataType::Binary, DataType::Utf8, 2).unwrap();
+        assert_eq!(s.bytes_at(0), b"ok");
+        assert!(s.is_null(1));
+        // Bytes held by a NULL row do not reach the string column.
+        col.bytes.push(0xff);
+        if let Some(last) = col.offsets.last_mut() {
+            *last += 1;
+        }
+        let s = cast_column(&col, DataType::Binary, DataType::Utf8, 2).unwrap();
+        let b = crate::types::Batch {
+            rows: 2,
+            columns: vec![s],
+            times: vec![0, 0],
+            diffs: vec![1, 1],
+        };
+        let fields = [crate::types::Field::new("s", DataType::Utf8, true)];
+        crate::types::validate_batch(&fields, &b).unwrap();
+        // Invalid UTF-8 in a row is a cast error, as in Arrow.
+        col.nulls.clear();
+        assert!(cast_column(&col, DataType::Binary, DataType::Utf8, 2).is_err());
+        // Date32 is 32 bits wide, from integers and from timestamps.
+        let ints = Column {
+            ints: vec![1 << 62],
+            ..Column::default()
+        };
+        assert!(cast_column(&ints, DataType::Int64, DataType::Date32, 1).is_err());
+        assert!(cast_column(&ints, DataType::TimestampSecond, DataType::Date32, 1).is_err());
+        let ok = cast_column(&ints, DataType::TimestampNanosecond, DataType::Date32, 1).unwrap();
+        assert_eq!(ok.ints, vec![(1i64 << 62) / 86_400_000_000_000]);
+        let null = Column {
+            ints: vec![1 << 40],
+            nulls: vec![1],
+            ..Column::default()
+        };
+        let wrapped = cast_column(&null, DataType::Int64, DataType::Date32, 1).unwrap();
+        assert_eq!(DataType::Date32.wrap_int(wrapped.ints[0]), wrapped.ints[0]);
     }
 
     #[test]

@@ -40,6 +40,8 @@ pub(crate) struct MeasureSpec {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct AggSpec {
     pub keys: Vec<Expr>,
+    /// Whether each key can be NULL.
+    pub key_nullable: Vec<bool>,
     pub measures: Vec<MeasureSpec>,
 }
 
@@ -354,10 +356,12 @@ fn lower_rel(rel: &Rel, ctx: &mut Ctx<'_>, ops: &mut Vec<OpSpec>) -> Result<Sche
             }
             let mut schema = Vec::new();
             let mut keys = Vec::new();
+            let mut key_nullable = Vec::new();
             for e in key_exprs {
                 let (x, n) = lower_expr(e, &in_schema, ctx)?;
                 schema.push((x.ty(), n));
                 keys.push(x);
+                key_nullable.push(n);
             }
             let mut measures = Vec::new();
             for m in &a.measures {
@@ -440,7 +444,11 @@ fn lower_rel(rel: &Rel, ctx: &mut Ctx<'_>, ops: &mut Vec<OpSpec>) -> Result<Sche
                     out,
                 });
             }
-            ops.push(OpSpec::Aggregate(AggSpec { keys, measures }));
+            ops.push(OpSpec::Aggregate(AggSpec {
+                keys,
+                key_nullable,
+                measures,
+            }));
             apply_emit(&a.common, schema, ops)
         }
         RelType::Join(_)
@@ -799,12 +807,12 @@ fn lower_call(
     schema: &Schema,
     ctx: &Ctx<'_>,
 ) -> Result<(Expr, bool), FlowError> {
-    let lower_all = |from: usize| -> Result<(Vec<Expr>, bool), FlowError> {
+    let lower_all = || -> Result<(Vec<Expr>, Vec<bool>), FlowError> {
         let mut v = Vec::new();
-        let mut n = false;
-        for a in raw.iter().skip(from) {
+        let mut n = Vec::new();
+        for a in raw {
             let (x, xn) = lower_expr(a, schema, ctx)?;
-            n |= xn;
+            n.push(xn);
             v.push(x);
         }
         Ok((v, n))
@@ -903,7 +911,7 @@ fn lower_call(
                     vec![ts],
                     t,
                 ),
-                out_null.unwrap_or(n),
+                n || out_null.unwrap_or(false),
             ));
         }
         "date_trunc" => {
@@ -948,7 +956,7 @@ fn lower_call(
             }
             return Ok((
                 Expr::Call(Func::DateTrunc(unit), vec![ts], t),
-                out_null.unwrap_or(n),
+                n || out_null.unwrap_or(false),
             ));
         }
         other => {
@@ -957,7 +965,16 @@ fn lower_call(
             )))
         }
     };
-    let (args, any_null) = lower_all(0)?;
+    let (mut args, arg_nulls) = lower_all()?;
+    if matches!(func, Func::And | Func::Or | Func::Not) {
+        // A NULL literal of any type is a boolean NULL here.
+        for a in &mut args {
+            if let Expr::Lit(Lit::Null, t) = a {
+                *t = DataType::Boolean;
+            }
+        }
+    }
+    let any_null = arg_nulls.iter().any(|n| *n);
     let arity_ok = match &func {
         Func::Arith(_) | Func::Cmp(_) => args.len() == 2,
         Func::And | Func::Or | Func::Concat | Func::StrConcat | Func::Coalesce => !args.is_empty(),
@@ -996,10 +1013,12 @@ fn lower_call(
             _ => first,
         })
     };
-    // Type checks for what the evaluator implements.
+    // Type checks for what the evaluator implements: the result it computes must have the
+    // type the plan declares (`t`), or the flow would emit columns that break its own output
+    // schema.
     let bad_types = |what: &str| {
         unsupported(format!(
-            "{name} over {} is not supported in flows ({what})",
+            "{name} over {} returning {t} is not supported in flows ({what})",
             args.iter()
                 .map(|a| a.ty().to_string())
                 .collect::<Vec<_>>()
@@ -1008,15 +1027,31 @@ fn lower_call(
     };
     let (ok, what) = match &func {
         Func::Arith(_) => (
-            t.is_numeric() && args.iter().all(|a| a.ty().is_numeric()),
-            "only numeric arithmetic",
+            t.is_numeric()
+                && args.iter().all(|a| a.ty().is_numeric())
+                && (t.is_float() || args.iter().all(|a| a.ty().is_integer())),
+            "only numeric arithmetic, with a float result when an argument is a float",
         ),
-        Func::Negate | Func::Abs | Func::Round | Func::Trunc | Func::Floor | Func::Ceil => {
+        Func::Negate | Func::Abs => (
+            first.is_numeric() && t == first,
+            "numeric only, returning the argument's type",
+        ),
+        Func::Round | Func::Trunc | Func::Floor | Func::Ceil => {
             (first.is_numeric() && t.is_numeric(), "numeric only")
         }
-        Func::Lower | Func::Upper | Func::CharLength | Func::Like { .. } => {
-            (first == DataType::Utf8, "strings only")
-        }
+        Func::Lower | Func::Upper => (
+            first == DataType::Utf8 && t == DataType::Utf8,
+            "strings only, returning a string",
+        ),
+        Func::CharLength => (
+            first == DataType::Utf8 && t.is_integer(),
+            "strings only, returning an integer",
+        ),
+        Func::Like { .. } => (first == DataType::Utf8, "strings only"),
+        Func::And | Func::Or | Func::Not => (
+            args.iter().all(|a| a.ty() == DataType::Boolean),
+            "booleans only",
+        ),
         Func::Cmp(_) => {
             let bytes = |e: &Expr| e.ty().storage() == crate::types::Storage::Bytes;
             (
@@ -1024,7 +1059,10 @@ fn lower_call(
                 "mixed comparison",
             )
         }
-        Func::Concat | Func::StrConcat => (t == DataType::Utf8, "string concatenation only"),
+        Func::Concat | Func::StrConcat => (
+            t == DataType::Utf8 && args.iter().all(|a| cast_supported(a.ty(), DataType::Utf8)),
+            "string concatenation only",
+        ),
         Func::Coalesce => (
             args.iter().all(|a| cast_supported(a.ty(), t)),
             "incompatible types",
@@ -1034,11 +1072,209 @@ fn lower_call(
     if !ok {
         return Err(bad_types(what));
     }
+    // Nullability follows from the arguments as the evaluator treats them; the plan's own
+    // claim can only add nullability (a plan that says NOT NULL over nullable arguments is
+    // not believed).
     let nullable = match &func {
         Func::IsNull | Func::IsNotNull | Func::IsTrue | Func::IsFalse | Func::IsNotTrue => false,
         Func::IsNotFalse => false,
         Func::Cmp(Cmp::Distinct | Cmp::NotDistinct) => false,
-        _ => out_null.unwrap_or(any_null),
+        // NULL arguments are skipped: never NULL.
+        Func::Concat => out_null.unwrap_or(any_null),
+        Func::Coalesce => arg_nulls.iter().all(|n| *n) || out_null.unwrap_or(false),
+        _ => any_null || out_null.unwrap_or(false),
     };
     Ok((Expr::Call(func, args, t), nullable))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use substrait::proto::expression::field_reference::ReferenceType;
+    use substrait::proto::expression::{
+        reference_segment, FieldReference, ReferenceSegment, ScalarFunction,
+    };
+    use substrait::proto::extensions::simple_extension_declaration::ExtensionFunction;
+    use substrait::proto::extensions::SimpleExtensionDeclaration;
+    use substrait::proto::read_rel::NamedTable;
+    use substrait::proto::rel_common::Emit;
+    use substrait::proto::{
+        rel, FunctionArgument, NamedStruct, PlanRel, ProjectRel, ReadRel, RelRoot,
+    };
+
+    fn sources() -> Vec<SourceSchema> {
+        vec![SourceSchema {
+            name: "t".into(),
+            fields: vec![
+                Field::new("k", DataType::Int64, true),
+                Field::new("g", DataType::Utf8, true),
+                Field::new("u", DataType::UInt32, false),
+            ],
+        }]
+    }
+
+    fn col(i: i32) -> Expression {
+        Expression {
+            rex_type: Some(RexType::Selection(Box::new(FieldReference {
+                reference_type: Some(ReferenceType::DirectReference(ReferenceSegment {
+                    reference_type: Some(reference_segment::ReferenceType::StructField(Box::new(
+                        reference_segment::StructField {
+                            field: i,
+                            child: None,
+                        },
+                    ))),
+                })),
+                root_type: Some(RootType::RootReference(Default::default())),
+            }))),
+        }
+    }
+
+    fn ty(kind: r#type::Kind) -> Type {
+        Type { kind: Some(kind) }
+    }
+
+    fn nullability(nullable: bool) -> i32 {
+        if nullable {
+            r#type::Nullability::Nullable as i32
+        } else {
+            r#type::Nullability::Required as i32
+        }
+    }
+
+    fn i64_ty(nullable: bool) -> Type {
+        ty(r#type::Kind::I64(r#type::I64 {
+            type_variation_reference: 0,
+            nullability: nullability(nullable),
+        }))
+    }
+
+    /// `SELECT func(args...) FROM t`, the call declared to return `out`.
+    fn call_plan(func: &str, args: Vec<Expression>, out: Type) -> Vec<u8> {
+        let read = Rel {
+            rel_type: Some(RelType::Read(Box::new(ReadRel {
+                base_schema: Some(NamedStruct {
+                    names: vec!["k".into(), "g".into(), "u".into()],
+                    r#struct: None,
+                }),
+                read_type: Some(ReadType::NamedTable(NamedTable {
+                    names: vec!["t".into()],
+                    advanced_extension: None,
+                })),
+                ..Default::default()
+            }))),
+        };
+        #[allow(deprecated)]
+        let call = Expression {
+            rex_type: Some(RexType::ScalarFunction(ScalarFunction {
+                function_reference: 0,
+                arguments: args
+                    .into_iter()
+                    .map(|a| FunctionArgument {
+                        arg_type: Some(ArgType::Value(a)),
+                    })
+                    .collect(),
+                output_type: Some(out),
+                ..Default::default()
+            })),
+        };
+        let project = Rel {
+            rel_type: Some(rel::RelType::Project(Box::new(ProjectRel {
+                common: Some(RelCommon {
+                    emit_kind: Some(EmitKind::Emit(Emit {
+                        output_mapping: vec![3],
+                    })),
+                    ..Default::default()
+                }),
+                input: Some(Box::new(read)),
+                expressions: vec![call],
+                advanced_extension: None,
+            }))),
+        };
+        #[allow(deprecated)]
+        let plan = Plan {
+            extensions: vec![SimpleExtensionDeclaration {
+                mapping_type: Some(MappingType::ExtensionFunction(ExtensionFunction {
+                    function_anchor: 0,
+                    name: func.into(),
+                    ..Default::default()
+                })),
+            }],
+            relations: vec![PlanRel {
+                rel_type: Some(plan_rel::RelType::Root(RelRoot {
+                    input: Some(project),
+                    names: vec!["x".into()],
+                })),
+            }],
+            ..Default::default()
+        };
+        plan.encode_to_vec()
+    }
+
+    fn output(plan: &[u8]) -> Result<Field, FlowError> {
+        let lowered = lower(plan, &sources())?;
+        assert_eq!(lowered.output.len(), 1);
+        Ok(lowered.output[0].clone())
+    }
+
+    #[test]
+    fn declared_result_types_must_be_what_the_engine_computes() {
+        let binary = ty(r#type::Kind::Binary(r#type::Binary {
+            type_variation_reference: 0,
+            nullability: nullability(true),
+        }));
+        let float = ty(r#type::Kind::Fp64(r#type::Fp64 {
+            type_variation_reference: 0,
+            nullability: nullability(true),
+        }));
+        let int32 = ty(r#type::Kind::I32(r#type::I32 {
+            type_variation_reference: 0,
+            nullability: nullability(true),
+        }));
+        let string = ty(r#type::Kind::String(r#type::String {
+            type_variation_reference: 0,
+            nullability: nullability(true),
+        }));
+        let refused = [
+            ("character_length", vec![col(1)], binary.clone()),
+            ("upper", vec![col(1)], int32.clone()),
+            ("abs", vec![col(0)], float.clone()),
+            ("negate", vec![col(0)], string.clone()),
+            ("multiply", vec![col(0), col(0)], binary),
+            ("and", vec![col(0), col(0)], i64_ty(true)),
+            ("not", vec![col(1)], i64_ty(true)),
+        ];
+        for (func, args, out) in refused {
+            match output(&call_plan(func, args, out)) {
+                Err(FlowError::Unsupported(m)) => assert!(m.starts_with(func), "{m}"),
+                other => panic!("{func}: {other:?}"),
+            }
+        }
+        let accepted = [
+            ("character_length", vec![col(1)], int32, DataType::Int32),
+            ("upper", vec![col(1)], string, DataType::Utf8),
+            ("abs", vec![col(0)], i64_ty(true), DataType::Int64),
+            ("multiply", vec![col(0), col(2)], float, DataType::Float64),
+        ];
+        for (func, args, out, want) in accepted {
+            let f = output(&call_plan(func, args, out)).expect(func);
+            assert_eq!(f.data_type, want, "{func}");
+        }
+    }
+
+    #[test]
+    fn nullability_follows_the_arguments_not_the_plans_claim() {
+        // k is nullable: a plan that says k * k is NOT NULL is not believed.
+        let f = output(&call_plan("multiply", vec![col(0), col(0)], i64_ty(false))).unwrap();
+        assert!(f.nullable);
+        // u is not: u * u is NOT NULL unless the plan says otherwise.
+        let f = output(&call_plan("multiply", vec![col(2), col(2)], i64_ty(false))).unwrap();
+        assert!(!f.nullable);
+        let f = output(&call_plan("multiply", vec![col(2), col(2)], i64_ty(true))).unwrap();
+        assert!(f.nullable);
+        // coalesce is NULL only when every argument can be.
+        let f = output(&call_plan("coalesce", vec![col(0), col(2)], i64_ty(false))).unwrap();
+        assert!(!f.nullable);
+        let f = output(&call_plan("coalesce", vec![col(0), col(0)], i64_ty(false))).unwrap();
+        assert!(f.nullable);
+    }
 }

@@ -409,7 +409,37 @@ pub fn value_at(ty: DataType, c: &Column, i: usize) -> Value {
     }
 }
 
+/// Checks that the bytes of a utf8 column (which end exactly at its last offset) are UTF-8
+/// and that no offset splits a character: one pass over the blob plus one check per row.
+fn check_utf8(name: &str, bytes: &[u8], offsets: &[u32]) -> Result<(), FlowError> {
+    // The row holding byte `pos`.
+    let row_at = |pos: usize| {
+        offsets
+            .partition_point(|o| *o as usize <= pos)
+            .saturating_sub(1)
+    };
+    let s = std::str::from_utf8(bytes).map_err(|e| {
+        bad(format!(
+            "column {name}: row {} is not valid UTF-8",
+            row_at(e.valid_up_to())
+        ))
+    })?;
+    match offsets
+        .iter()
+        .position(|o| !s.is_char_boundary(*o as usize))
+    {
+        Some(i) => Err(bad(format!(
+            "column {name}: row {} is not valid UTF-8 (an offset splits a character)",
+            i.saturating_sub(1)
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Checks that a batch matches `fields` exactly as the WIT contract describes.
+///
+/// The bytes of a utf8/binary column are exactly the rows' bytes: they end at the last offset
+/// (as every producer builds them, and as Arrow checks a whole utf8 buffer).
 pub fn validate_batch(fields: &[Field], b: &Batch) -> Result<(), FlowError> {
     let n = b.rows as usize;
     if b.columns.len() != fields.len() {
@@ -463,15 +493,18 @@ pub fn validate_batch(fields: &[Field], b: &Batch) -> Result<(), FlowError> {
             if c.offsets.windows(2).any(|w| w[0] > w[1]) {
                 return Err(bad(format!("column {name}: offsets are not monotone")));
             }
-            if c.offsets.last().copied().unwrap_or(0) as usize > c.bytes.len() {
+            let end = c.offsets.last().copied().unwrap_or(0) as usize;
+            if end > c.bytes.len() {
                 return Err(bad(format!("column {name}: offsets run past the bytes")));
             }
+            if end < c.bytes.len() {
+                return Err(bad(format!(
+                    "column {name}: the bytes must end at the last offset ({end}) but run on to {}",
+                    c.bytes.len()
+                )));
+            }
             if f.data_type == DataType::Utf8 {
-                for i in 0..n {
-                    if std::str::from_utf8(c.bytes_at(i)).is_err() {
-                        return Err(bad(format!("column {name}: row {i} is not valid UTF-8")));
-                    }
-                }
+                check_utf8(name, &c.bytes, &c.offsets)?;
             }
         } else if !c.bytes.is_empty() || !c.offsets.is_empty() {
             return Err(bad(format!(
@@ -492,7 +525,65 @@ pub fn validate_batch(fields: &[Field], b: &Batch) -> Result<(), FlowError> {
 
 #[cfg(test)]
 mod tests {
-    use super::DataType;
+    use super::{validate_batch, Batch, Column, DataType, Field, FlowError};
+
+    fn one_column(t: DataType, bytes: &[u8], offsets: &[u32]) -> Result<(), FlowError> {
+        let rows = offsets.len().saturating_sub(1);
+        let b = Batch {
+            rows: rows as u32,
+            columns: vec![Column {
+                bytes: bytes.to_vec(),
+                offsets: offsets.to_vec(),
+                ..Column::default()
+            }],
+            times: vec![0; rows],
+            diffs: vec![1; rows],
+        };
+        validate_batch(&[Field::new("c", t, true)], &b)
+    }
+
+    fn message(r: Result<(), FlowError>) -> String {
+        match r {
+            Err(FlowError::BadInput(m)) => m,
+            other => panic!("expected a bad-input error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn bytes_end_at_the_last_offset() {
+        for t in [DataType::Utf8, DataType::Binary] {
+            assert_eq!(one_column(t, b"abc", &[0, 1, 3]), Ok(()));
+            assert_eq!(one_column(t, b"", &[0]), Ok(()));
+            assert_eq!(one_column(t, b"", &[0, 0, 0]), Ok(()));
+            let m = message(one_column(t, b"abcd", &[0, 1, 3]));
+            assert!(m.contains("must end at the last offset (3)"), "{m}");
+            let m = message(one_column(t, &[0xc3], &[0]));
+            assert!(m.contains("must end at the last offset (0)"), "{m}");
+            let m = message(one_column(t, b"ab", &[0, 3]));
+            assert!(m.contains("offsets run past the bytes"), "{m}");
+        }
+    }
+
+    #[test]
+    fn utf8_is_checked_over_the_whole_blob_and_at_every_offset() {
+        assert_eq!(
+            one_column(DataType::Utf8, "aé€".as_bytes(), &[0, 1, 3, 6]),
+            Ok(())
+        );
+        // "é" split between two rows: the blob is UTF-8, the rows are not.
+        let m = message(one_column(DataType::Utf8, "aé".as_bytes(), &[0, 2, 3]));
+        assert!(m.contains("row 0 is not valid UTF-8"), "{m}");
+        // Invalid bytes name their row (empty rows before it included).
+        let m = message(one_column(DataType::Utf8, b"ab\xffc", &[0, 0, 2, 2, 4]));
+        assert!(m.contains("row 3 is not valid UTF-8"), "{m}");
+        let m = message(one_column(DataType::Utf8, &[0xff], &[0, 0, 1]));
+        assert!(m.contains("row 1 is not valid UTF-8"), "{m}");
+        // Binary columns carry any bytes.
+        assert_eq!(
+            one_column(DataType::Binary, &[0xff, 0xc3], &[0, 1, 2]),
+            Ok(())
+        );
+    }
 
     #[test]
     fn wraps_says_when_wrap_int_can_change_a_value() {

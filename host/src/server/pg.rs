@@ -301,6 +301,8 @@ impl QueryParser for SfParser {
     where
         C: ClientInfo + Unpin + Send + Sync,
     {
+        // datafusion-postgres parses with sqlparser too: same nesting guard as the database.
+        crate::sql::parser::check_nesting(sql).map_err(db_error)?;
         match sqltext::route(sql) {
             Route::DataFusion => match self.inner.parse_sql(client, sql, types).await {
                 Ok(s) => Ok(s),
@@ -391,6 +393,7 @@ impl PgService {
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
         let options = Arc::new(FormatOptions::from_client_metadata(client.metadata()));
+        crate::sql::parser::check_nesting(sql).map_err(db_error)?;
         match sqltext::route(sql) {
             Route::Database { .. } => self.run_database(sql, options).await,
             Route::DataFusion => {

@@ -7,10 +7,10 @@
 use datafusion::sql::sqlparser::ast::{
     ColumnOption, Expr, Ident, ObjectName, ObjectNamePart, ObjectType, SchemaName, Statement,
 };
-use datafusion::sql::sqlparser::dialect::GenericDialect;
+use datafusion::sql::sqlparser::dialect::{Dialect, GenericDialect, PostgreSqlDialect};
 use datafusion::sql::sqlparser::keywords::Keyword;
 use datafusion::sql::sqlparser::parser::{IsOptional, Parser, ParserError};
-use datafusion::sql::sqlparser::tokenizer::Token;
+use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer};
 
 use crate::catalog::{ColumnType, DEFAULT_CATALOG, DEFAULT_DATABASE};
 use crate::error::{Result, SqlSnafu, UnsupportedSnafu};
@@ -178,10 +178,388 @@ fn is_kw(p: &Parser, n: usize, kw: Keyword) -> bool {
     matches!(&p.peek_nth_token(n).token, Token::Word(w) if w.keyword == kw)
 }
 
+/// How deep expressions may nest: parentheses, brackets, braces and `CASE ... END` together.
+pub const MAX_NESTING: usize = 64;
+
+/// How deep the expressions may nest that sqlparser reads more than once when the text inside
+/// them has an error, in "levels" of doubled parse time. sqlparser backtracks: it tries a
+/// keyword's own syntax (`CAST(`, `ARRAY[`, `SUBSTRING(`, `CASE` in a `THEN` ...) and then
+/// the word as a name, a derived table and then a nested join, a subquery after IN and then
+/// a list, and its PostgreSQL dialect reads every function argument twice (as a possible
+/// `name => value`). Each nested level multiplies the time to reach the error (24 unclosed
+/// `CASE WHEN 1 THEN` took minutes); one that triples it or more counts two or three levels.
+/// 12 levels take milliseconds. The costs were measured per construct on sqlparser 0.62
+/// (unclosed nesting, both dialects, every keyword before `(` and `[`); re-measure them when
+/// upgrading it.
+pub const MAX_BACKTRACKING_NESTING: usize = 12;
+
+/// Which sqlparser dialect reads the statement after the guard.
+#[derive(Clone, Copy, PartialEq)]
+enum Reader {
+    /// [`parse`]: `GenericDialect`.
+    Generic,
+    /// datafusion-postgres: `PostgreSqlDialect`.
+    Postgres,
+}
+
+/// Words whose own syntax sqlparser tries before reading them as a name, with the levels
+/// (about log2 of the time factor) that one nesting of them costs.
+fn keyword_levels(kw: Keyword) -> usize {
+    match kw {
+        Keyword::POSITION => 2,
+        Keyword::CAST
+        | Keyword::TRY_CAST
+        | Keyword::SAFE_CAST
+        | Keyword::CONVERT
+        | Keyword::TRY_CONVERT
+        | Keyword::CEIL
+        | Keyword::FLOOR
+        | Keyword::SUBSTR
+        | Keyword::SUBSTRING
+        | Keyword::OVERLAY
+        | Keyword::ARRAY
+        | Keyword::CURRENT_TIMESTAMP
+        | Keyword::CURRENT_TIME
+        | Keyword::CURRENT_DATE
+        | Keyword::LOCALTIME
+        | Keyword::LOCALTIMESTAMP
+        | Keyword::MATCH
+        | Keyword::LAMBDA
+        | Keyword::NOT => 1,
+        _ => 0,
+    }
+}
+
+/// Words before `(` that never start a function call.
+fn never_a_call(kw: Keyword) -> bool {
+    matches!(kw, Keyword::EXISTS | Keyword::DISTINCT)
+}
+
+/// Words before `(` that do not start a function call when they follow an operand
+/// (`x AND (`, `t WHERE (`); elsewhere (`SELECT and(`) they are function names.
+fn is_structural(kw: Keyword) -> bool {
+    matches!(
+        kw,
+        Keyword::AS
+            | Keyword::ON
+            | Keyword::USING
+            | Keyword::OVER
+            | Keyword::FILTER
+            | Keyword::WITHIN
+            | Keyword::AND
+            | Keyword::OR
+            | Keyword::SELECT
+            | Keyword::WHERE
+            | Keyword::INTO
+            | Keyword::TABLE
+            | Keyword::WITH
+            | Keyword::UNION
+            | Keyword::INTERSECT
+            | Keyword::EXCEPT
+            | Keyword::ALL
+            | Keyword::LATERAL
+            | Keyword::BY
+    )
+}
+
+/// Words that end a FROM clause (at their own nesting level).
+fn ends_from(kw: Keyword) -> bool {
+    matches!(
+        kw,
+        Keyword::WHERE
+            | Keyword::GROUP
+            | Keyword::HAVING
+            | Keyword::ORDER
+            | Keyword::LIMIT
+            | Keyword::OFFSET
+            | Keyword::FETCH
+            | Keyword::UNION
+            | Keyword::INTERSECT
+            | Keyword::EXCEPT
+            | Keyword::SELECT
+            | Keyword::WINDOW
+            | Keyword::QUALIFY
+            | Keyword::RETURNING
+            | Keyword::SET
+            | Keyword::VALUES
+    )
+}
+
+/// What came just before a token.
+#[derive(Clone, Copy, PartialEq)]
+enum Prev {
+    Other,
+    /// A word, and whether it follows an operand (`x AND`, not `SELECT AND`: a keyword in
+    /// the place of an operand is read as a function name by the PostgreSQL dialect).
+    Word(Keyword, bool),
+    Comma,
+    LParen,
+}
+
+/// Whether a token can end an operand (a name, a literal, a closing bracket).
+fn ends_operand(tok: &Token) -> bool {
+    match tok {
+        Token::Word(w) => w.quote_style.is_some() || w.keyword == Keyword::NoKeyword,
+        Token::Number(..)
+        | Token::RParen
+        | Token::RBracket
+        | Token::Placeholder(_)
+        | Token::SingleQuotedString(_)
+        | Token::DoubleQuotedString(_)
+        | Token::DollarQuotedString(_)
+        | Token::NationalStringLiteral(_)
+        | Token::EscapedStringLiteral(_)
+        | Token::UnicodeStringLiteral(_)
+        | Token::HexStringLiteral(_) => true,
+        _ => false,
+    }
+}
+
+/// The levels an opening bracket costs after `prev`.
+fn bracket_levels(reader: Reader, prev: Prev, bracket: &Token) -> usize {
+    let pg = reader == Reader::Postgres;
+    match (prev, bracket) {
+        // A subquery or a list after IN (tried as one, then as the other); table factors
+        // are counted by the caller.
+        (Prev::Word(Keyword::IN, _), Token::LParen) => 1 + pg as usize,
+        // The PostgreSQL dialect tries every argument as `name => value` first.
+        (Prev::Word(kw, after_operand), Token::LParen)
+            if pg && !never_a_call(kw) && !(after_operand && is_structural(kw)) =>
+        {
+            1 + keyword_levels(kw)
+        }
+        (Prev::Word(kw, _), Token::LParen) => keyword_levels(kw),
+        // A subscript of a name (`a.b[`) is also tried as something else first.
+        (Prev::Word(kw, _), Token::LBracket) => keyword_levels(kw).max(1),
+        _ => 0,
+    }
+}
+
+/// Where a `CASE` is: after `CASE` (operand), `WHEN`, `THEN` or `ELSE`.
+#[derive(Clone, Copy, PartialEq)]
+enum CasePart {
+    Operand,
+    When,
+    Then,
+    Else,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Open {
+    Paren,
+    Bracket,
+    Brace,
+    Case(CasePart),
+}
+
+/// One open construct: what it is, the levels it costs, whether its own level is in a FROM
+/// clause, whether it is a table factor (a derived table or nested join) and whether it
+/// holds a named argument (`name := value`).
+struct Frame {
+    open: Open,
+    levels: usize,
+    from: bool,
+    table: bool,
+    named: bool,
+}
+
+/// How deeply a statement's tokens nest: (constructs, levels of backtracking); see
+/// [`MAX_NESTING`] and [`MAX_BACKTRACKING_NESTING`]. One pass; strings, quoted identifiers
+/// and comments are single tokens, so what they hold does not count.
+fn nesting(tokens: &[TokenWithSpan], reader: Reader) -> (usize, usize) {
+    // Closes the innermost construct if the closer matches it. A closer that does not
+    // (`END` as a name inside parentheses, a stray `)` in a CASE) closes nothing: the
+    // parser does not take it as closing anything either, or fails there.
+    fn close(stack: &mut Vec<Frame>, levels: &mut usize, what: fn(&Open) -> bool) {
+        if stack.last().is_some_and(|f| what(&f.open)) {
+            if let Some(f) = stack.pop() {
+                *levels -= f.levels;
+            }
+        }
+    }
+    let mut stack: Vec<Frame> = Vec::new();
+    // Whether the top level is in a FROM clause.
+    let mut top_from = false;
+    let (mut levels, mut max_depth, mut max_levels) = (0usize, 0usize, 0usize);
+    let mut prev = Prev::Other;
+    // Whether the token before this one ends an operand.
+    let mut operand = false;
+    // INTERVAL reads the expression after it twice when it fails, and so does NOT followed
+    // by a sign: the levels that the construct starting that expression costs on top of
+    // its own. `not`: the token before is NOT.
+    let (mut prefix, mut not) = (0usize, false);
+    let code = tokens
+        .iter()
+        .map(|t| &t.token)
+        .filter(|t| !matches!(t, Token::Whitespace(_)));
+    for tok in code {
+        let from = stack.last().map_or(top_from, |f| f.from);
+        let mut open = None;
+        match tok {
+            Token::Word(w) if w.quote_style.is_none() => {
+                match w.keyword {
+                    Keyword::CASE => {
+                        // A CASE in a THEN branch (or outside any CASE) is read again when
+                        // something inside it fails; in an operand, a WHEN or an ELSE the
+                        // parser gives up at once.
+                        let l = match stack.last().map(|f| f.open) {
+                            Some(Open::Case(part)) if part != CasePart::Then => 0,
+                            _ => 1,
+                        };
+                        open = Some((Open::Case(CasePart::Operand), l));
+                    }
+                    Keyword::WHEN | Keyword::THEN | Keyword::ELSE => {
+                        if let Some(Frame {
+                            open: Open::Case(part),
+                            ..
+                        }) = stack.last_mut()
+                        {
+                            *part = match w.keyword {
+                                Keyword::WHEN => CasePart::When,
+                                Keyword::THEN => CasePart::Then,
+                                _ => CasePart::Else,
+                            };
+                        }
+                    }
+                    Keyword::END => close(&mut stack, &mut levels, |o| matches!(o, Open::Case(_))),
+                    _ => {}
+                }
+                let in_from = match w.keyword {
+                    Keyword::FROM | Keyword::JOIN => Some(true),
+                    kw if ends_from(kw) => Some(false),
+                    _ => None,
+                };
+                if let Some(in_from) = in_from {
+                    match stack.last_mut() {
+                        Some(f) => f.from = in_from,
+                        None => top_from = in_from,
+                    }
+                }
+            }
+            Token::LParen | Token::LBracket => {
+                let o = if *tok == Token::LParen {
+                    Open::Paren
+                } else {
+                    Open::Bracket
+                };
+                open = Some((o, bracket_levels(reader, prev, tok)));
+            }
+            Token::LBrace => open = Some((Open::Brace, 0)),
+            // The generic dialect reads a named argument's value again as an unnamed one
+            // when it fails: the call costs a level.
+            Token::Assignment | Token::RArrow if reader == Reader::Generic => {
+                if let Some(f) = stack
+                    .last_mut()
+                    .filter(|f| f.open == Open::Paren && !f.named)
+                {
+                    f.named = true;
+                    f.levels += 1;
+                    levels += 1;
+                    max_levels = max_levels.max(levels);
+                }
+            }
+            Token::RParen => close(&mut stack, &mut levels, |o| *o == Open::Paren),
+            Token::RBracket => close(&mut stack, &mut levels, |o| *o == Open::Bracket),
+            Token::RBrace => close(&mut stack, &mut levels, |o| *o == Open::Brace),
+            _ => {}
+        }
+        // A table factor: after FROM, JOIN or a comma of a FROM clause, or right inside
+        // another table factor (`FROM ((a JOIN b) ...`).
+        let table = *tok == Token::LParen
+            && match prev {
+                Prev::Word(Keyword::FROM | Keyword::JOIN, _) => true,
+                Prev::Comma => from,
+                Prev::LParen => stack.last().is_some_and(|f| f.table),
+                _ => false,
+            };
+        prev = match tok {
+            // A quoted name is a function name like any other.
+            Token::Word(w) => Prev::Word(w.keyword, operand),
+            Token::Comma => Prev::Comma,
+            Token::LParen => Prev::LParen,
+            _ => Prev::Other,
+        };
+        operand = ends_operand(tok);
+        if let Some((open, mut l)) = open {
+            if table {
+                l = l.max(1 + (reader == Reader::Postgres) as usize);
+            }
+            l += std::mem::take(&mut prefix);
+            stack.push(Frame {
+                open,
+                levels: l,
+                from: false,
+                table,
+                named: false,
+            });
+            levels += l;
+            max_depth = max_depth.max(stack.len());
+            max_levels = max_levels.max(levels);
+        }
+        let sign = matches!(
+            tok,
+            Token::Minus | Token::Plus | Token::Tilde | Token::ExclamationMark
+        );
+        prefix = match tok {
+            Token::Word(w) if w.quote_style.is_none() && w.keyword == Keyword::INTERVAL => {
+                prefix + 1 + (reader == Reader::Postgres) as usize
+            }
+            _ if sign && not => prefix + 1,
+            // Still before the expression's first construct.
+            Token::Word(_) | Token::Period => prefix,
+            _ if sign => prefix,
+            _ => 0,
+        };
+        not = matches!(tok, Token::Word(w) if w.quote_style.is_none() && w.keyword == Keyword::NOT);
+    }
+    (max_depth, max_levels)
+}
+
+/// Refuses statements that nest too deeply (see [`nesting`]), before sqlparser sees them.
+fn check_nesting_tokens(tokens: &[TokenWithSpan], reader: Reader) -> Result<()> {
+    let (max_depth, max_levels) = nesting(tokens, reader);
+    if max_depth > MAX_NESTING {
+        return SqlSnafu {
+            message: format!(
+                "statement nests expressions {max_depth} levels deep; at most {MAX_NESTING} are allowed"
+            ),
+        }
+        .fail();
+    }
+    if max_levels > MAX_BACKTRACKING_NESTING {
+        return SqlSnafu {
+            message: format!(
+                "statement nests CASE, CAST(, subqueries and similar expressions {max_levels} levels deep; \
+                 at most {MAX_BACKTRACKING_NESTING} are allowed"
+            ),
+        }
+        .fail();
+    }
+    Ok(())
+}
+
+fn tokenize(dialect: &dyn Dialect, sql: &str) -> Result<Vec<TokenWithSpan>> {
+    Tokenizer::new(dialect, sql)
+        .tokenize_with_location()
+        .map_err(|e| sql_err(e.into()))
+}
+
+/// The nesting guard of [`parse`] for text another parser reads (the PostgreSQL front
+/// door hands statements to datafusion-postgres): tokenizes `sql` as PostgreSQL and rejects
+/// it if it nests too deeply. Text that does not tokenize is left to that parser.
+pub fn check_nesting(sql: &str) -> Result<()> {
+    match tokenize(&PostgreSqlDialect {}, sql) {
+        Ok(tokens) => check_nesting_tokens(&tokens, Reader::Postgres),
+        Err(_) => Ok(()),
+    }
+}
+
 /// Parses `;`-separated statements.
 pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
     let dialect = GenericDialect {};
-    let mut p = Parser::new(&dialect).try_with_sql(sql).map_err(sql_err)?;
+    let tokens = tokenize(&dialect, sql)?;
+    check_nesting_tokens(&tokens, Reader::Generic)?;
+    let mut p = Parser::new(&dialect).with_tokens_with_locations(tokens);
     let mut out = Vec::new();
     loop {
         while p.consume_token(&Token::SemiColon) {}
@@ -806,6 +1184,139 @@ mod tests {
         assert_eq!(f.expire_after.as_deref(), Some("2 days 1h"));
         assert!(parse("CREATE FLOW g SINK o AS SELECT 1").is_err());
         assert!(parse("CREATE FLOW g SINK TO o SELECT 1").is_err());
+    }
+
+    fn guard_message(sql: &str) -> String {
+        match check_nesting_tokens(&tokenize(&GenericDialect {}, sql).unwrap(), Reader::Generic) {
+            Ok(()) => String::new(),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn nesting_guard_refuses_what_the_parser_would_backtrack_on() {
+        let over = format!("at most {MAX_BACKTRACKING_NESTING} are allowed");
+        for open in [
+            "CASE WHEN 1 THEN ",
+            "ARRAY[",
+            "CAST(",
+            "SUBSTRING(",
+            "1 + CASE WHEN 1 THEN ",
+        ] {
+            let sql = format!("SELECT {}1", open.repeat(24));
+            let e = parse(&sql).unwrap_err().to_string();
+            assert!(
+                e.contains("nests CASE, CAST(, subqueries and similar expressions 24 levels deep"),
+                "{sql}: {e}"
+            );
+            assert!(e.contains(&over), "{e}");
+            // Closed or not, the limit is the same.
+            let sql = format!("SELECT {}1{}", open.repeat(13), ")".repeat(13));
+            assert!(guard_message(&sql).contains(&over), "{sql}");
+            let sql = format!("SELECT {}1", open.repeat(MAX_BACKTRACKING_NESTING));
+            assert_eq!(guard_message(&sql), "", "{sql}");
+        }
+        // POSITION( triples the time per level: it counts twice.
+        assert!(guard_message(&format!("SELECT {}1", "POSITION(".repeat(7))).contains(&over));
+        assert_eq!(
+            guard_message(&format!("SELECT {}1", "POSITION(".repeat(6))),
+            ""
+        );
+        // Siblings do not add up.
+        let sibling = "CAST(CAST(CAST(1 AS INT) AS INT) AS INT)";
+        let sql = format!("SELECT {}", vec![sibling; 40].join(" + "));
+        assert!(parse(&sql).is_ok(), "{sql}");
+    }
+
+    #[test]
+    fn nesting_guard_counts_only_nesting_the_parser_sees() {
+        // CASE chains in ELSE (and CASE in WHEN) fail fast: deep chains are fine.
+        let chain = format!(
+            "SELECT {} 0 {} FROM t",
+            "CASE WHEN x = 1 THEN 1 ELSE ".repeat(20),
+            "END ".repeat(20)
+        );
+        assert_eq!(guard_message(&chain), "");
+        assert!(parse(&chain).is_ok(), "{chain}");
+        // Parentheses, strings, quoted identifiers and comments.
+        let sql = "SELECT ((((((((((((((((1)))))))))))))))) AS \"CASE(CAST(\", \
+                   'CASE WHEN ARRAY[CAST((((' -- CAST(CAST(CAST(CAST(CAST(CAST(CAST(\n\
+                   FROM t /* CASE CASE CASE CASE CASE CASE CASE CASE CASE CASE CASE CASE CASE */";
+        assert_eq!(guard_message(sql), "");
+        assert!(parse(sql).is_ok());
+        let deep = format!("SELECT {}1{}", "(".repeat(65), ")".repeat(65));
+        let e = parse(&deep).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "statement nests expressions 65 levels deep; at most 64 are allowed"
+        );
+        // Unbalanced closers do not underflow anything ...
+        assert_eq!(guard_message("SELECT 1)))]]]}}} END END"), "");
+        // ... and close only what they match: END as a name does not end a CASE.
+        let sql = format!(
+            "SELECT CASE WHEN 1 THEN f(END - {}1",
+            "CAST(".repeat(MAX_BACKTRACKING_NESTING)
+        );
+        assert!(guard_message(&sql).contains("at most"), "{sql}");
+        // Derived tables and nested joins are tried as one, then as the other.
+        let sql = format!("SELECT 1 FROM {}t", "(SELECT 1 FROM t, ".repeat(13));
+        assert!(guard_message(&sql).contains("at most"), "{sql}");
+        let sql = format!("SELECT 1 FROM {}t", "(".repeat(13));
+        assert!(guard_message(&sql).contains("at most"), "{sql}");
+        // INTERVAL and NOT before a sign read the next expression twice.
+        let sql = format!("SELECT {}1", "INTERVAL -f(".repeat(13));
+        assert!(guard_message(&sql).contains("at most"), "{sql}");
+        let sql = format!("SELECT {}1", "NOT -f(".repeat(13));
+        assert!(guard_message(&sql).contains("at most"), "{sql}");
+        // The generic dialect reads `name := value` arguments twice.
+        let sql = format!("SELECT {}1", "f(x := ".repeat(13));
+        assert!(guard_message(&sql).contains("at most"), "{sql}");
+        // CURRENT_TIMESTAMP( and friends are read twice too.
+        let sql = format!("SELECT {}1", "CURRENT_TIMESTAMP(".repeat(13));
+        assert!(guard_message(&sql).contains("at most"), "{sql}");
+    }
+
+    #[test]
+    fn nesting_guard_for_the_postgresql_dialect() {
+        // Its parser reads every function argument twice: each call is a level.
+        let calls = |n: usize| format!("SELECT {}x{}", "f(".repeat(n), ")".repeat(n));
+        assert!(check_nesting(&calls(MAX_BACKTRACKING_NESTING)).is_ok());
+        let e = check_nesting(&calls(13)).unwrap_err().to_string();
+        assert!(e.contains("13 levels deep"), "{e}");
+        assert_eq!(
+            guard_message(&calls(40)),
+            "",
+            "linear in the generic dialect"
+        );
+        // CAST( triples the time there, POSITION( more than quintuples it.
+        assert!(check_nesting(&format!("SELECT {}1", "CAST(".repeat(6))).is_ok());
+        assert!(check_nesting(&format!("SELECT {}1", "CAST(".repeat(7))).is_err());
+        assert!(check_nesting(&format!("SELECT {}1", "POSITION(".repeat(4))).is_ok());
+        assert!(check_nesting(&format!("SELECT {}1", "POSITION(".repeat(5))).is_err());
+        // Parentheses that are not calls do not count.
+        let sql = format!(
+            "SELECT * FROM t WHERE {} x IN (1) {}",
+            "EXISTS (SELECT 1 FROM u WHERE x AND (".repeat(8),
+            "))".repeat(8)
+        );
+        assert!(check_nesting(&sql).is_ok(), "{sql}");
+        // ... but a keyword in the place of an operand is a function name there.
+        let sql = format!("SELECT {}1", "and(".repeat(13));
+        assert!(check_nesting(&sql).is_err(), "{sql}");
+        // A subquery after IN is tried as a list first: two levels there, one here.
+        let sql = format!(
+            "SELECT 1 WHERE {}",
+            "x IN (SELECT y FROM t WHERE ".repeat(7)
+        );
+        assert!(check_nesting(&sql).is_err(), "{sql}");
+        assert_eq!(guard_message(&sql), "", "{sql}");
+        // The PostgreSQL front door's check reads dollar quoting.
+        assert!(check_nesting(
+            "SELECT $q$ CAST(CAST(CAST(CAST(CAST(CAST(CAST(CAST(CAST(CAST(CAST(CAST(CAST( $q$"
+        )
+        .is_ok());
+        assert!(check_nesting(&format!("SELECT {}1", "CAST(".repeat(13))).is_err());
+        assert!(check_nesting("SELECT 'unterminated").is_ok());
     }
 
     #[test]
