@@ -282,6 +282,11 @@ fn make_engine(config: &RuntimeConfig) -> Result<Engine, RuntimeError> {
         // Deep recursion in a guest ends in a trap, not in the host's stack.
         .max_wasm_stack(1 << 20)
         .cranelift_opt_level(wasmtime::OptLevel::Speed);
+    // For profiling the guest with `perf`: writes /tmp/perf-<pid>.map so that
+    // samples in compiled guest code get the guest's function names.
+    if std::env::var_os("SANDFLOW_WASM_PERFMAP").is_some() {
+        wasm.profiler(wasmtime::ProfilingStrategy::PerfMap);
+    }
     Engine::new(&wasm).map_err(|e| RuntimeError::Setup {
         message: format!("cannot create the wasm engine: {e:#}"),
     })
