@@ -73,6 +73,9 @@ pub fn sqlstate(e: &Error) -> &'static str {
                 }
             } else if msg.contains("already exists") {
                 "42P07"
+            } else if msg.contains("levels deep") || msg.contains("nested too deeply") {
+                // statement_too_complex: the nesting guard, not a syntax error.
+                "54001"
             } else {
                 "42601"
             }
@@ -756,4 +759,18 @@ pub async fn serve(
 /// Binds the PostgreSQL front door.
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sqlstate;
+
+    #[test]
+    fn nesting_guard_is_statement_too_complex_and_syntax_errors_stay_42601() {
+        let deep = format!("SELECT {}1{}", "(".repeat(70), ")".repeat(70));
+        let e = crate::sql::parser::check_nesting(&deep).unwrap_err();
+        assert_eq!(sqlstate(&e), "54001", "{e}");
+        let e = crate::sql::parser::parse("SELEC 1").unwrap_err();
+        assert_eq!(sqlstate(&e), "42601", "{e}");
+    }
 }
