@@ -11,34 +11,9 @@ use datafusion::arrow::array::{Int64Array, RecordBatch, StringArray, TimestampMi
 use datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use std::time::{Duration, Instant};
 
-use sandflow::database::Output;
 use sandflow::flow::FlowSettings;
 use sandflow::Database;
-
-async fn rows(db: &Database, sql: &str) -> Vec<Vec<String>> {
-    let out = db
-        .execute(sql)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
-    let Some(Output::Rows { batches, .. }) = out.into_iter().last() else {
-        panic!("{sql}: no rows");
-    };
-    let mut all = Vec::new();
-    for b in batches {
-        for r in 0..b.num_rows() {
-            all.push(
-                b.columns()
-                    .iter()
-                    .map(|c| {
-                        datafusion::arrow::util::display::array_value_to_string(c, r)
-                            .unwrap_or_default()
-                    })
-                    .collect(),
-            );
-        }
-    }
-    all
-}
+use sandflow_tests::db::rows;
 
 /// `n` rows of distinct strings, numbered from `start`.
 fn big_batch(start: i64, n: i64) -> RecordBatch {

@@ -13,35 +13,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sandflow::database::Output;
 use sandflow::flow::{FlowSettings, UntrustedGuest};
 use sandflow::runtime::FlowLimits;
 use sandflow::Database;
-
-async fn rows(db: &Database, sql: &str) -> Vec<Vec<String>> {
-    let out = db
-        .execute(sql)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
-    let Some(Output::Rows { batches, .. }) = out.into_iter().last() else {
-        panic!("{sql}: no rows");
-    };
-    let mut all = Vec::new();
-    for b in batches {
-        for r in 0..b.num_rows() {
-            all.push(
-                b.columns()
-                    .iter()
-                    .map(|c| {
-                        datafusion::arrow::util::display::array_value_to_string(c, r)
-                            .unwrap_or_default()
-                    })
-                    .collect(),
-            );
-        }
-    }
-    all
-}
+use sandflow_tests::db::rows;
 
 fn settings() -> FlowSettings {
     let bytes = std::fs::read(env!("HOSTILE_GUEST_WASM"))

@@ -200,9 +200,25 @@ struct FlowHandle {
 impl FlowHandle {
     /// Stops the flow's thread and waits for it (at most one guest call).
     fn stop(&self) {
+        self.send(Msg::Halt);
+        self.join();
+    }
+
+    /// Stops the flow's thread after its final write-back and snapshot, and waits for it.
+    fn stop_gracefully(&self) {
+        self.send(Msg::Stop);
+        self.join();
+    }
+
+    /// Sends `msg` to the flow's thread, if it runs.
+    fn send(&self, msg: Msg) {
         if let Some(tx) = &self.tx {
-            let _ = tx.send(Msg::Halt);
+            let _ = tx.send(msg);
         }
+    }
+
+    /// Waits for the flow's thread to end (it must have been told to).
+    fn join(&self) {
         let thread = self.thread.lock().ok().and_then(|mut t| t.take());
         if let Some(t) = thread {
             let _ = t.join();
@@ -404,17 +420,12 @@ impl FlowManager {
             Ok(mut f) => std::mem::take(&mut *f).into_values().collect(),
             Err(_) => return,
         };
+        // Tell every flow first so that their final write-backs overlap.
         for h in &handles {
-            if let Some(tx) = &h.tx {
-                let _ = tx.send(Msg::Stop);
-            }
+            h.send(Msg::Stop);
         }
-        for h in handles {
-            // Stop was sent: wait for the final write-back and snapshot.
-            let thread = h.thread.lock().ok().and_then(|mut t| t.take());
-            if let Some(t) = thread {
-                let _ = t.join();
-            }
+        for h in &handles {
+            h.join();
         }
     }
 
@@ -751,13 +762,7 @@ impl FlowManager {
         if self.closed.load(Ordering::SeqCst) {
             // Shut down meanwhile: this run must not outlive the database.
             blocking(move || {
-                if let Some(tx) = &new.tx {
-                    let _ = tx.send(Msg::Stop);
-                }
-                let thread = new.thread.lock().ok().and_then(|mut t| t.take());
-                if let Some(t) = thread {
-                    let _ = t.join();
-                }
+                new.stop_gracefully();
                 Ok(())
             })
             .await?;
