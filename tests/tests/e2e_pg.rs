@@ -100,6 +100,11 @@ fn sqlstate_codes() {
     assert!(e.contains("42P01"), "{e}");
     let e = verbose("SELEC 1");
     assert!(e.contains("42601"), "{e}");
+    // The nesting guard: statement_too_complex, not a syntax error.
+    let deep = format!("SELECT {}1{}", "(".repeat(70), ")".repeat(70));
+    let e = verbose(&deep);
+    assert!(e.contains("54001"), "{e}");
+    assert!(e.contains("levels deep"), "{e}");
 }
 
 #[test]
