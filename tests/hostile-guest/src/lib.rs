@@ -75,6 +75,26 @@ mod component {
         }
     }
 
+    /// `rows` valid rows numbered from `first`, each with the string "x".
+    fn numbered_rows(now: i64, first: i64, rows: u32) -> Batch {
+        let strs: Vec<&[u8]> = (0..rows).map(|_| &b"x"[..]).collect();
+        Batch {
+            rows,
+            columns: vec![
+                Column {
+                    ints: (0..rows as i64).map(|i| first + i).collect(),
+                    floats: vec![],
+                    bytes: vec![],
+                    offsets: vec![],
+                    nulls: vec![],
+                },
+                string_column(&strs),
+            ],
+            times: vec![now; rows as usize],
+            diffs: vec![1; rows as usize],
+        }
+    }
+
     /// The mode a plan asks for (see the crate docs).
     fn mode_of(plan: &[u8]) -> Option<String> {
         if let Ok(text) = std::str::from_utf8(plan) {
@@ -167,45 +187,10 @@ mod component {
                     one_row(now, r as i64)
                 }
                 "panic" => panic!("hostile guest panics on purpose"),
-                "huge-output" => {
-                    let rows = max_rows.saturating_add(1);
-                    let strs: Vec<&[u8]> = (0..rows).map(|_| &b"x"[..]).collect();
-                    Batch {
-                        rows,
-                        columns: vec![
-                            Column {
-                                ints: vec![0; rows as usize],
-                                floats: vec![],
-                                bytes: vec![],
-                                offsets: vec![],
-                                nulls: vec![],
-                            },
-                            string_column(&strs),
-                        ],
-                        times: vec![now; rows as usize],
-                        diffs: vec![1; rows as usize],
-                    }
-                }
+                "huge-output" => numbered_rows(now, 0, max_rows.saturating_add(1)),
                 "endless-output" => {
-                    let rows = max_rows.clamp(1, 10_000);
-                    let strs: Vec<&[u8]> = (0..rows).map(|_| &b"x"[..]).collect();
-                    let base = n * 10_000;
                     return Ok(TickOutput {
-                        output: Batch {
-                            rows,
-                            columns: vec![
-                                Column {
-                                    ints: (0..rows as i64).map(|i| base + i).collect(),
-                                    floats: vec![],
-                                    bytes: vec![],
-                                    offsets: vec![],
-                                    nulls: vec![],
-                                },
-                                string_column(&strs),
-                            ],
-                            times: vec![now; rows as usize],
-                            diffs: vec![1; rows as usize],
-                        },
+                        output: numbered_rows(now, n * 10_000, max_rows.clamp(1, 10_000)),
                         more: true,
                         next_wakeup: None,
                     });
