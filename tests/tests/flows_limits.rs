@@ -15,6 +15,17 @@ use sandflow::flow::FlowSettings;
 use sandflow::Database;
 use sandflow_tests::db::rows;
 
+/// Creates flow `greedy` over `big` (one group per row) with a 1 ms CPU budget per
+/// tick, which aggregating `big` cannot meet; `measures` follow `SELECT s,`.
+async fn create_greedy(db: &Database, measures: &str) {
+    db.execute(&format!(
+        "CREATE FLOW greedy SINK TO greedy_sink WITH (cpu_limit_per_tick = '1ms') AS \
+         SELECT s, {measures} FROM big GROUP BY s"
+    ))
+    .await
+    .expect("the CPU budget applies to ticks, not to creating the flow");
+}
+
 /// `n` rows of distinct strings, numbered from `start`.
 fn big_batch(start: i64, n: i64) -> RecordBatch {
     let schema = Arc::new(Schema::new(vec![
@@ -62,12 +73,7 @@ async fn a_flow_over_its_cpu_budget_fails_alone() {
             .unwrap();
     }
     // 300,000 distinct groups cannot be aggregated within one 5 ms epoch.
-    db.execute(
-        "CREATE FLOW greedy SINK TO greedy_sink WITH (cpu_limit_per_tick = '1ms') AS \
-         SELECT s, count(*) AS n, sum(v) AS total FROM big GROUP BY s",
-    )
-    .await
-    .expect("the CPU budget applies to ticks, not to creating the flow");
+    create_greedy(&db, "count(*) AS n, sum(v) AS total").await;
     db.execute(
         "CREATE FLOW modest SINK TO modest_sink AS \
          SELECT h, count(*) AS n, sum(v) AS total FROM small GROUP BY h",
@@ -187,12 +193,7 @@ async fn a_transient_failure_restarts_by_itself_with_backoff() {
     };
     let db = Database::open_with(dir.path(), settings).await.unwrap();
     create_big(&db, 100_000).await;
-    db.execute(
-        "CREATE FLOW greedy SINK TO greedy_sink WITH (cpu_limit_per_tick = '1ms') AS \
-         SELECT s, count(*) AS n, sum(v) AS total FROM big GROUP BY s",
-    )
-    .await
-    .unwrap();
+    create_greedy(&db, "count(*) AS n, sum(v) AS total").await;
     let err = db.flush_flow("greedy").await.unwrap_err().to_string();
     assert!(err.contains("CPU budget"), "{err}");
     // It keeps failing while the cause is there, and keeps trying.
@@ -234,12 +235,7 @@ async fn automatic_restarts_give_up_after_max_restarts() {
     };
     let db = Database::open_with(dir.path(), settings).await.unwrap();
     create_big(&db, 100_000).await;
-    db.execute(
-        "CREATE FLOW greedy SINK TO greedy_sink WITH (cpu_limit_per_tick = '1ms') AS \
-         SELECT s, count(*) AS n FROM big GROUP BY s",
-    )
-    .await
-    .unwrap();
+    create_greedy(&db, "count(*) AS n").await;
     let info = wait_for(
         &db,
         "SELECT last_error LIKE '%gave up after 2 automatic restarts%', restarts, failures, \
