@@ -71,6 +71,141 @@ impl Out {
     }
 }
 
+/// One measure's values for a list of groups, in the form flush compares and emits them.
+#[derive(Debug, Clone, Default)]
+struct Vals {
+    /// Integers, or the bits of floats when `float`; 0 where NULL. Empty when `wide`.
+    bits: Vec<i64>,
+    /// Empty while no value is NULL, else one flag per value.
+    nulls: Vec<bool>,
+    /// Byte-string values (min and max of strings and binary), one per value, when `wide`.
+    wide: Vec<Out>,
+    float: bool,
+    is_wide: bool,
+}
+
+impl Vals {
+    fn new(state: &State, in_ty: Option<DataType>) -> Vals {
+        let storage = in_ty.map(|t| t.storage());
+        let (float, is_wide) = match state {
+            State::Count(_) | State::SumInt { .. } | State::Distinct { .. } => (false, false),
+            State::SumFloat { .. } | State::AvgFloat { .. } | State::AvgInt { .. } => (true, false),
+            State::MinMax { .. } => (
+                storage == Some(Storage::Floats),
+                storage == Some(Storage::Bytes),
+            ),
+        };
+        Vals {
+            float,
+            is_wide,
+            ..Vals::default()
+        }
+    }
+
+    #[inline]
+    fn push_bits(&mut self, x: i64) {
+        self.bits.push(x);
+        if !self.nulls.is_empty() {
+            self.nulls.push(false);
+        }
+    }
+
+    fn push_null(&mut self) {
+        if self.is_wide {
+            self.wide.push(Out::Null);
+            return;
+        }
+        if self.nulls.is_empty() {
+            self.nulls.resize(self.bits.len(), false);
+        }
+        self.bits.push(0);
+        self.nulls.push(true);
+    }
+
+    fn push_wide(&mut self, v: Out) {
+        self.wide.push(v);
+    }
+
+    /// Pads the null flags after a bulk extend of `bits`.
+    fn fill_nulls(&mut self) {
+        if !self.nulls.is_empty() {
+            self.nulls.resize(self.bits.len(), false);
+        }
+    }
+
+    fn is_null(&self, i: usize) -> bool {
+        self.nulls.get(i).copied().unwrap_or(false)
+    }
+
+    /// Whether value `i` here equals value `j` of `o` (floats compare by bits).
+    #[inline]
+    fn same(&self, i: usize, o: &Vals, j: usize) -> bool {
+        if self.is_wide {
+            return match (self.wide.get(i), o.wide.get(j)) {
+                (Some(a), Some(b)) => a.same(b),
+                _ => false,
+            };
+        }
+        self.bits.get(i) == o.bits.get(j) && self.is_null(i) == o.is_null(j)
+    }
+
+    fn clear(&mut self) {
+        self.bits.clear();
+        self.nulls.clear();
+        self.wide.clear();
+    }
+
+    fn scalar(&self, i: usize) -> S<'_> {
+        if self.is_wide {
+            return self.wide.get(i).map_or(S::Null, |v| v.as_s());
+        }
+        match self.bits.get(i) {
+            None => S::Null,
+            Some(_) if self.is_null(i) => S::Null,
+            Some(&x) if self.float => S::F(f64::from_bits(x as u64)),
+            Some(&x) => S::I(x),
+        }
+    }
+}
+
+/// The output column of one measure: entry `e` of `emit` is `ti << 1 | new` and selects the
+/// value of touched group `ti` before the tick (`old`) or after it (`new`).
+fn measure_column(emit: &[u32], old: &Vals, new: &Vals, ty: DataType) -> Column {
+    let pick = |e: u32| (if e & 1 == 1 { new } else { old }, (e >> 1) as usize);
+    let direct = !old.is_wide && old.float == (ty.storage() == Storage::Floats);
+    if !direct || ty.storage() == Storage::Bytes {
+        let mut b = ColBuilder::new(ty, emit.len());
+        for &e in emit {
+            let (v, i) = pick(e);
+            b.push(v.scalar(i));
+        }
+        return b.finish();
+    }
+    let bits = emit.iter().map(|&e| {
+        let (v, i) = pick(e);
+        v.bits.get(i).copied().unwrap_or(0)
+    });
+    let mut col = Column::default();
+    if old.float {
+        col.floats = bits.map(|x| f64::from_bits(x as u64)).collect();
+    } else {
+        col.ints = bits.collect();
+    }
+    if !(old.nulls.is_empty() && new.nulls.is_empty()) {
+        col.nulls = emit
+            .iter()
+            .map(|&e| {
+                let (v, i) = pick(e);
+                v.is_null(i) as u8
+            })
+            .collect();
+        if col.nulls.iter().all(|n| *n == 0) {
+            col.nulls.clear();
+        }
+    }
+    col
+}
+
 /// An ordered multiset of values (value → multiplicity, never 0).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct MultiSet {
@@ -197,14 +332,63 @@ impl MultiSet {
     }
 }
 
+/// How many rows a measure has counted per group. Until a FILTER or a NULL argument skips a
+/// row this is the group's row count, and then nothing is stored: count(*) and the counts of a
+/// sum or avg over a column without NULLs cost no per-row work of their own.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Counts(Option<Vec<i64>>);
+
+impl Counts {
+    #[inline]
+    fn get(&self, g: usize, rows: &[i64]) -> i64 {
+        self.0
+            .as_deref()
+            .unwrap_or(rows)
+            .get(g)
+            .copied()
+            .unwrap_or(0)
+    }
+    /// The stored counts, copied from the row counts `rows` (before the rows now being added)
+    /// the first time a row is skipped.
+    fn own(&mut self, rows: &[i64]) -> &mut Vec<i64> {
+        self.0.get_or_insert_with(|| rows.to_vec())
+    }
+    fn grow(&mut self, len: usize) {
+        if let Some(v) = &mut self.0 {
+            v.resize(len, 0);
+        }
+    }
+    fn reset(&mut self, g: usize) {
+        if let Some(v) = &mut self.0 {
+            set(v, g, 0);
+        }
+    }
+    fn approx_bytes(&self) -> usize {
+        self.0.as_ref().map_or(0, |v| v.len() * 8)
+    }
+    /// Written in full either way, so the snapshot format does not depend on the sharing.
+    fn write(&self, w: &mut Writer, rows: &[i64]) {
+        w.i64s(self.0.as_deref().unwrap_or(rows));
+    }
+    fn read(r: &mut Reader<'_>, rows: &[i64]) -> Result<Counts, FlowError> {
+        let v = r.i64s()?;
+        if v.len() != rows.len() {
+            return Err(crate::types::bad(
+                "snapshot: aggregate state has the wrong length",
+            ));
+        }
+        Ok(Counts(if v == rows { None } else { Some(v) }))
+    }
+}
+
 /// Per-measure state, one slot per group id.
 #[derive(Debug, Clone, PartialEq)]
 enum State {
-    Count(Vec<i64>),
-    SumInt { s: Vec<i64>, n: Vec<i64> },
-    SumFloat { s: Vec<f64>, n: Vec<i64> },
-    AvgInt { s: Vec<i128>, n: Vec<i64> },
-    AvgFloat { s: Vec<f64>, n: Vec<i64> },
+    Count(Counts),
+    SumInt { s: Vec<i64>, n: Counts },
+    SumFloat { s: Vec<f64>, n: Counts },
+    AvgInt { s: Vec<i128>, n: Counts },
+    AvgFloat { s: Vec<f64>, n: Counts },
     MinMax { sets: Vec<MultiSet>, max: bool },
     Distinct { sets: Vec<MultiSet>, n: Vec<i64> },
 }
@@ -213,22 +397,22 @@ impl State {
     fn new(kind: AggKind, in_ty: Option<DataType>) -> State {
         let float = in_ty.is_some_and(|t| t.is_float());
         match kind {
-            AggKind::CountStar | AggKind::Count => State::Count(Vec::new()),
+            AggKind::CountStar | AggKind::Count => State::Count(Counts::default()),
             AggKind::Sum if float => State::SumFloat {
                 s: Vec::new(),
-                n: Vec::new(),
+                n: Counts::default(),
             },
             AggKind::Sum => State::SumInt {
                 s: Vec::new(),
-                n: Vec::new(),
+                n: Counts::default(),
             },
             AggKind::Avg if float => State::AvgFloat {
                 s: Vec::new(),
-                n: Vec::new(),
+                n: Counts::default(),
             },
             AggKind::Avg => State::AvgInt {
                 s: Vec::new(),
-                n: Vec::new(),
+                n: Counts::default(),
             },
             AggKind::Min | AggKind::Max => State::MinMax {
                 sets: Vec::new(),
@@ -243,18 +427,18 @@ impl State {
 
     fn grow(&mut self, len: usize) {
         match self {
-            State::Count(v) => v.resize(len, 0),
+            State::Count(n) => n.grow(len),
             State::SumInt { s, n } => {
                 s.resize(len, 0);
-                n.resize(len, 0);
+                n.grow(len);
             }
             State::SumFloat { s, n } | State::AvgFloat { s, n } => {
                 s.resize(len, 0.0);
-                n.resize(len, 0);
+                n.grow(len);
             }
             State::AvgInt { s, n } => {
                 s.resize(len, 0);
-                n.resize(len, 0);
+                n.grow(len);
             }
             State::MinMax { sets, .. } => sets.resize_with(len, MultiSet::default),
             State::Distinct { sets, n } => {
@@ -266,18 +450,18 @@ impl State {
 
     fn reset(&mut self, g: usize) {
         match self {
-            State::Count(v) => set(v, g, 0),
+            State::Count(n) => n.reset(g),
             State::SumInt { s, n } => {
                 set(s, g, 0);
-                set(n, g, 0);
+                n.reset(g);
             }
             State::SumFloat { s, n } | State::AvgFloat { s, n } => {
                 set(s, g, 0.0);
-                set(n, g, 0);
+                n.reset(g);
             }
             State::AvgInt { s, n } => {
                 set(s, g, 0);
-                set(n, g, 0);
+                n.reset(g);
             }
             State::MinMax { sets, .. } => set(sets, g, MultiSet::default()),
             State::Distinct { sets, n } => {
@@ -287,75 +471,79 @@ impl State {
         }
     }
 
-    fn is_empty(&self, g: usize) -> bool {
-        let z = |v: &Vec<i64>| v.get(g).is_none_or(|x| *x == 0);
+    /// Whether group `g` holds nothing (`rows` are the groups' row counts).
+    fn is_empty(&self, g: usize, rows: &[i64]) -> bool {
         match self {
-            State::Count(v) => z(v),
-            State::SumInt { n, .. }
+            State::Count(n)
+            | State::SumInt { n, .. }
             | State::SumFloat { n, .. }
             | State::AvgFloat { n, .. }
-            | State::AvgInt { n, .. } => z(n),
+            | State::AvgInt { n, .. } => n.get(g, rows) == 0,
             State::MinMax { sets, .. } => sets.get(g).is_none_or(|s| s.is_empty()),
             State::Distinct { sets, .. } => sets.get(g).is_none_or(|s| s.is_empty()),
         }
     }
 
-    /// The measure's current value for group `g` (count and integer sum inline: the flush
-    /// calls this for every changed group).
-    #[inline(always)]
-    fn value(&self, g: usize, in_ty: Option<DataType>) -> Out {
+    /// Appends the measure's current value for each group of `groups` to `out` (one entry per
+    /// group, whether or not the group is present). One loop per kind of state: flush reads
+    /// every changed group's values twice per tick.
+    fn values(&self, groups: &[u32], in_ty: Option<DataType>, rows: &[i64], out: &mut Vals) {
+        let at = |v: &[i64], g: u32| v.get(g as usize).copied().unwrap_or(0);
         match self {
-            State::Count(v) => Out::I(v.get(g).copied().unwrap_or(0)),
+            State::Count(n) => out
+                .bits
+                .extend(groups.iter().map(|&g| n.get(g as usize, rows))),
+            State::Distinct { n, .. } => out.bits.extend(groups.iter().map(|&g| at(n, g))),
             State::SumInt { s, n } => {
-                if n.get(g).is_none_or(|c| *c == 0) {
-                    Out::Null
-                } else {
-                    Out::I(s.get(g).copied().unwrap_or(0))
-                }
-            }
-            _ => self.value_other(g, in_ty),
-        }
-    }
-
-    fn value_other(&self, g: usize, in_ty: Option<DataType>) -> Out {
-        let n_of = |n: &Vec<i64>| n.get(g).copied().unwrap_or(0);
-        match self {
-            State::Count(v) => Out::I(v.get(g).copied().unwrap_or(0)),
-            State::SumInt { s, n } => {
-                if n_of(n) == 0 {
-                    Out::Null
-                } else {
-                    Out::I(s.get(g).copied().unwrap_or(0))
+                for &g in groups {
+                    if n.get(g as usize, rows) == 0 {
+                        out.push_null();
+                    } else {
+                        out.push_bits(at(s, g));
+                    }
                 }
             }
             State::SumFloat { s, n } => {
-                if n_of(n) == 0 {
-                    Out::Null
-                } else {
-                    Out::F(s.get(g).copied().unwrap_or(0.0))
+                for &g in groups {
+                    match s.get(g as usize) {
+                        Some(x) if n.get(g as usize, rows) != 0 => {
+                            out.push_bits(x.to_bits() as i64)
+                        }
+                        _ => out.push_null(),
+                    }
                 }
             }
             State::AvgFloat { s, n } => {
-                let c = n_of(n);
-                if c == 0 {
-                    Out::Null
-                } else {
-                    Out::F(s.get(g).copied().unwrap_or(0.0) / c as f64)
+                for &g in groups {
+                    let c = n.get(g as usize, rows);
+                    match s.get(g as usize) {
+                        Some(x) if c != 0 => out.push_bits((x / c as f64).to_bits() as i64),
+                        _ => out.push_null(),
+                    }
                 }
             }
             State::AvgInt { s, n } => {
-                let c = n_of(n);
-                if c == 0 {
-                    Out::Null
-                } else {
-                    Out::F(s.get(g).copied().unwrap_or(0) as f64 / c as f64)
+                for &g in groups {
+                    let c = n.get(g as usize, rows);
+                    match s.get(g as usize) {
+                        Some(x) if c != 0 => out.push_bits((*x as f64 / c as f64).to_bits() as i64),
+                        _ => out.push_null(),
+                    }
                 }
             }
-            State::MinMax { sets, max } => sets.get(g).map_or(Out::Null, |s| {
-                s.min_max(*max, in_ty.unwrap_or(DataType::Int64))
-            }),
-            State::Distinct { n, .. } => Out::I(n_of(n)),
+            State::MinMax { sets, max } => {
+                let t = in_ty.unwrap_or(DataType::Int64);
+                for &g in groups {
+                    match sets.get(g as usize).map(|s| s.min_max(*max, t)) {
+                        Some(Out::I(x)) => out.push_bits(x),
+                        Some(Out::F(x)) => out.push_bits(x.to_bits() as i64),
+                        Some(b @ Out::B(_)) => out.push_wide(b),
+                        _ => out.push_null(),
+                    }
+                }
+            }
         }
+        out.fill_nulls();
     }
 
     /// Checks restored values against the measure's argument type (the values min and max
@@ -372,10 +560,10 @@ impl State {
 
     fn approx_bytes(&self) -> usize {
         match self {
-            State::Count(v) => v.len() * 8,
-            State::SumInt { s, n } => s.len() * 8 + n.len() * 8,
-            State::SumFloat { s, n } | State::AvgFloat { s, n } => s.len() * 8 + n.len() * 8,
-            State::AvgInt { s, n } => s.len() * 16 + n.len() * 8,
+            State::Count(n) => n.approx_bytes(),
+            State::SumInt { s, n } => s.len() * 8 + n.approx_bytes(),
+            State::SumFloat { s, n } | State::AvgFloat { s, n } => s.len() * 8 + n.approx_bytes(),
+            State::AvgInt { s, n } => s.len() * 16 + n.approx_bytes(),
             State::MinMax { sets, .. } => sets.iter().map(|s| 48 + s.approx_bytes()).sum(),
             State::Distinct { sets, n } => {
                 n.len() * 8 + sets.iter().map(|s| 48 + s.approx_bytes()).sum::<usize>()
@@ -383,16 +571,16 @@ impl State {
         }
     }
 
-    fn write(&self, w: &mut Writer) {
+    fn write(&self, w: &mut Writer, rows: &[i64]) {
         match self {
-            State::Count(v) => w.i64s(v),
+            State::Count(n) => n.write(w, rows),
             State::SumInt { s, n } => {
                 w.i64s(s);
-                w.i64s(n);
+                n.write(w, rows);
             }
             State::SumFloat { s, n } | State::AvgFloat { s, n } => {
                 w.f64s(s);
-                w.i64s(n);
+                n.write(w, rows);
             }
             State::AvgInt { s, n } => {
                 w.u64(s.len() as u64);
@@ -400,7 +588,7 @@ impl State {
                     w.i64((*x >> 64) as i64);
                     w.i64(*x as i64);
                 }
-                w.i64s(n);
+                n.write(w, rows);
             }
             State::MinMax { sets, .. } => {
                 w.u64(sets.len() as u64);
@@ -418,7 +606,7 @@ impl State {
         }
     }
 
-    fn read(&mut self, r: &mut Reader<'_>, len: usize) -> Result<(), FlowError> {
+    fn read(&mut self, r: &mut Reader<'_>, len: usize, rows: &[i64]) -> Result<(), FlowError> {
         let check = |l: usize| {
             if l == len {
                 Ok(())
@@ -429,21 +617,16 @@ impl State {
             }
         };
         match self {
-            State::Count(v) => {
-                *v = r.i64s()?;
-                check(v.len())?;
-            }
+            State::Count(n) => *n = Counts::read(r, rows)?,
             State::SumInt { s, n } => {
                 *s = r.i64s()?;
-                *n = r.i64s()?;
+                *n = Counts::read(r, rows)?;
                 check(s.len())?;
-                check(n.len())?;
             }
             State::SumFloat { s, n } | State::AvgFloat { s, n } => {
                 *s = r.f64s()?;
-                *n = r.i64s()?;
+                *n = Counts::read(r, rows)?;
                 check(s.len())?;
-                check(n.len())?;
             }
             State::AvgInt { s, n } => {
                 let l = r.len(16)?;
@@ -454,9 +637,8 @@ impl State {
                     v.push((hi << 64) | lo);
                 }
                 *s = v;
-                *n = r.i64s()?;
+                *n = Counts::read(r, rows)?;
                 check(s.len())?;
-                check(n.len())?;
             }
             State::MinMax { sets, .. } => {
                 let l = r.len(16)?;
@@ -635,8 +817,13 @@ pub(crate) struct AggOp {
     /// Groups changed in the current tick, in order of first change, with their output before it.
     touched: Vec<u32>,
     mark: Vec<bool>,
+    /// For `touched[..recorded]`: whether each group was present before the tick, and each
+    /// measure's values then (one [`Vals`] per measure).
     old_present: Vec<bool>,
-    old_vals: Vec<Out>,
+    old: Vec<Vals>,
+    recorded: usize,
+    /// Scratch for flush: each measure's values now.
+    new: Vec<Vals>,
     initialized: bool,
     global: bool,
     /// Index of the key used for expiry and its type.
@@ -701,7 +888,9 @@ impl AggOp {
             touched: Vec::new(),
             mark: Vec::new(),
             old_present: Vec::new(),
-            old_vals: Vec::new(),
+            old: Vec::new(),
+            recorded: 0,
+            new: Vec::new(),
             initialized: false,
             global,
             time_key,
@@ -709,6 +898,13 @@ impl AggOp {
             key_buf: Vec::new(),
             gids: Vec::new(),
         };
+        op.old = op
+            .states
+            .iter()
+            .zip(&op.arg_types)
+            .map(|(s, t)| Vals::new(s, *t))
+            .collect();
+        op.new = op.old.clone();
         if matches!(op.keys, Keys::Global) {
             op.alloc_gid();
         }
@@ -737,6 +933,9 @@ impl AggOp {
         g as u32
     }
 
+    /// Notes that group `g` changes in this tick (its old output is recorded by
+    /// [`AggOp::record_old`] before any state changes).
+    #[inline]
     fn touch(&mut self, g: u32) {
         let gi = g as usize;
         if self.mark.get(gi).copied().unwrap_or(true) {
@@ -744,13 +943,22 @@ impl AggOp {
         }
         set(&mut self.mark, gi, true);
         self.touched.push(g);
-        let present = self.present(gi);
-        self.old_present.push(present);
-        if present {
-            for (s, t) in self.states.iter().zip(self.arg_types.iter()) {
-                self.old_vals.push(s.value(gi, *t));
-            }
+    }
+
+    /// Records the output before the tick of the groups touched since the last call.
+    fn record_old(&mut self) {
+        let fresh = self.touched.get(self.recorded..).unwrap_or_default();
+        if fresh.is_empty() {
+            return;
         }
+        for &g in fresh {
+            let present = self.present(g as usize);
+            self.old_present.push(present);
+        }
+        for ((s, t), vals) in self.states.iter().zip(&self.arg_types).zip(&mut self.old) {
+            s.values(fresh, *t, &self.rows, vals);
+        }
+        self.recorded = self.touched.len();
     }
 
     fn present(&self, g: usize) -> bool {
@@ -958,15 +1166,18 @@ impl AggOp {
             });
         }
         self.lookup(&keys, n, now);
+        self.record_old();
         let gids = std::mem::take(&mut self.gids);
         let diffs = &c.diffs;
-        scatter_add(&mut self.rows, &gids, diffs);
+        // The measures first: counts that share the row counts copy them as they were
+        // before this chunk.
         for (mi, state) in self.states.iter_mut().enumerate() {
             let arg = args.get(mi).and_then(|a| a.as_deref());
             let filter = filters.get(mi).and_then(|f| f.as_deref());
             let at = self.arg_types.get(mi).copied().flatten();
-            update(state, &gids, diffs, arg, at, filter);
+            update(state, &self.rows, &gids, diffs, arg, at, filter);
         }
+        scatter_add(&mut self.rows, &gids, diffs);
         self.gids = gids;
         Ok(())
     }
@@ -1019,82 +1230,105 @@ impl AggOp {
         self.free.push(g);
     }
 
-    /// Emits the tick's changes (-old, +new per changed group) and clears the tick bookkeeping.
+    /// Emits the tick's changes (-old, +new per changed group, in order of first change) and
+    /// clears the tick bookkeeping. Works a column at a time: first which rows to emit, then
+    /// each output column gathered from the old and new values.
     pub fn flush(&mut self) -> Chunk {
         if matches!(self.keys, Keys::Global) && !self.initialized {
             self.touch(0);
+            self.record_old();
             self.initialized = true;
         }
-        let types = self.out_types();
-        let nk = self.key_types.len();
-        let nm = self.states.len();
-        let cap = self.touched.len() * 2;
-        let mut builders: Vec<ColBuilder> =
-            types.iter().map(|t| ColBuilder::new(*t, cap)).collect();
-        let mut diffs = Vec::with_capacity(cap);
         let touched = std::mem::take(&mut self.touched);
         let old_present = std::mem::take(&mut self.old_present);
-        let old_vals = std::mem::take(&mut self.old_vals);
-        let mut new_vals: Vec<Out> = Vec::with_capacity(nm);
-        let mut old_pos = 0usize;
+        let mut old = std::mem::take(&mut self.old);
+        let mut new = std::mem::take(&mut self.new);
+        for ((s, t), vals) in self.states.iter().zip(&self.arg_types).zip(&mut new) {
+            vals.clear();
+            s.values(&touched, *t, &self.rows, vals);
+        }
+        // emit[j] = ti << 1 | (1 for the new row, 0 for the old one).
+        let mut emit: Vec<u32> = Vec::with_capacity(touched.len() * 2);
         for (ti, &g) in touched.iter().enumerate() {
-            let gi = g as usize;
-            set(&mut self.mark, gi, false);
             let was = old_present.get(ti).copied().unwrap_or(false);
-            let old = if was {
-                let o = old_vals.get(old_pos..old_pos + nm).unwrap_or(&[]);
-                old_pos += nm;
-                o
-            } else {
-                &[]
-            };
-            let is = self.present(gi);
-            new_vals.clear();
-            if is {
-                for (s, t) in self.states.iter().zip(self.arg_types.iter()) {
-                    new_vals.push(s.value(gi, *t));
-                }
-            }
-            let same = was
-                && is
-                && old.len() == new_vals.len()
-                && old.iter().zip(new_vals.iter()).all(|(a, b)| a.same(b));
+            let is = self.present(g as usize);
+            let same = was && is && old.iter().zip(&new).all(|(o, n)| o.same(ti, n, ti));
             if !same {
+                let at = (ti as u32) << 1;
                 if was {
-                    for (k, b) in builders.iter_mut().enumerate().take(nk) {
-                        b.push(self.key_out(gi, k).as_s());
-                    }
-                    for (b, v) in builders.iter_mut().skip(nk).zip(old.iter()) {
-                        b.push(v.as_s());
-                    }
-                    diffs.push(-1);
+                    emit.push(at);
                 }
                 if is {
-                    for (k, b) in builders.iter_mut().enumerate().take(nk) {
-                        b.push(self.key_out(gi, k).as_s());
-                    }
-                    for (b, v) in builders.iter_mut().skip(nk).zip(new_vals.iter()) {
-                        b.push(v.as_s());
-                    }
-                    diffs.push(1);
+                    emit.push(at | 1);
                 }
             }
+        }
+        let mut cols = Vec::with_capacity(self.key_types.len() + self.states.len());
+        for k in 0..self.key_types.len() {
+            cols.push(self.key_column(k, &emit, &touched));
+        }
+        for ((o, n), m) in old.iter().zip(&new).zip(&self.spec.measures) {
+            cols.push(measure_column(&emit, o, n, m.out));
+        }
+        let diffs: Vec<i64> = emit.iter().map(|e| ((e & 1) as i64) * 2 - 1).collect();
+        for &g in &touched {
+            let gi = g as usize;
+            set(&mut self.mark, gi, false);
             if !matches!(self.keys, Keys::Global)
                 && self.rows.get(gi).copied() == Some(0)
-                && self.states.iter().all(|s| s.is_empty(gi))
+                && self.states.iter().all(|s| s.is_empty(gi, &self.rows))
             {
                 self.remove_group(g);
             }
         }
         // Reuse the allocations next tick.
-        let mut touched = touched;
+        old.iter_mut().for_each(Vals::clear);
+        self.old = old;
+        self.new = new;
+        let (mut touched, mut old_present) = (touched, old_present);
         touched.clear();
+        old_present.clear();
         self.touched = touched;
-        let rows = diffs.len();
+        self.old_present = old_present;
+        self.recorded = 0;
         Chunk {
-            rows,
-            cols: builders.into_iter().map(|b| b.finish()).collect(),
+            rows: diffs.len(),
+            cols,
             diffs,
+        }
+    }
+
+    /// Output column of group key `k` for the rows of `emit` (see [`AggOp::flush`]).
+    fn key_column(&self, k: usize, emit: &[u32], touched: &[u32]) -> Column {
+        let group = |e: u32| touched.get((e >> 1) as usize).copied().unwrap_or_default() as usize;
+        match &self.keys {
+            Keys::Int { vals, nulls, .. } => {
+                let mut col = Column {
+                    ints: emit
+                        .iter()
+                        .map(|&e| vals.get(group(e)).copied().unwrap_or(0))
+                        .collect(),
+                    ..Column::default()
+                };
+                let null = |e: u32| nulls.get(group(e)).copied().unwrap_or(true);
+                if emit.iter().any(|&e| null(e)) {
+                    col.nulls = emit.iter().map(|&e| null(e) as u8).collect();
+                    for (v, n) in col.ints.iter_mut().zip(&col.nulls) {
+                        if *n != 0 {
+                            *v = 0;
+                        }
+                    }
+                }
+                col
+            }
+            _ => {
+                let ty = self.key_types.get(k).copied().unwrap_or(DataType::Int64);
+                let mut b = ColBuilder::new(ty, emit.len());
+                for &e in emit {
+                    b.push(self.key_out(group(e), k).as_s());
+                }
+                b.finish()
+            }
         }
     }
 
@@ -1159,7 +1393,7 @@ impl AggOp {
             w.u32(*f);
         }
         for s in &self.states {
-            s.write(w);
+            s.write(w, &self.rows);
         }
     }
 
@@ -1231,7 +1465,7 @@ impl AggOp {
             free.push(f);
         }
         for s in &mut self.states {
-            s.read(r, n)?;
+            s.read(r, n, &rows)?;
         }
         // Everything that can reach the output must be a value of its column's type.
         match &self.keys {
@@ -1268,7 +1502,8 @@ impl AggOp {
         self.mark = vec![false; n];
         self.touched.clear();
         self.old_present.clear();
-        self.old_vals.clear();
+        self.old.iter_mut().for_each(Vals::clear);
+        self.recorded = 0;
         Ok(())
     }
 }
@@ -1323,8 +1558,10 @@ fn scatter_mul_add(v: &mut [i64], gids: &[u32], diffs: &[i64], x: &[i64]) {
     }
 }
 
+/// Folds rows into one measure's state. `rows` are the groups' row counts before these rows.
 fn update(
     state: &mut State,
+    rows: &[i64],
     gids: &[u32],
     diffs: &[i64],
     arg: Option<&Column>,
@@ -1336,14 +1573,18 @@ fn update(
         filter.is_none_or(|f| !f.is_null(i) && f.ints.get(i).copied().unwrap_or(0) != 0)
     };
     let valid = |i: usize| -> bool { arg.is_none_or(|a| !a.is_null(i)) };
+    // Every row counts: the counts follow the row counts (and only add up when stored).
     let simple = filter.is_none() && arg.is_none_or(|a| a.nulls.is_empty());
     let empty = Column::default();
     let a = arg.unwrap_or(&empty);
     match state {
-        State::Count(v) => {
+        State::Count(n) => {
             if simple {
-                scatter_add(v, gids, diffs);
+                if let Some(v) = &mut n.0 {
+                    scatter_add(v, gids, diffs);
+                }
             } else {
+                let v = n.own(rows);
                 for (i, (g, d)) in gids.iter().zip(diffs.iter()).enumerate() {
                     if keep(i) && valid(i) {
                         if let Some(x) = v.get_mut(*g as usize) {
@@ -1354,12 +1595,15 @@ fn update(
             }
         }
         State::SumInt { s, n } if simple => {
-            scatter_add(n, gids, diffs);
+            if let Some(v) = &mut n.0 {
+                scatter_add(v, gids, diffs);
+            }
             scatter_mul_add(s, gids, diffs, &a.ints);
         }
         State::SumInt { s, n } => {
+            let n = n.own(rows);
             for (i, (g, d)) in gids.iter().zip(diffs.iter()).enumerate() {
-                if !(simple || keep(i) && valid(i)) {
+                if !(keep(i) && valid(i)) {
                     continue;
                 }
                 let gi = *g as usize;
@@ -1371,12 +1615,17 @@ fn update(
             }
         }
         State::AvgInt { s, n } => {
+            let mut n = if simple {
+                n.0.as_mut()
+            } else {
+                Some(n.own(rows))
+            };
             for (i, (g, d)) in gids.iter().zip(diffs.iter()).enumerate() {
                 if !(simple || keep(i) && valid(i)) {
                     continue;
                 }
                 let gi = *g as usize;
-                if let (Some(sx), Some(nx)) = (s.get_mut(gi), n.get_mut(gi)) {
+                if let Some(sx) = s.get_mut(gi) {
                     let v = a.ints.get(i).copied().unwrap_or(0);
                     let v = if t == DataType::UInt64 {
                         v as u64 as i128
@@ -1384,20 +1633,29 @@ fn update(
                         v as i128
                     };
                     *sx = sx.wrapping_add(v.wrapping_mul(*d as i128));
-                    *nx = nx.wrapping_add(*d);
+                    if let Some(nx) = n.as_deref_mut().and_then(|n| n.get_mut(gi)) {
+                        *nx = nx.wrapping_add(*d);
+                    }
                 }
             }
         }
         State::SumFloat { s, n } | State::AvgFloat { s, n } => {
+            let mut n = if simple {
+                n.0.as_mut()
+            } else {
+                Some(n.own(rows))
+            };
             for (i, (g, d)) in gids.iter().zip(diffs.iter()).enumerate() {
                 if !(simple || keep(i) && valid(i)) {
                     continue;
                 }
                 let gi = *g as usize;
-                if let (Some(sx), Some(nx)) = (s.get_mut(gi), n.get_mut(gi)) {
+                if let Some(sx) = s.get_mut(gi) {
                     let v = a.floats.get(i).copied().unwrap_or(0.0);
                     *sx += if *d == 1 { v } else { v * (*d as f64) };
-                    *nx = nx.wrapping_add(*d);
+                    if let Some(nx) = n.as_deref_mut().and_then(|n| n.get_mut(gi)) {
+                        *nx = nx.wrapping_add(*d);
+                    }
                 }
             }
         }
