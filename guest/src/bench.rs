@@ -127,7 +127,7 @@ pub fn reference_sources() -> Vec<SourceSchema> {
     }]
 }
 
-/// One batch of the workload: rows `start..start+len`.
+/// One batch of the workload: rows `start..start+len` (`len` > 0).
 pub fn reference_batch(start: u64, len: u32) -> Batch {
     let ks = (start..start + len as u64)
         .map(|i| (i % 1000) as i64)
@@ -145,8 +145,9 @@ pub fn reference_batch(start: u64, len: u32) -> Batch {
                 ..Default::default()
             },
         ],
-        times: vec![0; len as usize],
-        diffs: vec![1; len as usize],
+        // One time and one diff for all rows, as the host sends a write.
+        times: vec![0],
+        diffs: vec![1],
     }
 }
 

@@ -10,8 +10,8 @@ use crate::expr::Expr;
 use crate::hash::FxHashMap;
 use crate::plan::{lower, OpSpec};
 use crate::types::{
-    bad, internal, validate_batch, Batch, Column, DataType, Field, FlowError, SourceSchema,
-    TickOutput,
+    bad, expand_per_row, internal, validate_batch, Batch, Column, DataType, Field, FlowError,
+    SourceSchema, TickOutput,
 };
 
 pub const OPTION_EXPIRE_AFTER_MS: &str = "expire-after-ms";
@@ -241,12 +241,18 @@ impl Flow {
             .map(|s| s.fields.iter().map(|f| f.data_type).collect())
             .unwrap_or_default();
         for b in std::mem::take(&mut self.pending) {
-            let n_ready = count_at_or_before(&b.times, now);
-            if n_ready == b.times.len() {
+            let rows = b.rows as usize;
+            // A batch with one time for all its rows is ready as a whole or not at all.
+            let n_ready = match b.times.as_slice() {
+                [t] if *t <= now => rows,
+                [_] => 0,
+                times => count_at_or_before(times, now),
+            };
+            if n_ready == rows {
                 ready.push(Chunk {
-                    rows: b.rows as usize,
+                    rows,
                     cols: b.columns,
-                    diffs: b.diffs,
+                    diffs: expand_per_row(b.diffs, rows),
                 });
             } else if n_ready == 0 {
                 keep.push(b);
@@ -260,9 +266,9 @@ impl Flow {
                     }
                 }
                 let all = Chunk {
-                    rows: b.rows as usize,
+                    rows,
                     cols: b.columns,
-                    diffs: b.diffs,
+                    diffs: expand_per_row(b.diffs, rows),
                 };
                 ready.push(take_chunk(&all, &types, &now_idx));
                 let rest = take_chunk(&all, &types, &later_idx);

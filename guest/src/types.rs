@@ -210,13 +210,36 @@ impl Column {
     }
 }
 
-/// A batch of diff rows: row i is (columns[..][i], times[i], diffs[i]).
+/// A batch of diff rows: row i is (columns[..][i], times[i], diffs[i]). `times` and `diffs`
+/// each have one entry per row, or (when `rows > 0`) a single entry that holds for every row.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Batch {
     pub rows: u32,
     pub columns: Vec<Column>,
     pub times: Vec<i64>,
     pub diffs: Vec<i64>,
+}
+
+/// Entry `i` of a per-row list that may hold a single entry for every row.
+#[inline]
+pub fn per_row(v: &[i64], i: usize) -> i64 {
+    match v {
+        [one] => *one,
+        _ => v.get(i).copied().unwrap_or(0),
+    }
+}
+
+/// Whether a per-row list of `len` entries fits `rows` rows (one each, or one for all).
+pub fn per_row_len_ok(len: usize, rows: usize) -> bool {
+    len == rows || (len == 1 && rows > 0)
+}
+
+/// A per-row list with one entry per row (expanding a single shared entry).
+pub fn expand_per_row(v: Vec<i64>, rows: usize) -> Vec<i64> {
+    match v.as_slice() {
+        [one] if rows != 1 => vec![*one; rows],
+        _ => v,
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -371,11 +394,7 @@ impl Batch {
                     .zip(self.columns.iter())
                     .map(|(f, c)| value_at(f.data_type, c, i))
                     .collect();
-                (
-                    vals,
-                    self.times.get(i).copied().unwrap_or(0),
-                    self.diffs.get(i).copied().unwrap_or(0),
-                )
+                (vals, per_row(&self.times, i), per_row(&self.diffs, i))
             })
             .collect()
     }
@@ -449,9 +468,9 @@ pub fn validate_batch(fields: &[Field], b: &Batch) -> Result<(), FlowError> {
             fields.len()
         )));
     }
-    if b.times.len() != n || b.diffs.len() != n {
+    if !per_row_len_ok(b.times.len(), n) || !per_row_len_ok(b.diffs.len(), n) {
         return Err(bad(format!(
-            "batch of {n} rows has {} times and {} diffs",
+            "batch of {n} rows has {} times and {} diffs (give one per row, or one for all rows)",
             b.times.len(),
             b.diffs.len()
         )));

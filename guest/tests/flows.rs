@@ -311,6 +311,53 @@ fn having_applies_to_both_signs() {
     assert_eq!(tick(&mut fl, 1), vec![(vec![s("a"), i(2)], 1, -1)]);
 }
 
+/// One time and one diff for all rows (the contract's shared form) means the same as one per
+/// row: the batch waits for its time as a whole, and a filter and an aggregate see every row.
+#[test]
+fn shared_time_and_diff_mean_one_per_row() {
+    let q = "SELECT k, count(*) AS c, sum(v) AS s FROM t1 WHERE v > 1 GROUP BY k";
+    let rows: Vec<_> = (0..6)
+        .map(|x| row1(Some(x % 2), None, Some(x), None, 0))
+        .collect();
+    let full = Batch::from_rows(&t1().fields, &rows, &[5; 6], &[1; 6]).expect("batch");
+    let mut shared = full.clone();
+    shared.times = vec![5];
+    shared.diffs = vec![1];
+    let (mut a, mut b) = (flow(q, true), flow(q, true));
+    a.push(0, full.clone()).expect("push full");
+    b.push(0, shared.clone()).expect("push shared");
+    for fl in [&mut a, &mut b] {
+        let t = fl.tick(4, 100).expect("tick");
+        assert_eq!(t.output.rows, 0, "rows at time 5 wait for tick 5");
+        assert_eq!(t.next_wakeup, Some(5));
+    }
+    let out = tick(&mut a, 5);
+    assert_eq!(
+        out,
+        vec![
+            (vec![i(0), i(2), i(6)], 5, 1),
+            (vec![i(1), i(2), i(8)], 5, 1)
+        ]
+    );
+    assert_eq!(tick(&mut b, 5), out);
+    // A shared -1 retracts every row of the batch.
+    let mut retract = shared;
+    retract.times = vec![6];
+    retract.diffs = vec![-1];
+    b.push(0, retract).expect("push shared retraction");
+    assert_eq!(
+        tick(&mut b, 6),
+        vec![
+            (vec![i(0), i(2), i(6)], 6, -1),
+            (vec![i(1), i(2), i(8)], 6, -1)
+        ]
+    );
+    // Two times for six rows is neither form.
+    let mut bad = full;
+    bad.times = vec![5, 5];
+    assert!(matches!(b.push(0, bad), Err(FlowError::BadInput(_))));
+}
+
 #[test]
 fn future_rows_wait_for_their_tick() {
     let mut fl = flow("SELECT count(*) AS c FROM t1", true);

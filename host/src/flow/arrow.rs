@@ -220,8 +220,9 @@ pub fn column_from_arrow(a: &dyn Array, t: DataType) -> Result<Column, ConvertEr
 }
 
 /// A record batch as diff rows for a flow: `fields` says how each column is
-/// read (it must match the batch's columns), every row gets `time`, and
-/// `diffs` has one entry per row.
+/// read (it must match the batch's columns), every row gets `time` (sent once
+/// for the whole batch, as the contract allows), and `diffs` has one entry per
+/// row or one for all rows.
 pub fn batch_from_arrow(
     rb: &RecordBatch,
     fields: &[Field],
@@ -235,7 +236,7 @@ pub fn batch_from_arrow(
             fields.len()
         ));
     }
-    if diffs.len() != rb.num_rows() {
+    if !sandflow_guest::types::per_row_len_ok(diffs.len(), rb.num_rows()) {
         return err(format!("{} diffs for {} rows", diffs.len(), rb.num_rows()));
     }
     let rows = u32::try_from(rb.num_rows()).or_else(|_| err("batch has more than 2^32 rows"))?;
@@ -251,7 +252,7 @@ pub fn batch_from_arrow(
     Ok(Batch {
         rows,
         columns,
-        times: vec![time; rows as usize],
+        times: if rows > 0 { vec![time] } else { Vec::new() },
         diffs,
     })
 }
@@ -419,7 +420,7 @@ mod tests {
         let fields = fields_from_arrow(&rb.schema()).unwrap();
         let batch = batch_from_arrow(&rb, &fields, 42, vec![1, -1, 1]).unwrap();
         sandflow_guest::types::validate_batch(&fields, &batch).unwrap();
-        assert_eq!(batch.times, vec![42; 3]);
+        assert_eq!(batch.times, vec![42], "one time for the whole batch");
         assert_eq!(batch.columns[0].nulls, vec![0, 1, 0]);
         assert_eq!(batch.columns[1].offsets, vec![0, 1, 3, 3]);
         assert_eq!(batch.columns[4].ints[1], -1, "u64::MAX travels bit-cast");
@@ -433,6 +434,12 @@ mod tests {
         let fields = fields_from_arrow(&rb.schema()).unwrap();
         assert!(batch_from_arrow(&rb, &fields[..2], 0, vec![1; 3]).is_err());
         assert!(batch_from_arrow(&rb, &fields, 0, vec![1; 2]).is_err());
+        let shared = batch_from_arrow(&rb, &fields, 0, vec![-1]).unwrap();
+        assert_eq!(
+            shared.diffs,
+            vec![-1],
+            "one diff for all rows is kept as is"
+        );
         let short = Batch {
             rows: 2,
             columns: vec![C {

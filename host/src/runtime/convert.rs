@@ -76,6 +76,22 @@ pub fn source_to_wit(s: &SourceSchema) -> wit::SourceSchema {
     }
 }
 
+/// A per-row list whose entries are all equal, as its single shared entry (the contract
+/// allows it): a batch from one write has one time and one diff, and this halves what crosses.
+fn shared_per_row(v: Vec<i64>) -> Vec<i64> {
+    match v.split_first() {
+        Some((first, rest)) if !rest.is_empty() && all_equal(rest, *first) => vec![*first],
+        _ => v,
+    }
+}
+
+/// Whether every entry of `v` is `x`: a branch-free OR of differences per block of 64
+/// entries (which the compiler vectorises), stopping at the first block that differs.
+fn all_equal(v: &[i64], x: i64) -> bool {
+    v.chunks(64)
+        .all(|block| block.iter().fold(0, |acc, y| acc | (y ^ x)) == 0)
+}
+
 pub fn batch_to_wit(b: Batch) -> wit::Batch {
     wit::Batch {
         rows: b.rows,
@@ -90,8 +106,8 @@ pub fn batch_to_wit(b: Batch) -> wit::Batch {
                 nulls: c.nulls,
             })
             .collect(),
-        times: b.times,
-        diffs: b.diffs,
+        times: shared_per_row(b.times),
+        diffs: shared_per_row(b.diffs),
     }
 }
 
@@ -151,4 +167,47 @@ pub fn validate_output(
     sandflow_guest::types::validate_batch(schema, &out.output).map_err(|e| RuntimeError::Contract {
         message: format!("malformed output batch: {e}"),
     })
+}
+
+/// Gives a validated output batch one time and one diff per row, as the rest of the host
+/// expects (the contract lets a guest send one entry for all rows).
+pub fn expand_output(out: &mut TickOutput) {
+    let rows = out.output.rows as usize;
+    let b = &mut out.output;
+    b.times = sandflow_guest::types::expand_per_row(std::mem::take(&mut b.times), rows);
+    b.diffs = sandflow_guest::types::expand_per_row(std::mem::take(&mut b.diffs), rows);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equal_times_and_diffs_cross_as_one_entry() {
+        assert_eq!(shared_per_row(vec![7, 7, 7]), vec![7]);
+        assert_eq!(shared_per_row(vec![7, 8, 7]), vec![7, 8, 7]);
+        assert_eq!(shared_per_row(vec![7]), vec![7]);
+        assert_eq!(shared_per_row(vec![]), Vec::<i64>::new());
+        let mut long = vec![3; 200];
+        assert_eq!(shared_per_row(long.clone()), vec![3]);
+        long[130] = 4;
+        assert_eq!(shared_per_row(long.clone()), long);
+    }
+
+    #[test]
+    fn shared_output_entries_are_expanded_per_row() {
+        let mut out = TickOutput {
+            output: Batch {
+                rows: 3,
+                columns: vec![],
+                times: vec![5],
+                diffs: vec![-1],
+            },
+            more: false,
+            next_wakeup: None,
+        };
+        expand_output(&mut out);
+        assert_eq!(out.output.times, vec![5; 3]);
+        assert_eq!(out.output.diffs, vec![-1; 3]);
+    }
 }

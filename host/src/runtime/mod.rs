@@ -462,11 +462,12 @@ impl FlowInstance {
                 .flow()
                 .call_tick(store, handle, now, max_rows)
         })?;
-        let output = convert::tick_output_from_wit(output);
+        let mut output = convert::tick_output_from_wit(output);
         if let Err(error) = convert::validate_output(&output, &self.output_schema, max_rows) {
             self.failed = Some(error.clone());
             return Err(error);
         }
+        convert::expand_output(&mut output);
         Ok(output)
     }
 
