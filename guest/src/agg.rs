@@ -170,6 +170,7 @@ impl Vals {
 
 /// The output column of one measure: entry `e` of `emit` is `ti << 1 | new` and selects the
 /// value of touched group `ti` before the tick (`old`) or after it (`new`).
+#[inline(never)]
 fn measure_column(emit: &[u32], old: &Vals, new: &Vals, ty: DataType) -> Column {
     let pick = |e: u32| (if e & 1 == 1 { new } else { old }, (e >> 1) as usize);
     let direct = !old.is_wide && old.float == (ty.storage() == Storage::Floats);
@@ -1011,40 +1012,37 @@ impl AggOp {
             Keys::Int { .. }
                 if threshold.is_none() && keys.first().is_some_and(|c| c.nulls.is_empty()) =>
             {
-                // Fast path: one non-null integer key, no expiry. The key table is moved out of
-                // `self` so that the loop works on a local map.
+                // Fast path: one non-null integer key, no expiry. Runs of known keys are looked
+                // up by one small loop; a new key stops it to get a group.
                 let empty = Column::default();
                 let col = keys.first().map_or(&empty, |c| c.as_ref());
-                let mut table = std::mem::replace(&mut self.keys, Keys::Global);
-                if let Keys::Int {
-                    map, vals, nulls, ..
-                } = &mut table
-                {
-                    let ks = col.ints.get(..n).unwrap_or(&col.ints);
-                    gids.resize(ks.len(), 0);
-                    for (slot, &k) in gids.iter_mut().zip(ks) {
-                        let g = match map.get(k) {
-                            Some(g) => g,
-                            None => {
-                                let g = self.alloc_gid();
-                                map.insert(k, g);
-                                let gi = g as usize;
-                                if vals.len() <= gi {
-                                    vals.resize(gi + 1, 0);
-                                    nulls.resize(gi + 1, false);
-                                }
-                                set(vals, gi, k);
-                                set(nulls, gi, false);
-                                g
-                            }
-                        };
-                        if !self.mark.get(g as usize).copied().unwrap_or(true) {
-                            self.touch(g);
-                        }
-                        *slot = g;
+                let ks = col.ints.get(..n).unwrap_or(&col.ints);
+                gids.resize(ks.len(), 0);
+                let mut i = 0;
+                while i < ks.len() {
+                    if let Keys::Int { map, .. } = &self.keys {
+                        let (kr, gr) = (ks.get(i..).unwrap_or_default(), gids.get_mut(i..));
+                        i += map.find_run(kr, gr.unwrap_or_default());
                     }
+                    let Some(&k) = ks.get(i) else { break };
+                    let g = self.alloc_gid();
+                    if let Keys::Int {
+                        map, vals, nulls, ..
+                    } = &mut self.keys
+                    {
+                        map.insert(k, g);
+                        let gi = g as usize;
+                        if vals.len() <= gi {
+                            vals.resize(gi + 1, 0);
+                            nulls.resize(gi + 1, false);
+                        }
+                        set(vals, gi, k);
+                        set(nulls, gi, false);
+                    }
+                    set(&mut gids, i, g);
+                    i += 1;
                 }
-                self.keys = table;
+                mark_touched(&mut self.mark, &mut self.touched, &gids);
             }
             Keys::Int { .. } => {
                 let col = keys.first().map(|c| c.as_ref());
@@ -1141,6 +1139,7 @@ impl AggOp {
     }
 
     /// Folds a chunk of input diffs into the group state.
+    #[inline(never)]
     pub fn absorb(&mut self, c: &Chunk, now: i64) -> Result<(), FlowError> {
         let n = c.rows;
         if n == 0 {
@@ -1233,6 +1232,7 @@ impl AggOp {
     /// Emits the tick's changes (-old, +new per changed group, in order of first change) and
     /// clears the tick bookkeeping. Works a column at a time: first which rows to emit, then
     /// each output column gathered from the old and new values.
+    #[inline(never)]
     pub fn flush(&mut self) -> Chunk {
         if matches!(self.keys, Keys::Global) && !self.initialized {
             self.touch(0);
@@ -1299,6 +1299,7 @@ impl AggOp {
     }
 
     /// Output column of group key `k` for the rows of `emit` (see [`AggOp::flush`]).
+    #[inline(never)]
     fn key_column(&self, k: usize, emit: &[u32], touched: &[u32]) -> Column {
         let group = |e: u32| touched.get((e >> 1) as usize).copied().unwrap_or_default() as usize;
         match &self.keys {
@@ -1508,9 +1509,33 @@ impl AggOp {
     }
 }
 
+/// Marks the groups of `gids` as touched, noting each group's first touch in `touched`.
+#[inline(never)]
+fn mark_touched(mark: &mut [bool], touched: &mut Vec<u32>, gids: &[u32]) {
+    let mut touch = |g: u32| {
+        if let Some(m) = mark.get_mut(g as usize) {
+            if !*m {
+                *m = true;
+                touched.push(g);
+            }
+        }
+    };
+    // Unrolled by four (one epoch check per four rows in wasm).
+    let mut g4 = gids.chunks_exact(4);
+    for c in &mut g4 {
+        for &g in c {
+            touch(g);
+        }
+    }
+    for &g in g4.remainder() {
+        touch(g);
+    }
+}
+
 /// `v[g[i]] += d[i]` for every row (rows whose group is out of range, e.g. `SKIP`, are left
 /// out). Unrolled by four: in wasm every loop iteration also pays an epoch-interruption check.
-#[inline]
+/// Out of line, like the other per-row loops, so that Cranelift allocates its registers alone.
+#[inline(never)]
 fn scatter_add(v: &mut [i64], gids: &[u32], diffs: &[i64]) {
     let mut g4 = gids.chunks_exact(4);
     let mut d4 = diffs.chunks_exact(4);
@@ -1530,7 +1555,7 @@ fn scatter_add(v: &mut [i64], gids: &[u32], diffs: &[i64]) {
 
 /// `v[g[i]] += x[i] * d[i]` (wrapping) for every row, unrolled like [`scatter_add`]. Rows past the
 /// end of `x` (none in a validated chunk) would add 0 * d = 0 and are left out.
-#[inline]
+#[inline(never)]
 fn scatter_mul_add(v: &mut [i64], gids: &[u32], diffs: &[i64], x: &[i64]) {
     let n = gids.len().min(diffs.len()).min(x.len());
     let gh = gids.get(..n).unwrap_or_default();

@@ -115,6 +115,22 @@ impl IntMap {
         self.probe(k, i).ok()
     }
 
+    /// Looks up `ks` in order, writing each id into `out`, up to the first key that is
+    /// missing; returns how many were found. Kept out of line so that, in wasm, Cranelift
+    /// allocates registers for this loop alone instead of for the whole caller.
+    #[inline(never)]
+    pub fn find_run(&self, ks: &[i64], out: &mut [u32]) -> usize {
+        let mut found = 0;
+        for (slot, &k) in out.iter_mut().zip(ks) {
+            match self.get(k) {
+                Some(g) => *slot = g,
+                None => break,
+            }
+            found += 1;
+        }
+        found
+    }
+
     /// Slot of `k` (`Ok`) or the free slot where it would go (`Err`), starting after `i`.
     fn probe(&self, k: i64, mut i: usize) -> Result<u32, usize> {
         let mask = self.mask();
@@ -250,6 +266,14 @@ mod tests {
                 }
                 assert_eq!(m.get(k), r.get(&k).copied());
                 assert_eq!(m.len, r.len());
+                let probe = [k, k.wrapping_add(1), k];
+                let mut out = [u32::MAX; 3];
+                let found = m.find_run(&probe, &mut out);
+                let expect = probe.iter().take_while(|p| r.contains_key(p)).count();
+                assert_eq!(found, expect);
+                for (o, p) in out.iter().zip(&probe).take(found) {
+                    assert_eq!(Some(*o), r.get(p).copied());
+                }
             }
             for (k, v) in &r {
                 assert_eq!(m.get(*k), Some(*v));
