@@ -980,6 +980,32 @@ impl AggOp {
         }
     }
 
+    /// A new group for integer key `k` (or the NULL key), recorded in the key table.
+    fn new_int_group(&mut self, k: i64, null: bool) -> u32 {
+        let g = self.alloc_gid();
+        if let Keys::Int {
+            map,
+            null_gid,
+            vals,
+            nulls,
+        } = &mut self.keys
+        {
+            if null {
+                *null_gid = Some(g);
+            } else {
+                map.insert(k, g);
+            }
+            let gi = g as usize;
+            if vals.len() <= gi {
+                vals.resize(gi + 1, 0);
+                nulls.resize(gi + 1, false);
+            }
+            set(vals, gi, k);
+            set(nulls, gi, null);
+        }
+        g
+    }
+
     /// Looks up (creating as needed) the group of every row into `self.gids`.
     fn lookup(&mut self, keys: &[Cow<'_, Column>], n: usize, now: i64) {
         let mut gids = std::mem::take(&mut self.gids);
@@ -1025,20 +1051,7 @@ impl AggOp {
                         i += map.find_run(kr, gr.unwrap_or_default());
                     }
                     let Some(&k) = ks.get(i) else { break };
-                    let g = self.alloc_gid();
-                    if let Keys::Int {
-                        map, vals, nulls, ..
-                    } = &mut self.keys
-                    {
-                        map.insert(k, g);
-                        let gi = g as usize;
-                        if vals.len() <= gi {
-                            vals.resize(gi + 1, 0);
-                            nulls.resize(gi + 1, false);
-                        }
-                        set(vals, gi, k);
-                        set(nulls, gi, false);
-                    }
+                    let g = self.new_int_group(k, false);
                     set(&mut gids, i, g);
                     i += 1;
                 }
@@ -1068,30 +1081,7 @@ impl AggOp {
                     };
                     let g = match found {
                         Some(g) => g,
-                        None => {
-                            let g = self.alloc_gid();
-                            if let Keys::Int {
-                                map,
-                                null_gid,
-                                vals,
-                                nulls,
-                            } = &mut self.keys
-                            {
-                                if null {
-                                    *null_gid = Some(g);
-                                } else {
-                                    map.insert(k, g);
-                                }
-                                let gi = g as usize;
-                                if vals.len() <= gi {
-                                    vals.resize(gi + 1, 0);
-                                    nulls.resize(gi + 1, false);
-                                }
-                                set(vals, gi, k);
-                                set(nulls, gi, null);
-                            }
-                            g
-                        }
+                        None => self.new_int_group(k, null),
                     };
                     if !self.mark.get(g as usize).copied().unwrap_or(true) {
                         self.touch(g);
