@@ -4,7 +4,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use crate::codec::{Reader, Writer};
-use crate::column::{get, Chunk, ColBuilder, S};
+use crate::column::{get, Chunk, ColBuilder, Diffs, S};
 use crate::expr::Expr;
 use crate::hash::{FxHashMap, IntMap};
 use crate::plan::{AggKind, AggSpec};
@@ -139,14 +139,27 @@ impl Vals {
 
     /// Whether value `i` here equals value `j` of `o` (floats compare by bits).
     #[inline]
-    fn same(&self, i: usize, o: &Vals, j: usize) -> bool {
+    /// With the first half of the values before a tick and the second half after it: clears
+    /// `same[i]` where value `i` changed.
+    fn same_halves(&self, same: &mut [bool]) {
+        let t = same.len();
         if self.is_wide {
-            return match (self.wide.get(i), o.wide.get(j)) {
-                (Some(a), Some(b)) => a.same(b),
-                _ => false,
-            };
+            let (a, b) = self.wide.split_at(t.min(self.wide.len()));
+            for ((s, a), b) in same.iter_mut().zip(a).zip(b) {
+                *s &= a.same(b);
+            }
+            return;
         }
-        self.bits.get(i) == o.bits.get(j) && self.is_null(i) == o.is_null(j)
+        let (a, b) = self.bits.split_at(t.min(self.bits.len()));
+        for ((s, a), b) in same.iter_mut().zip(a).zip(b) {
+            *s &= a == b;
+        }
+        if !self.nulls.is_empty() {
+            let (a, b) = self.nulls.split_at(t.min(self.nulls.len()));
+            for ((s, a), b) in same.iter_mut().zip(a).zip(b) {
+                *s &= a == b;
+            }
+        }
     }
 
     fn clear(&mut self) {
@@ -168,38 +181,31 @@ impl Vals {
     }
 }
 
-/// The output column of one measure: entry `e` of `emit` is `ti << 1 | new` and selects the
-/// value of touched group `ti` before the tick (`old`) or after it (`new`).
+/// The output column of one measure. `vals` holds the measure's value for each of the `t`
+/// touched groups before the tick, then after it; entry `e` of `emit` is `ti << 1 | new` and
+/// selects touched group `ti`'s value before (`new` = 0) or after (1) the tick.
 #[inline(never)]
-fn measure_column(emit: &[u32], old: &Vals, new: &Vals, ty: DataType) -> Column {
-    let pick = |e: u32| (if e & 1 == 1 { new } else { old }, (e >> 1) as usize);
-    let direct = !old.is_wide && old.float == (ty.storage() == Storage::Floats);
+fn measure_column(emit: &[u32], vals: &Vals, t: usize, ty: DataType) -> Column {
+    let at = |e: u32| (e >> 1) as usize + (e & 1) as usize * t;
+    let direct = !vals.is_wide && vals.float == (ty.storage() == Storage::Floats);
     if !direct || ty.storage() == Storage::Bytes {
         let mut b = ColBuilder::new(ty, emit.len());
         for &e in emit {
-            let (v, i) = pick(e);
-            b.push(v.scalar(i));
+            b.push(vals.scalar(at(e)));
         }
         return b.finish();
     }
-    let bits = emit.iter().map(|&e| {
-        let (v, i) = pick(e);
-        v.bits.get(i).copied().unwrap_or(0)
-    });
+    let bits = emit
+        .iter()
+        .map(|&e| vals.bits.get(at(e)).copied().unwrap_or(0));
     let mut col = Column::default();
-    if old.float {
+    if vals.float {
         col.floats = bits.map(|x| f64::from_bits(x as u64)).collect();
     } else {
         col.ints = bits.collect();
     }
-    if !(old.nulls.is_empty() && new.nulls.is_empty()) {
-        col.nulls = emit
-            .iter()
-            .map(|&e| {
-                let (v, i) = pick(e);
-                v.is_null(i) as u8
-            })
-            .collect();
+    if !vals.nulls.is_empty() {
+        col.nulls = emit.iter().map(|&e| vals.is_null(at(e)) as u8).collect();
         if col.nulls.iter().all(|n| *n == 0) {
             col.nulls.clear();
         }
@@ -342,12 +348,12 @@ struct Counts(Option<Vec<i64>>);
 impl Counts {
     #[inline]
     fn get(&self, g: usize, rows: &[i64]) -> i64 {
-        self.0
-            .as_deref()
-            .unwrap_or(rows)
-            .get(g)
-            .copied()
-            .unwrap_or(0)
+        self.all(rows).get(g).copied().unwrap_or(0)
+    }
+    /// Every group's count.
+    #[inline]
+    fn all<'a>(&'a self, rows: &'a [i64]) -> &'a [i64] {
+        self.0.as_deref().unwrap_or(rows)
     }
     /// The stored counts, copied from the row counts `rows` (before the rows now being added)
     /// the first time a row is skipped.
@@ -491,16 +497,24 @@ impl State {
     fn values(&self, groups: &[u32], in_ty: Option<DataType>, rows: &[i64], out: &mut Vals) {
         let at = |v: &[i64], g: u32| v.get(g as usize).copied().unwrap_or(0);
         match self {
-            State::Count(n) => out
-                .bits
-                .extend(groups.iter().map(|&g| n.get(g as usize, rows))),
-            State::Distinct { n, .. } => out.bits.extend(groups.iter().map(|&g| at(n, g))),
+            State::Count(n) => gather(&mut out.bits, n.all(rows), groups),
+            State::Distinct { n, .. } => gather(&mut out.bits, n, groups),
             State::SumInt { s, n } => {
-                for &g in groups {
-                    if n.get(g as usize, rows) == 0 {
-                        out.push_null();
-                    } else {
-                        out.push_bits(at(s, g));
+                // The common case in two call-free gathers; NULLs (no counted row) after.
+                let from = out.bits.len();
+                gather(&mut out.bits, s, groups);
+                let counts = n.all(rows);
+                if groups.iter().any(|&g| at(counts, g) == 0) {
+                    out.nulls.resize(from, false);
+                    for (&g, b) in groups
+                        .iter()
+                        .zip(out.bits.get_mut(from..).unwrap_or_default())
+                    {
+                        let null = at(counts, g) == 0;
+                        if null {
+                            *b = 0;
+                        }
+                        out.nulls.push(null);
                     }
                 }
             }
@@ -819,12 +833,11 @@ pub(crate) struct AggOp {
     touched: Vec<u32>,
     mark: Vec<bool>,
     /// For `touched[..recorded]`: whether each group was present before the tick, and each
-    /// measure's values then (one [`Vals`] per measure).
+    /// measure's values then (one [`Vals`] per measure; flush appends the values after the
+    /// tick to the same `Vals`, so that one gather reads both).
     old_present: Vec<bool>,
     old: Vec<Vals>,
     recorded: usize,
-    /// Scratch for flush: each measure's values now.
-    new: Vec<Vals>,
     initialized: bool,
     global: bool,
     /// Index of the key used for expiry and its type.
@@ -891,7 +904,6 @@ impl AggOp {
             old_present: Vec::new(),
             old: Vec::new(),
             recorded: 0,
-            new: Vec::new(),
             initialized: false,
             global,
             time_key,
@@ -905,7 +917,6 @@ impl AggOp {
             .zip(&op.arg_types)
             .map(|(s, t)| Vals::new(s, *t))
             .collect();
-        op.new = op.old.clone();
         if matches!(op.keys, Keys::Global) {
             op.alloc_gid();
         }
@@ -952,9 +963,15 @@ impl AggOp {
         if fresh.is_empty() {
             return;
         }
-        for &g in fresh {
-            let present = self.present(g as usize);
-            self.old_present.push(present);
+        let (alive, rows) = (&self.alive, &self.rows);
+        if self.global {
+            let initialized = self.initialized;
+            self.old_present.extend(fresh.iter().map(|_| initialized));
+        } else {
+            let present = fresh
+                .iter()
+                .map(|&g| group_present(alive, rows, g as usize));
+            self.old_present.extend(present);
         }
         for ((s, t), vals) in self.states.iter().zip(&self.arg_types).zip(&mut self.old) {
             s.values(fresh, *t, &self.rows, vals);
@@ -965,10 +982,7 @@ impl AggOp {
     fn present(&self, g: usize) -> bool {
         match self.global {
             true => self.initialized,
-            false => {
-                self.alive.get(g).copied().unwrap_or(false)
-                    && self.rows.get(g).is_some_and(|r| *r > 0)
-            }
+            false => group_present(&self.alive, &self.rows, g),
         }
     }
 
@@ -1038,8 +1052,9 @@ impl AggOp {
             Keys::Int { .. }
                 if threshold.is_none() && keys.first().is_some_and(|c| c.nulls.is_empty()) =>
             {
-                // Fast path: one non-null integer key, no expiry. Runs of known keys are looked
-                // up by one small loop; a new key stops it to get a group.
+                // Fast path: one non-null integer key, no expiry. Runs of known keys near
+                // their home slot are looked up by one small loop; any other key stops it, to
+                // be looked up in full or given a new group.
                 let empty = Column::default();
                 let col = keys.first().map_or(&empty, |c| c.as_ref());
                 let ks = col.ints.get(..n).unwrap_or(&col.ints);
@@ -1051,7 +1066,14 @@ impl AggOp {
                         i += map.find_run(kr, gr.unwrap_or_default());
                     }
                     let Some(&k) = ks.get(i) else { break };
-                    let g = self.new_int_group(k, false);
+                    let found = match &self.keys {
+                        Keys::Int { map, .. } => map.get(k),
+                        _ => None,
+                    };
+                    let g = match found {
+                        Some(g) => g,
+                        None => self.new_int_group(k, false),
+                    };
                     set(&mut gids, i, g);
                     i += 1;
                 }
@@ -1166,7 +1188,7 @@ impl AggOp {
             let at = self.arg_types.get(mi).copied().flatten();
             update(state, &self.rows, &gids, diffs, arg, at, filter);
         }
-        scatter_add(&mut self.rows, &gids, diffs);
+        scatter_diffs(&mut self.rows, &gids, diffs);
         self.gids = gids;
         Ok(())
     }
@@ -1229,36 +1251,27 @@ impl AggOp {
             self.record_old();
             self.initialized = true;
         }
+        self.record_old();
         let touched = std::mem::take(&mut self.touched);
         let old_present = std::mem::take(&mut self.old_present);
-        let mut old = std::mem::take(&mut self.old);
-        let mut new = std::mem::take(&mut self.new);
-        for ((s, t), vals) in self.states.iter().zip(&self.arg_types).zip(&mut new) {
-            vals.clear();
-            s.values(&touched, *t, &self.rows, vals);
+        let mut vals = std::mem::take(&mut self.old);
+        let t = touched.len();
+        for ((s, ty), v) in self.states.iter().zip(&self.arg_types).zip(&mut vals) {
+            s.values(&touched, *ty, &self.rows, v);
         }
-        // emit[j] = ti << 1 | (1 for the new row, 0 for the old one).
-        let mut emit: Vec<u32> = Vec::with_capacity(touched.len() * 2);
-        for (ti, &g) in touched.iter().enumerate() {
-            let was = old_present.get(ti).copied().unwrap_or(false);
-            let is = self.present(g as usize);
-            let same = was && is && old.iter().zip(&new).all(|(o, n)| o.same(ti, n, ti));
-            if !same {
-                let at = (ti as u32) << 1;
-                if was {
-                    emit.push(at);
-                }
-                if is {
-                    emit.push(at | 1);
-                }
-            }
+        // A group is emitted unless it was and is present with the same values.
+        let is: Vec<bool> = touched.iter().map(|&g| self.present(g as usize)).collect();
+        let mut same: Vec<bool> = old_present.iter().zip(&is).map(|(&w, &i)| w & i).collect();
+        for v in &vals {
+            v.same_halves(&mut same);
         }
+        let emit = emit_rows(&old_present, &is, &same);
         let mut cols = Vec::with_capacity(self.key_types.len() + self.states.len());
         for k in 0..self.key_types.len() {
             cols.push(self.key_column(k, &emit, &touched));
         }
-        for ((o, n), m) in old.iter().zip(&new).zip(&self.spec.measures) {
-            cols.push(measure_column(&emit, o, n, m.out));
+        for (v, m) in vals.iter().zip(&self.spec.measures) {
+            cols.push(measure_column(&emit, v, t, m.out));
         }
         let diffs: Vec<i64> = emit.iter().map(|e| ((e & 1) as i64) * 2 - 1).collect();
         for &g in &touched {
@@ -1272,9 +1285,8 @@ impl AggOp {
             }
         }
         // Reuse the allocations next tick.
-        old.iter_mut().for_each(Vals::clear);
-        self.old = old;
-        self.new = new;
+        vals.iter_mut().for_each(Vals::clear);
+        self.old = vals;
         let (mut touched, mut old_present) = (touched, old_present);
         touched.clear();
         old_present.clear();
@@ -1284,7 +1296,7 @@ impl AggOp {
         Chunk {
             rows: diffs.len(),
             cols,
-            diffs,
+            diffs: Diffs::Each(diffs),
         }
     }
 
@@ -1293,7 +1305,12 @@ impl AggOp {
     fn key_column(&self, k: usize, emit: &[u32], touched: &[u32]) -> Column {
         let group = |e: u32| touched.get((e >> 1) as usize).copied().unwrap_or_default() as usize;
         match &self.keys {
-            Keys::Int { vals, nulls, .. } => {
+            Keys::Int {
+                vals,
+                nulls,
+                null_gid,
+                ..
+            } => {
                 let mut col = Column {
                     ints: emit
                         .iter()
@@ -1302,7 +1319,8 @@ impl AggOp {
                     ..Column::default()
                 };
                 let null = |e: u32| nulls.get(group(e)).copied().unwrap_or(true);
-                if emit.iter().any(|&e| null(e)) {
+                // Only the NULL key's group (if there is one) has a NULL key.
+                if null_gid.is_some() && emit.iter().any(|&e| null(e)) {
                     col.nulls = emit.iter().map(|&e| null(e) as u8).collect();
                     for (v, n) in col.ints.iter_mut().zip(&col.nulls) {
                         if *n != 0 {
@@ -1499,18 +1517,65 @@ impl AggOp {
     }
 }
 
-/// Marks the groups of `gids` as touched, noting each group's first touch in `touched`.
+/// Whether group `g` (of a grouped aggregate) has rows.
+#[inline]
+fn group_present(alive: &[bool], rows: &[i64], g: usize) -> bool {
+    alive.get(g).copied().unwrap_or(false) & (rows.get(g).copied().unwrap_or(0) > 0)
+}
+
+/// The rows flush emits, as `ti << 1 | new`: for each touched group `ti` that changed, its old
+/// row (`new` = 0) if it was present and its new row (1) if it is. Branch-free: every group
+/// writes both candidates and only those emitted move the end.
 #[inline(never)]
+fn emit_rows(was: &[bool], is: &[bool], same: &[bool]) -> Vec<u32> {
+    let mut emit: Vec<u32> = vec![0; same.len() * 2];
+    let mut len = 0;
+    for (ti, ((&was, &is), &same)) in was.iter().zip(is).zip(same).enumerate() {
+        let at = (ti as u32) << 1;
+        set(&mut emit, len, at);
+        len += usize::from(was & !same);
+        set(&mut emit, len, at | 1);
+        len += usize::from(is & !same);
+    }
+    emit.truncate(len);
+    emit
+}
+
+/// Appends `v[g]` (0 when out of range) for each group of `groups`.
+#[inline(never)]
+fn gather(out: &mut Vec<i64>, v: &[i64], groups: &[u32]) {
+    out.extend(
+        groups
+            .iter()
+            .map(|&g| v.get(g as usize).copied().unwrap_or(0)),
+    );
+}
+
+/// Marks the groups of `gids` as touched, noting each group's first touch in `touched`.
 fn mark_touched(mark: &mut [bool], touched: &mut Vec<u32>, gids: &[u32]) {
+    let base = touched.len();
+    touched.resize(base + gids.len(), 0);
+    let fresh = first_touches(mark, touched.get_mut(base..).unwrap_or_default(), gids);
+    touched.truncate(base + fresh);
+}
+
+/// Marks each group of `gids` (skipping those out of range, e.g. `SKIP`), writing the groups
+/// not marked before into `out` in order; returns how many. Unrolled by four, out of line and
+/// free of calls (a `Vec::push` here made Cranelift keep the loop's state on the stack).
+#[inline(never)]
+fn first_touches(mark: &mut [bool], out: &mut [u32], gids: &[u32]) -> usize {
+    let mut n = 0;
     let mut touch = |g: u32| {
         if let Some(m) = mark.get_mut(g as usize) {
             if !*m {
                 *m = true;
-                touched.push(g);
+                if let Some(o) = out.get_mut(n) {
+                    *o = g;
+                }
+                n += 1;
             }
         }
     };
-    // Unrolled by four (one epoch check per four rows in wasm).
     let mut g4 = gids.chunks_exact(4);
     for c in &mut g4 {
         for &g in c {
@@ -1520,6 +1585,7 @@ fn mark_touched(mark: &mut [bool], touched: &mut Vec<u32>, gids: &[u32]) {
     for &g in g4.remainder() {
         touch(g);
     }
+    n
 }
 
 /// `v[g[i]] += d[i]` for every row (rows whose group is out of range, e.g. `SKIP`, are left
@@ -1539,6 +1605,56 @@ fn scatter_add(v: &mut [i64], gids: &[u32], diffs: &[i64]) {
     for (g, d) in g4.remainder().iter().zip(d4.remainder()) {
         if let Some(x) = v.get_mut(*g as usize) {
             *x = x.wrapping_add(*d);
+        }
+    }
+}
+
+/// `v[g[i]] += diff of row i` for every row (see [`scatter_add`]).
+fn scatter_diffs(v: &mut [i64], gids: &[u32], diffs: &Diffs) {
+    match diffs {
+        Diffs::Each(d) => scatter_add(v, gids, d),
+        Diffs::All(d) => scatter_add_const(v, gids, *d),
+    }
+}
+
+/// `v[g[i]] += d` for every row, unrolled like [`scatter_add`].
+#[inline(never)]
+fn scatter_add_const(v: &mut [i64], gids: &[u32], d: i64) {
+    let mut g4 = gids.chunks_exact(4);
+    for g in &mut g4 {
+        for g in g {
+            if let Some(x) = v.get_mut(*g as usize) {
+                *x = x.wrapping_add(d);
+            }
+        }
+    }
+    for g in g4.remainder() {
+        if let Some(x) = v.get_mut(*g as usize) {
+            *x = x.wrapping_add(d);
+        }
+    }
+}
+
+/// `v[g[i]] += x[i] * d` (wrapping) for every row: [`scatter_mul_add`] with one diff for all.
+#[inline(never)]
+fn scatter_scaled_add(v: &mut [i64], gids: &[u32], x: &[i64], d: i64) {
+    let n = gids.len().min(x.len());
+    let (gids, x) = (
+        gids.get(..n).unwrap_or_default(),
+        x.get(..n).unwrap_or_default(),
+    );
+    let mut g4 = gids.chunks_exact(4);
+    let mut x4 = x.chunks_exact(4);
+    for (g, x) in (&mut g4).zip(&mut x4) {
+        for (g, x) in g.iter().zip(x) {
+            if let Some(s) = v.get_mut(*g as usize) {
+                *s = s.wrapping_add(x.wrapping_mul(d));
+            }
+        }
+    }
+    for (g, x) in g4.remainder().iter().zip(x4.remainder()) {
+        if let Some(s) = v.get_mut(*g as usize) {
+            *s = s.wrapping_add(x.wrapping_mul(d));
         }
     }
 }
@@ -1578,42 +1694,53 @@ fn update(
     state: &mut State,
     rows: &[i64],
     gids: &[u32],
-    diffs: &[i64],
+    diffs: &Diffs,
     arg: Option<&Column>,
     at: Option<DataType>,
     filter: Option<&Column>,
 ) {
+    // Every row counts: the counts follow the row counts (and only add up when stored).
+    let simple = filter.is_none() && arg.is_none_or(|a| a.nulls.is_empty());
+    let empty = Column::default();
+    let a = arg.unwrap_or(&empty);
+    if simple {
+        match state {
+            State::Count(n) => {
+                if let Some(v) = &mut n.0 {
+                    scatter_diffs(v, gids, diffs);
+                }
+                return;
+            }
+            State::SumInt { s, n } => {
+                if let Some(v) = &mut n.0 {
+                    scatter_diffs(v, gids, diffs);
+                }
+                match diffs {
+                    Diffs::Each(d) => scatter_mul_add(s, gids, d, &a.ints),
+                    Diffs::All(d) => scatter_scaled_add(s, gids, &a.ints, *d),
+                }
+                return;
+            }
+            _ => {}
+        }
+    }
+    let diffs = diffs.each(gids.len());
+    let diffs: &[i64] = &diffs;
     let t = at.unwrap_or(DataType::Int64);
     let keep = |i: usize| -> bool {
         filter.is_none_or(|f| !f.is_null(i) && f.ints.get(i).copied().unwrap_or(0) != 0)
     };
     let valid = |i: usize| -> bool { arg.is_none_or(|a| !a.is_null(i)) };
-    // Every row counts: the counts follow the row counts (and only add up when stored).
-    let simple = filter.is_none() && arg.is_none_or(|a| a.nulls.is_empty());
-    let empty = Column::default();
-    let a = arg.unwrap_or(&empty);
     match state {
         State::Count(n) => {
-            if simple {
-                if let Some(v) = &mut n.0 {
-                    scatter_add(v, gids, diffs);
-                }
-            } else {
-                let v = n.own(rows);
-                for (i, (g, d)) in gids.iter().zip(diffs.iter()).enumerate() {
-                    if keep(i) && valid(i) {
-                        if let Some(x) = v.get_mut(*g as usize) {
-                            *x = x.wrapping_add(*d);
-                        }
+            let v = n.own(rows);
+            for (i, (g, d)) in gids.iter().zip(diffs.iter()).enumerate() {
+                if keep(i) && valid(i) {
+                    if let Some(x) = v.get_mut(*g as usize) {
+                        *x = x.wrapping_add(*d);
                     }
                 }
             }
-        }
-        State::SumInt { s, n } if simple => {
-            if let Some(v) = &mut n.0 {
-                scatter_add(v, gids, diffs);
-            }
-            scatter_mul_add(s, gids, diffs, &a.ints);
         }
         State::SumInt { s, n } => {
             let n = n.own(rows);

@@ -7,7 +7,68 @@ use crate::types::{Column, DataType, Storage};
 pub(crate) struct Chunk {
     pub rows: usize,
     pub cols: Vec<Column>,
-    pub diffs: Vec<i64>,
+    pub diffs: Diffs,
+}
+
+/// The diffs of a chunk's rows: one per row, or one shared by all of them (a write sends
+/// one). Kept shared as far as it goes: the aggregate's common updates take a shared diff
+/// as a constant instead of reading a list of equal entries.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Diffs {
+    Each(Vec<i64>),
+    All(i64),
+}
+
+impl Default for Diffs {
+    fn default() -> Diffs {
+        Diffs::Each(Vec::new())
+    }
+}
+
+impl Diffs {
+    /// From a batch's list: one entry for several rows is shared by all of them.
+    pub fn from_list(v: Vec<i64>, rows: usize) -> Diffs {
+        match v.as_slice() {
+            [d] if rows != 1 => Diffs::All(*d),
+            _ => Diffs::Each(v),
+        }
+    }
+
+    /// The diff of row `i`.
+    pub fn get(&self, i: usize) -> i64 {
+        match self {
+            Diffs::Each(v) => v.get(i).copied().unwrap_or(0),
+            Diffs::All(d) => *d,
+        }
+    }
+
+    /// One entry per row of `rows` (expanding a shared diff).
+    pub fn each(&self, rows: usize) -> std::borrow::Cow<'_, [i64]> {
+        match self {
+            Diffs::Each(v) => std::borrow::Cow::Borrowed(v),
+            Diffs::All(d) => std::borrow::Cow::Owned(vec![*d; rows]),
+        }
+    }
+
+    /// Owned, one entry per row of `rows`.
+    pub fn into_each(self, rows: usize) -> Vec<i64> {
+        match self {
+            Diffs::Each(v) => v,
+            Diffs::All(d) => vec![d; rows],
+        }
+    }
+
+    /// The diffs of rows `idx`.
+    pub fn take(&self, idx: &[u32]) -> Diffs {
+        match self {
+            Diffs::Each(v) => Diffs::Each(
+                idx.iter()
+                    .map(|&i| v.get(i as usize).copied().unwrap_or(0))
+                    .collect(),
+            ),
+            Diffs::All(d) => Diffs::All(*d),
+        }
+    }
 }
 
 /// A borrowed scalar read from a column.
@@ -170,10 +231,7 @@ pub(crate) fn take_chunk(c: &Chunk, types: &[DataType], idx: &[u32]) -> Chunk {
             .zip(types.iter())
             .map(|(col, t)| take(col, t.storage(), idx))
             .collect(),
-        diffs: idx
-            .iter()
-            .map(|&i| c.diffs.get(i as usize).copied().unwrap_or(0))
-            .collect(),
+        diffs: c.diffs.take(idx),
     }
 }
 

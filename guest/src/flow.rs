@@ -5,13 +5,13 @@ use std::rc::Rc;
 
 use crate::agg::AggOp;
 use crate::codec::{fnv64, Reader, Writer};
-use crate::column::{append, empty_column, take, take_chunk, Chunk};
+use crate::column::{append, empty_column, take, take_chunk, Chunk, Diffs};
 use crate::expr::Expr;
 use crate::hash::FxHashMap;
 use crate::plan::{lower, OpSpec};
 use crate::types::{
-    bad, expand_per_row, internal, validate_batch, Batch, Column, DataType, Field, FlowError,
-    SourceSchema, TickOutput,
+    bad, internal, validate_batch, Batch, Column, DataType, Field, FlowError, SourceSchema,
+    TickOutput,
 };
 
 pub const OPTION_EXPIRE_AFTER_MS: &str = "expire-after-ms";
@@ -252,7 +252,7 @@ impl Flow {
                 ready.push(Chunk {
                     rows,
                     cols: b.columns,
-                    diffs: expand_per_row(b.diffs, rows),
+                    diffs: Diffs::from_list(b.diffs, rows),
                 });
             } else if n_ready == 0 {
                 keep.push(b);
@@ -268,7 +268,7 @@ impl Flow {
                 let all = Chunk {
                     rows,
                     cols: b.columns,
-                    diffs: expand_per_row(b.diffs, rows),
+                    diffs: Diffs::from_list(b.diffs, rows),
                 };
                 ready.push(take_chunk(&all, &types, &now_idx));
                 let rest = take_chunk(&all, &types, &later_idx);
@@ -279,7 +279,7 @@ impl Flow {
                         .iter()
                         .map(|&i| b.times.get(i as usize).copied().unwrap_or(0))
                         .collect(),
-                    diffs: rest.diffs,
+                    diffs: rest.diffs.into_each(rest.rows),
                 });
             }
         }
@@ -315,16 +315,18 @@ impl Flow {
                 let mut m = Chunk {
                     rows: 0,
                     cols: self.out_types.iter().map(|t| empty_column(*t)).collect(),
-                    diffs: Vec::new(),
+                    diffs: Diffs::default(),
                 };
+                let mut diffs = Vec::new();
                 for c in &outputs {
                     for ((dst, src), t) in m.cols.iter_mut().zip(c.cols.iter()).zip(&self.out_types)
                     {
                         append(dst, src, t.storage(), m.rows);
                     }
-                    m.diffs.extend_from_slice(&c.diffs);
+                    diffs.extend_from_slice(&c.diffs.each(c.rows));
                     m.rows += c.rows;
                 }
+                m.diffs = Diffs::Each(diffs);
                 m
             }
         };
@@ -337,8 +339,9 @@ impl Flow {
         self.queue = Batch {
             rows: merged.rows as u32,
             columns: merged.cols,
-            times: vec![now; merged.rows],
-            diffs: merged.diffs,
+            // One time for all rows (the contract allows it; the host expands it).
+            times: vec![now],
+            diffs: merged.diffs.into_each(merged.rows),
         };
         Ok(())
     }
@@ -425,10 +428,13 @@ impl Flow {
                 .zip(&self.out_types)
                 .map(|(c, t)| take(c, t.storage(), idx))
                 .collect(),
-            times: idx
-                .iter()
-                .map(|&i| q.times.get(i as usize).copied().unwrap_or(0))
-                .collect(),
+            times: match q.times.as_slice() {
+                [t] if !idx.is_empty() => vec![*t],
+                times => idx
+                    .iter()
+                    .map(|&i| times.get(i as usize).copied().unwrap_or(0))
+                    .collect(),
+            },
             diffs: idx
                 .iter()
                 .map(|&i| q.diffs.get(i as usize).copied().unwrap_or(0))
@@ -452,7 +458,10 @@ impl Flow {
         let pending: usize = self
             .pending
             .iter()
-            .map(|b| b.columns.iter().map(|c| c.approx_bytes()).sum::<usize>() + b.times.len() * 16)
+            .map(|b| {
+                b.columns.iter().map(|c| c.approx_bytes()).sum::<usize>()
+                    + (b.times.len() + b.diffs.len()) * 8
+            })
             .sum();
         let queue: usize = self
             .queue
@@ -460,7 +469,7 @@ impl Flow {
             .iter()
             .map(|c| c.approx_bytes())
             .sum::<usize>()
-            + self.queue.times.len() * 16;
+            + (self.queue.times.len() + self.queue.diffs.len()) * 8;
         (ops + pending + queue) as u64
     }
 
@@ -659,7 +668,7 @@ fn consolidate(c: Chunk, types: &[DataType]) -> Chunk {
     for i in 0..c.rows {
         buf.clear();
         crate::agg::encode_row(&mut buf, &cows, types, i);
-        let d = c.diffs.get(i).copied().unwrap_or(0);
+        let d = c.diffs.get(i);
         match index.get(buf.as_slice()) {
             Some(&k) => {
                 if let Some(s) = sums.get_mut(k) {
@@ -677,7 +686,7 @@ fn consolidate(c: Chunk, types: &[DataType]) -> Chunk {
         return Chunk {
             rows: c.rows,
             cols: c.cols,
-            diffs: sums,
+            diffs: Diffs::Each(sums),
         };
     }
     let (idx, diffs): (Vec<u32>, Vec<i64>) = firsts
@@ -686,6 +695,6 @@ fn consolidate(c: Chunk, types: &[DataType]) -> Chunk {
         .filter(|(_, s)| *s != 0)
         .unzip();
     let mut out = take_chunk(&c, types, &idx);
-    out.diffs = diffs;
+    out.diffs = Diffs::Each(diffs);
     out
 }

@@ -390,11 +390,16 @@ fn max_rows_limits_output_and_sets_more() {
         .collect();
     push1(&mut fl, &rows);
     let schema = fl.output_schema();
+    // No room at all: an empty batch that still keeps the contract (no time without rows).
+    let t = fl.tick(0, 0).expect("tick");
+    assert!(t.more && t.output.rows == 0);
+    sandflow_guest::types::validate_batch(&schema, &t.output).expect("empty output is valid");
     let mut all = Vec::new();
     let mut calls = 0;
     loop {
         let t = fl.tick(0, 10).expect("tick");
         assert!(t.output.rows <= 10);
+        sandflow_guest::types::validate_batch(&schema, &t.output).expect("output is valid");
         all.extend(t.output.to_rows(&schema));
         calls += 1;
         if !t.more {
