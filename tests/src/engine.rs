@@ -435,6 +435,9 @@ pub fn random_row(rng: &mut StdRng, fields: &[Field]) -> Vec<Value> {
 /// One step of a random stream: rows to push per source (with diffs).
 pub struct Step {
     pub pushes: Vec<(u32, Vec<Vec<Value>>, Vec<i64>)>,
+    /// Push each run of equal diffs as one batch with one time and one diff for all its rows
+    /// (the form the host's write path sends) instead of one time and diff per row.
+    pub shared: bool,
 }
 
 /// Generates random inserts and retractions of existing rows, keeping the
@@ -478,17 +481,34 @@ impl Stream {
                 pushes.push((s as u32, rows, diffs));
             }
         }
-        Step { pushes }
+        Step {
+            pushes,
+            shared: self.rng.random_bool(0.5),
+        }
     }
 }
 
-/// Applies a step to an engine: every row stamped with time `now`.
+/// Applies a step to an engine: every row stamped with time `now` (see [`Step::shared`]).
 pub fn apply(engine: &mut dyn Engine, sources: &[SourceSchema], step: &Step, now: i64) {
     for (s, rows, diffs) in &step.pushes {
         let fields = &sources[*s as usize].fields;
-        let times = vec![now; rows.len()];
-        let batch = Batch::from_rows(fields, rows, &times, diffs).expect("batch from rows");
-        engine.push(*s, batch);
+        let batch = |rows: &[Vec<Value>], diffs: &[i64]| {
+            let times = vec![now; rows.len()];
+            Batch::from_rows(fields, rows, &times, diffs).expect("batch from rows")
+        };
+        if !step.shared {
+            engine.push(*s, batch(rows, diffs));
+            continue;
+        }
+        let mut start = 0;
+        while let Some(&d) = diffs.get(start) {
+            let run = diffs[start..].iter().take_while(|x| **x == d).count();
+            let mut b = batch(&rows[start..start + run], &diffs[start..start + run]);
+            b.times = vec![now];
+            b.diffs = vec![d];
+            engine.push(*s, b);
+            start += run;
+        }
     }
 }
 
