@@ -115,14 +115,15 @@ impl IntMap {
         self.probe(k, i).ok()
     }
 
-    /// Looks up `ks` in order while each key sits in its home slot or the next one, writing
-    /// each id into `out`; returns how many were resolved. A key further along its probe
-    /// sequence, or missing, ends the run: the caller resolves that one with [`IntMap::get`]
-    /// (or creates it) and calls again. At most half full, so nearly every key is found here.
+    /// Looks up `ks` in order while each key sits in its home slot, writing each id into
+    /// `out`; returns how many were resolved. A key elsewhere on its probe sequence, or
+    /// missing, ends the run: the caller resolves that one with [`IntMap::get`] (or creates
+    /// it) and calls again. At most half full, so most keys sit at home.
     ///
-    /// Kept out of line and free of calls and inner loops: in wasm, Cranelift then keeps the
-    /// loop's state in registers (a call in the loop, even a cold one, made it spill all of
-    /// it to the stack, and every inner loop pays an epoch check).
+    /// Kept out of line, free of calls and inner loops, and branch-free within four keys: in
+    /// wasm, Cranelift then keeps the loop's state in registers (a call in the loop, even a
+    /// cold one, made it spill all of it to the stack, and every inner loop pays an epoch
+    /// check). Natively it costs the same as a branchy loop over the home slot.
     #[inline(never)]
     pub fn find_run(&self, ks: &[i64], out: &mut [u32]) -> usize {
         let n = ks.len().min(out.len());
@@ -134,10 +135,10 @@ impl IntMap {
         // Four at a time, branch-free: one exit test per four keys.
         for (o, k) in out.chunks_exact_mut(4).zip(ks.chunks_exact(4)) {
             let g = [
-                self.near_home(k[0]),
-                self.near_home(k[1]),
-                self.near_home(k[2]),
-                self.near_home(k[3]),
+                self.at_home(k[0]),
+                self.at_home(k[1]),
+                self.at_home(k[2]),
+                self.at_home(k[3]),
             ];
             o.copy_from_slice(&g);
             if let Some(stop) = g.iter().position(|&g| g == FREE) {
@@ -146,7 +147,7 @@ impl IntMap {
             done += 4;
         }
         for (o, &k) in out.iter_mut().zip(ks).skip(done) {
-            let g = self.near_home(k);
+            let g = self.at_home(k);
             if g == FREE {
                 return done;
             }
@@ -156,21 +157,13 @@ impl IntMap {
         done
     }
 
-    /// The id of `k` if it sits in its home slot or the next one, else FREE (also when `k`
-    /// is missing). A free slot whose stale key equals `k` yields FREE too.
+    /// The id of `k` if it sits in its home slot, else FREE (also when `k` is missing, or
+    /// when the home slot is free with a stale key equal to `k`). Branch-free.
     #[inline(always)]
-    fn near_home(&self, k: i64) -> u32 {
-        let h = self.home(k);
-        match (self.slots.get(h), self.slots.get((h + 1) & self.mask())) {
-            // Branch-free: a slot whose key differs gives FREE (all ones), and the smaller of
-            // the two is the match. Both can hold `k` only if one of them is free (stale key,
-            // FREE id), so the smaller is still right.
-            (Some(a), Some(b)) => {
-                let ga = a.gid | u32::from(a.key != k).wrapping_neg();
-                let gb = b.gid | u32::from(b.key != k).wrapping_neg();
-                ga.min(gb)
-            }
-            _ => FREE,
+    fn at_home(&self, k: i64) -> u32 {
+        match self.slots.get(self.home(k)) {
+            Some(a) => a.gid | u32::from(a.key != k).wrapping_neg(),
+            None => FREE,
         }
     }
 
