@@ -1274,14 +1274,18 @@ impl AggOp {
             cols.push(measure_column(&emit, v, t, m.out));
         }
         let diffs: Vec<i64> = emit.iter().map(|e| ((e & 1) as i64) * 2 - 1).collect();
-        for &g in &touched {
-            let gi = g as usize;
-            set(&mut self.mark, gi, false);
-            if !matches!(self.keys, Keys::Global)
-                && self.rows.get(gi).copied() == Some(0)
-                && self.states.iter().all(|s| s.is_empty(gi, &self.rows))
-            {
-                self.remove_group(g);
+        unmark(&mut self.mark, &touched);
+        // Groups left without rows may be gone; looking for them is one call-free pass.
+        let rows = &self.rows;
+        let emptied = |g: &u32| rows.get(*g as usize).copied() == Some(0);
+        if !matches!(self.keys, Keys::Global) && touched.iter().any(emptied) {
+            for &g in &touched {
+                let gi = g as usize;
+                if self.rows.get(gi).copied() == Some(0)
+                    && self.states.iter().all(|s| s.is_empty(gi, &self.rows))
+                {
+                    self.remove_group(g);
+                }
             }
         }
         // Reuse the allocations next tick.
@@ -1514,6 +1518,16 @@ impl AggOp {
         self.old.iter_mut().for_each(Vals::clear);
         self.recorded = 0;
         Ok(())
+    }
+}
+
+/// Clears the touch marks of `groups`.
+#[inline(never)]
+fn unmark(mark: &mut [bool], groups: &[u32]) {
+    for &g in groups {
+        if let Some(m) = mark.get_mut(g as usize) {
+            *m = false;
+        }
     }
 }
 
