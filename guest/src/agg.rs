@@ -137,10 +137,8 @@ impl Vals {
         self.nulls.get(i).copied().unwrap_or(false)
     }
 
-    /// Whether value `i` here equals value `j` of `o` (floats compare by bits).
-    #[inline]
     /// With the first half of the values before a tick and the second half after it: clears
-    /// `same[i]` where value `i` changed.
+    /// `same[i]` where value `i` changed (floats compare by bits).
     fn same_halves(&self, same: &mut [bool]) {
         let t = same.len();
         if self.is_wide {
@@ -1052,24 +1050,22 @@ impl AggOp {
             Keys::Int { .. }
                 if threshold.is_none() && keys.first().is_some_and(|c| c.nulls.is_empty()) =>
             {
-                // Fast path: one non-null integer key, no expiry. Runs of known keys near
-                // their home slot are looked up by one small loop; any other key stops it, to
-                // be looked up in full or given a new group.
+                // Fast path: one non-null integer key, no expiry. Runs of known keys in their
+                // home slot are looked up by one small loop; any other key stops it, to be
+                // looked up in full or given a new group.
                 let empty = Column::default();
                 let col = keys.first().map_or(&empty, |c| c.as_ref());
                 let ks = col.ints.get(..n).unwrap_or(&col.ints);
                 gids.resize(ks.len(), 0);
                 let mut i = 0;
                 while i < ks.len() {
+                    let mut found = None;
                     if let Keys::Int { map, .. } = &self.keys {
                         let (kr, gr) = (ks.get(i..).unwrap_or_default(), gids.get_mut(i..));
                         i += map.find_run(kr, gr.unwrap_or_default());
+                        found = ks.get(i).and_then(|&k| map.get(k));
                     }
                     let Some(&k) = ks.get(i) else { break };
-                    let found = match &self.keys {
-                        Keys::Int { map, .. } => map.get(k),
-                        _ => None,
-                    };
                     let g = match found {
                         Some(g) => g,
                         None => self.new_int_group(k, false),
@@ -1251,6 +1247,7 @@ impl AggOp {
             self.record_old();
             self.initialized = true;
         }
+        // Every touched group needs its old values: the halves compared below depend on it.
         self.record_old();
         let touched = std::mem::take(&mut self.touched);
         let old_present = std::mem::take(&mut self.old_present);
