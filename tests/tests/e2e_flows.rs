@@ -1025,6 +1025,33 @@ fn sink_tables_auto_created_and_existing() {
         "0",
         "the trailing timestamp column carries the tick time"
     );
+
+    // A time index the query does not give is 0, not the tick time: an update
+    // replaces the sink row it retracts instead of adding one per tick.
+    s.sql(
+        "CREATE TABLE keyed_tick (host STRING, n BIGINT, ts TIMESTAMP(3) TIME INDEX, \
+         PRIMARY KEY (host))",
+    );
+    s.sql(&format!(
+        "CREATE FLOW into_keyed_tick SINK TO keyed_tick AS {HOSTS}"
+    ));
+    flush(&s, "into_keyed_tick");
+    put(
+        &s,
+        &[("a", 500, "3", "00:02:00"), ("d", 200, "1", "00:02:01")],
+    );
+    flush(&s, "into_keyed_tick");
+    s.sql("DELETE FROM requests WHERE host = 'b'");
+    flush(&s, "into_keyed_tick");
+    assert_same(
+        &s,
+        "SELECT host, n FROM keyed_tick ORDER BY host",
+        &format!("{HOSTS} ORDER BY host"),
+    );
+    assert_eq!(
+        s.sql("SELECT DISTINCT CAST(ts AS BIGINT) FROM keyed_tick"),
+        "0"
+    );
 }
 
 // SHOW FLOWS [LIKE], SHOW CREATE FLOW (two columns), information_schema.flows

@@ -13,7 +13,10 @@
 //! * an existing sink fits when its columns are the output's (by name, or by
 //!   position where only the name differs and the types agree), optionally
 //!   followed by one timestamp column written with the tick time and a
-//!   `__ts_placeholder`; types are cast when the cast is lossless.
+//!   `__ts_placeholder`; types are cast when the cast is lossless. A
+//!   timestamp column of the sink's key (time index or primary key) that the
+//!   query does not give is 0, like `__ts_placeholder`: with the tick time in
+//!   it, each update would add a row instead of replacing one.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -207,7 +210,11 @@ pub fn fit(table: &Table, output: &[Field]) -> Result<Vec<SinkColumn>, String> {
         if mapping[j].is_some() {
             continue;
         }
-        if c.name == TS_PLACEHOLDER && c.data_type.is_timestamp() {
+        // A key column (time index or primary key) must not take the tick time:
+        // every update would then be a new sink row, and the retraction of the
+        // old value would miss it. It is 0, like `__ts_placeholder`.
+        let key = table.key_columns.contains(&j);
+        if c.data_type.is_timestamp() && (c.name == TS_PLACEHOLDER || key) {
             mapping[j] = Some(SinkColumn::Zero);
         } else if c.data_type.is_timestamp() && !tick_time_used {
             tick_time_used = true;
@@ -453,7 +460,16 @@ mod tests {
             false,
         )
         .unwrap();
-        assert!(fit(&table(renamed), &out).is_ok());
+        // The extra timestamp is the time index: 0, not the tick time, so
+        // that an update replaces the row it retracts.
+        assert_eq!(
+            fit(&table(renamed), &out).unwrap(),
+            vec![
+                SinkColumn::Output(0),
+                SinkColumn::Output(1),
+                SinkColumn::Zero
+            ]
+        );
         let bad = TableSchema::new(
             vec![
                 ColumnSchema::new("h", ColumnType::String, true),
