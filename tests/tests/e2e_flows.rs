@@ -792,6 +792,11 @@ fn create_and_drop_errors() {
             "ORDER BY",
         ),
         ("SELECT host, status, ts FROM requests LIMIT 3", "LIMIT"),
+        (
+            "SELECT host, count(*) AS n FROM requests \
+             WHERE ts > now() - INTERVAL '1 hour' GROUP BY host",
+            "now()",
+        ),
     ];
     for (query, what) in unsupported {
         let err = s.sql_err(&format!("CREATE FLOW nope SINK TO nope_sink AS {query}"));

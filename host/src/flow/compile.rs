@@ -5,7 +5,7 @@
 
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::TableReference;
-use datafusion::logical_expr::{Expr, LogicalPlan};
+use datafusion::logical_expr::{Expr, LogicalPlan, Volatility};
 use datafusion::prelude::SessionContext;
 use prost::Message;
 
@@ -58,6 +58,8 @@ pub async fn compile(ctx: &SessionContext, sql: &str) -> Result<CompiledFlow, Co
         .sql(sql)
         .await
         .map_err(|e| CompileError(format!("cannot plan the flow's query: {e}")))?;
+    // Before optimising: the optimiser folds now() into a constant.
+    check_deterministic(df.logical_plan())?;
     let plan = df
         .into_optimized_plan()
         .map_err(|e| CompileError(format!("cannot optimise the flow's query: {e}")))?;
@@ -89,6 +91,36 @@ pub fn compile_plan(
         group_keys,
         aggregates,
     })
+}
+
+/// Refuses functions whose value is not fixed by their arguments (now(),
+/// current_date, random(), ...). DataFusion would fold now() into the time the
+/// flow was planned, so the flow would compute with a frozen clock (another
+/// one after each restart), and the guest never reads a clock.
+fn check_deterministic(plan: &LogicalPlan) -> Result<(), CompileError> {
+    let mut found: Option<String> = None;
+    plan.apply_with_subqueries(|node| {
+        node.apply_expressions(|e| {
+            e.apply(|e| {
+                if let Expr::ScalarFunction(f) = e {
+                    if f.func.signature().volatility != Volatility::Immutable {
+                        found = Some(f.func.name().to_string());
+                        return Ok(TreeNodeRecursion::Stop);
+                    }
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })
+        })
+    })
+    .map_err(|e| CompileError(e.to_string()))?;
+    match found {
+        Some(name) => Err(CompileError(format!(
+            "unsupported: function {name}() is not supported in flows: its value depends on \
+             when the query runs, and a flow's result may depend only on its sources' rows \
+             (to drop old windows, use EXPIRE AFTER)"
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// Every table the plan scans, first appearance first.
@@ -263,5 +295,38 @@ mod tests {
         assert!(e.0.contains("cannot plan"), "{e}");
         let e = compile(&ctx(), "SELECT 1").await.unwrap_err();
         assert!(e.0.contains("at least one table"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn functions_of_the_clock_or_chance_are_refused() {
+        for (sql, name) in [
+            ("SELECT host, now() AS n FROM requests", "now()"),
+            (
+                "SELECT host FROM requests WHERE ts > now() - INTERVAL '1 hour'",
+                "now()",
+            ),
+            (
+                "SELECT host, count(*) FROM requests WHERE ts > current_date() GROUP BY host",
+                "current_date()",
+            ),
+            ("SELECT host, random() AS r FROM requests", "random()"),
+            (
+                "SELECT host, count(*) FROM requests GROUP BY host HAVING max(bytes) > random()",
+                "random()",
+            ),
+        ] {
+            let e = compile(&ctx(), sql).await.unwrap_err();
+            assert!(
+                e.0.contains(name) && e.0.contains("not supported in flows"),
+                "{sql}: {e}"
+            );
+        }
+        // Immutable functions of the row still compile.
+        compile(
+            &ctx(),
+            "SELECT host, abs(bytes) AS a, date_trunc('hour', ts) AS h FROM requests",
+        )
+        .await
+        .unwrap();
     }
 }
