@@ -156,6 +156,23 @@ weather,city=Oslo,sensor=x temp=-3.25,hum=80i,ok=f,note=\"cold, dry\" 1700000001
         !s.sql("SHOW TABLES").lines().any(|t| t == "cpu"),
         "cpu must not land in public"
     );
+
+    // A new tag or field of an existing table: 400 naming it, nothing written
+    // (not even the request's other, fitting points).
+    let (status, text) = s.http(
+        "POST",
+        "/v1/influxdb/write?db=metrics&precision=s",
+        None,
+        "cpu,host=h3 usage=0.1 11
+cpu,host=h4,rack=r1 usage=0.2,temp=40 11
+",
+    );
+    assert_eq!(status, 400, "{text}");
+    assert!(
+        text.contains("rack") && text.contains("temp") && text.contains("cannot add columns"),
+        "{text}"
+    );
+    assert_eq!(s.sql("SELECT count(*) FROM metrics.cpu"), "2");
 }
 
 #[test]

@@ -353,6 +353,24 @@ async fn influx_write(
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as i64)
         .unwrap_or(0);
+    let database = query
+        .get("db")
+        .map(String::as_str)
+        .filter(|d| !d.is_empty())
+        .unwrap_or(crate::catalog::DEFAULT_DATABASE);
+    let tables = state.db.tables(database).unwrap_or_default();
+    let columns = |measurement: &str| {
+        tables.iter().find(|t| t.info.name == measurement).map(|t| {
+            t.schema()
+                .columns
+                .iter()
+                .map(|c| c.name.clone())
+                .collect::<Vec<_>>()
+        })
+    };
+    if let Err(e) = influx::check_columns(&points, columns) {
+        return error_response(StatusCode::BAD_REQUEST, 1004, e, started);
+    }
     let statements =
         match influx::to_sql(&points, precision, now, query.get("db").map(String::as_str)) {
             Ok(s) => s,

@@ -323,6 +323,45 @@ fn ts_literal(nanos: i64) -> Result<String, String> {
     ))
 }
 
+/// Refuses a write that names a tag or field its measurement's existing table
+/// lacks (`columns` gives an existing table's column names): tables cannot
+/// gain columns yet, and the INSERT would fail with a bare schema error.
+pub fn check_columns(
+    points: &[Point],
+    columns: impl Fn(&str) -> Option<Vec<String>>,
+) -> Result<(), String> {
+    let mut seen: BTreeMap<&str, Option<Vec<String>>> = BTreeMap::new();
+    for p in points {
+        let existing = seen
+            .entry(p.measurement.as_str())
+            .or_insert_with(|| columns(&p.measurement));
+        let Some(existing) = existing else { continue };
+        let names = p
+            .tags
+            .iter()
+            .map(|(k, _)| k)
+            .chain(p.fields.iter().map(|(k, _)| k));
+        let missing: Vec<&String> = names.filter(|k| !existing.contains(k)).collect();
+        if !missing.is_empty() {
+            return Err(format!(
+                "table {:?} has no column{} {}; sandflow cannot add columns to an existing \
+                 table yet (its columns: {}). Write the point without {}, or to a new \
+                 measurement",
+                p.measurement,
+                if missing.len() == 1 { "" } else { "s" },
+                missing
+                    .iter()
+                    .map(|k| format!("{k:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                existing.join(", "),
+                if missing.len() == 1 { "it" } else { "them" }
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The SQL for a write: per measurement one `CREATE TABLE IF NOT EXISTS` and
 /// one multi-row `INSERT`. `now_nanos` stamps points without a timestamp.
 /// With a `database` other than `public`, that database is created if needed
@@ -543,5 +582,19 @@ mod tests {
         let public = to_sql(&pts, Precision::Seconds, 0, Some("public")).unwrap();
         assert_eq!(public.len(), 2);
         assert!(public[0].starts_with("CREATE TABLE IF NOT EXISTS \"m\""));
+    }
+
+    #[test]
+    fn new_tags_or_fields_of_an_existing_table_are_refused_by_name() {
+        let columns = |m: &str| (m == "cpu").then(|| vec!["host".into(), "v".into(), "ts".into()]);
+        let ok = parse("cpu,host=a v=1 5\nnew,x=1 y=2 5").unwrap();
+        assert_eq!(check_columns(&ok, columns), Ok(()));
+        let e =
+            check_columns(&parse("cpu,host=a,rack=r v=1,w=2i 5").unwrap(), columns).unwrap_err();
+        assert!(
+            e.contains("\"rack\", \"w\"") && e.contains("host, v, ts"),
+            "{e}"
+        );
+        assert!(e.contains("cannot add columns"), "{e}");
     }
 }
