@@ -7,7 +7,7 @@
 //! http_addr = "0.0.0.0:4000"
 //!
 //! [flow]
-//! tick_interval = "1s"
+//! tick_interval = "200ms"      # how often a flow with new input is ticked (at most)
 //! memory_limit = "256MiB"       # default per flow, WITH (memory_limit = ...) overrides
 //! cpu_limit_per_tick = "10s"    # default per flow, WITH (cpu_limit_per_tick = ...) overrides
 //! output_rows_limit_per_tick = 10000000  # default per flow (WITH overrides)
@@ -27,7 +27,9 @@ use snafu::{ResultExt, Snafu};
 pub const DEFAULT_DATA_DIR: &str = "./sandflow-data";
 pub const DEFAULT_POSTGRES_ADDR: &str = "127.0.0.1:4003";
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:4000";
-pub const DEFAULT_TICK_INTERVAL: Duration = Duration::from_secs(1);
+/// Under continuous input a flow ticks at most this often; its sink lags its
+/// sources by about this much. Each tick is one durable sink commit.
+pub const DEFAULT_TICK_INTERVAL: Duration = Duration::from_millis(200);
 
 #[derive(Debug, Snafu)]
 #[snafu(visibility(pub))]
@@ -119,7 +121,7 @@ pub struct StartArgs {
     #[arg(long, value_name = "HOST:PORT", env = "SANDFLOW_HTTP_ADDR")]
     pub http_addr: Option<String>,
 
-    /// How often flows are ticked, e.g. "500ms", "1s". [default: 1s]
+    /// How often, at most, a flow with new input is ticked, e.g. "100ms", "1s". [default: 200ms]
     #[arg(long, value_name = "DURATION", env = "SANDFLOW_FLOW_TICK_INTERVAL")]
     pub flow_tick_interval: Option<String>,
 

@@ -93,7 +93,7 @@ pub const MAX_RESTART_BACKOFF: Duration = Duration::from_secs(60);
 impl Default for FlowSettings {
     fn default() -> Self {
         FlowSettings {
-            tick_interval: Duration::from_secs(1),
+            tick_interval: crate::config::DEFAULT_TICK_INTERVAL,
             default_limits: FlowLimits::default(),
             cache_dir: None,
             snapshot_interval: Duration::from_secs(10),
