@@ -19,6 +19,8 @@ pub use types::ColumnType;
 pub const DEFAULT_CATALOG: &str = "greptime";
 /// The database (schema) tables live in unless qualified.
 pub const DEFAULT_DATABASE: &str = "public";
+/// The `ttl` table option of a table that keeps no rows (see [`Table::instant`]).
+pub const TTL_INSTANT: &str = "instant";
 
 /// Identifies a table for its whole life; never reused.
 pub type TableId = u64;
@@ -246,6 +248,12 @@ impl Table {
 
     pub fn schema(&self) -> &TableSchema {
         &self.info.schema
+    }
+
+    /// `WITH (ttl = 'instant')`: the table keeps no rows; its writes only
+    /// reach the flows that read it (GreptimeDB's flow-only source tables).
+    pub fn instant(&self) -> bool {
+        self.info.options.get("ttl").map(String::as_str) == Some(TTL_INSTANT)
     }
 
     /// `database.name`

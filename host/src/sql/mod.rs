@@ -18,7 +18,7 @@ use datafusion::logical_expr::{
 use datafusion::prelude::SessionContext;
 use datafusion::sql::parser::Statement as DFStatement;
 
-use crate::catalog::{ColumnSchema, Table, TableSchema, DEFAULT_DATABASE};
+use crate::catalog::{ColumnSchema, Table, TableSchema, DEFAULT_DATABASE, TTL_INSTANT};
 use crate::database::{Core, Output};
 use crate::error::{
     Error, InternalSnafu, InvalidDataSnafu, NotFoundSnafu, Result, SqlSnafu, UnsupportedSnafu,
@@ -470,9 +470,28 @@ pub fn schema_from_create(ct: &CreateTable) -> Result<(TableSchema, BTreeMap<Str
                     options.insert(k.clone(), "true".to_string());
                 }
             }
+            "ttl" => match v.trim().to_ascii_lowercase().as_str() {
+                TTL_INSTANT => {
+                    options.insert(k.clone(), TTL_INSTANT.to_string());
+                }
+                // Rows are kept forever anyway.
+                "forever" | "" => {}
+                other => {
+                    return UnsupportedSnafu {
+                        message: format!(
+                            "ttl '{other}' is not supported: sandflow does not expire rows yet. \
+                             Use ttl = 'instant' for a table that only feeds flows, or leave \
+                             ttl out to keep rows"
+                        ),
+                    }
+                    .fail()
+                }
+            },
             _ => {
                 return UnsupportedSnafu {
-                    message: format!("table option '{k}' is not supported; supported: append_mode"),
+                    message: format!(
+                        "table option '{k}' is not supported; supported: append_mode, ttl"
+                    ),
                 }
                 .fail()
             }

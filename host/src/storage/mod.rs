@@ -660,6 +660,7 @@ fn upsert_rows(
 ) -> Result<u64> {
     let readers = readers(table, batch);
     let append = table.schema().append_mode;
+    let instant = table.instant();
     let mut key = Vec::with_capacity(64);
     let mut value = Vec::with_capacity(64);
     for row in 0..batch.num_rows() {
@@ -668,6 +669,14 @@ fn upsert_rows(
         codec::encode_key(table, &readers, row, &mut key);
         if append {
             codec::append_suffix(seq, op_index, row as u32, &mut key);
+        }
+        if instant {
+            // Nothing is stored, so nothing is replaced: every row is new to the flows.
+            if let Some(out) = out.as_deref_mut() {
+                let value = value_bytes(table, &readers, row, &mut value).to_vec();
+                out.push((key.clone(), value, 1));
+            }
+            continue;
         }
         let old = space.put(&key, value_bytes(table, &readers, row, &mut value))?;
         if let Some(out) = out.as_deref_mut() {
