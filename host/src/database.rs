@@ -170,6 +170,57 @@ fn split_name(name: &str) -> (&str, &str) {
     }
 }
 
+/// How often the rows of a table with a `ttl` are expired: a tenth of the
+/// ttl, between 1 s and 10 min. Expired rows stay readable until then.
+fn expiry_period(ttl_ms: i64) -> std::time::Duration {
+    std::time::Duration::from_millis((ttl_ms / 10).clamp(1_000, 600_000) as u64)
+}
+
+/// Expires rows of tables with a `ttl` (see [`crate::storage::Store::expire`])
+/// until the database is gone.
+fn spawn_expiry(core: std::sync::Weak<Core>) {
+    tokio::spawn(async move {
+        let mut last: HashMap<crate::catalog::TableId, std::time::Instant> = HashMap::new();
+        loop {
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            let Some(c) = core.upgrade() else { return };
+            let tables: Vec<Arc<Table>> = c
+                .catalog
+                .database_names()
+                .unwrap_or_default()
+                .iter()
+                .flat_map(|d| c.catalog.tables(d).unwrap_or_default())
+                .collect();
+            for t in tables {
+                let Some(ttl) = t.ttl_ms() else { continue };
+                let due = last
+                    .get(&t.id())
+                    .is_none_or(|at| at.elapsed() >= expiry_period(ttl));
+                if !due {
+                    continue;
+                }
+                last.insert(t.id(), std::time::Instant::now());
+                let now_ms = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as i64);
+                let (store_of, table) = (c.clone(), t.clone());
+                let expired =
+                    blocking(move || store_of.store.expire(&table, now_ms.saturating_sub(ttl)))
+                        .await;
+                match expired {
+                    Ok(info) if info.rows > 0 => {
+                        tracing::info!(table = %t.qualified_name(), rows = info.rows, "expired rows past the table's ttl")
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(table = %t.qualified_name(), "cannot expire rows: {e}")
+                    }
+                }
+            }
+        }
+    });
+}
+
 /// A DataFusion session whose catalog is the database's.
 fn session(core: &Arc<Core>) -> SessionContext {
     let config = SessionConfig::new()
@@ -230,6 +281,7 @@ impl Database {
         let ctx = session(&core);
         core.flows.start_all(&core, &ctx).await?;
         core.flows.start_supervisor(&core, session);
+        spawn_expiry(Arc::downgrade(&core));
         Ok(Arc::new(Database { core, ctx }))
     }
 

@@ -1527,10 +1527,53 @@ fn instant_ttl_tables_only_feed_their_flows() {
     );
     assert_eq!(s.sql("SELECT count(*) FROM temp_sensor_data"), "0");
 
-    // Expiring rows after a duration is not there yet: refused, by name.
-    let err = s.sql_err("CREATE TABLE kept (v DOUBLE, ts TIMESTAMP TIME INDEX) WITH (ttl = '7d')");
-    assert!(err.contains("ttl '7d' is not supported"), "{err}");
+    // A ttl that is no duration is refused, saying why.
+    let err =
+        s.sql_err("CREATE TABLE kept (v DOUBLE, ts TIMESTAMP TIME INDEX) WITH (ttl = '1 month')");
+    assert!(err.contains("ttl") && err.contains("month"), "{err}");
     s.sql("CREATE TABLE forever (v DOUBLE, ts TIMESTAMP TIME INDEX) WITH (ttl = 'forever')");
     s.sql("INSERT INTO forever VALUES (1, '2022-01-01 00:00:00')");
     assert_eq!(s.sql("SELECT count(*) FROM forever"), "1");
+}
+
+// WITH (ttl = '10s'): rows older than now - ttl expire (checked every second
+// here: a tenth of the ttl, at least 1 s). As with GreptimeDB, expiry is not a
+// DELETE: flows keep what they computed from the expired rows.
+#[test]
+fn ttl_expires_old_rows_and_flows_keep_their_results() {
+    let s = Server::start();
+    s.sql(
+        "CREATE TABLE readings (id INT, v DOUBLE, ts TIMESTAMP TIME INDEX, PRIMARY KEY (id)) \
+         WITH (ttl = '10s')",
+    );
+    let ddl = s.sql("SHOW CREATE TABLE readings");
+    assert!(ddl.contains("ttl = '10s'"), "{ddl}");
+    s.sql(
+        "CREATE FLOW totals SINK TO totals_sink AS SELECT count(*) AS n, sum(v) AS s FROM readings",
+    );
+    let future = now_ms() + 3_600_000;
+    s.sql(&format!(
+        "INSERT INTO readings VALUES (1, 1.0, '2022-01-01 00:00:00'), (2, 2.0, {future})"
+    ));
+    flush(&s, "totals");
+    assert_eq!(s.sql("SELECT n, s FROM totals_sink"), "2|3.0");
+    assert_eq!(
+        wait_for(
+            &s,
+            "SELECT id FROM readings ORDER BY id",
+            "2",
+            Duration::from_secs(20)
+        ),
+        "2",
+        "the 2022 row expires, the future one stays"
+    );
+    flush(&s, "totals");
+    assert_eq!(
+        s.sql("SELECT n, s FROM totals_sink"),
+        "2|3.0",
+        "expiry is not a delete"
+    );
+    s.sql(&format!("INSERT INTO readings VALUES (3, 4.0, {future})"));
+    flush(&s, "totals");
+    assert_eq!(s.sql("SELECT n, s FROM totals_sink"), "3|7.0");
 }

@@ -256,6 +256,16 @@ impl Table {
         self.info.options.get("ttl").map(String::as_str) == Some(TTL_INSTANT)
     }
 
+    /// `WITH (ttl = '7d')`: rows whose time index is older than now - ttl
+    /// expire (see `Store::expire`). None for no ttl, `forever` and `instant`.
+    pub fn ttl_ms(&self) -> Option<i64> {
+        let ttl = self.info.options.get("ttl")?;
+        if ttl == TTL_INSTANT {
+            return None;
+        }
+        crate::flow::options::parse_interval(ttl).ok()
+    }
+
     /// `database.name`
     pub fn qualified_name(&self) -> String {
         format!("{}.{}", self.info.database, self.info.name)

@@ -477,14 +477,16 @@ pub fn schema_from_create(ct: &CreateTable) -> Result<(TableSchema, BTreeMap<Str
                 // Rows are kept forever anyway.
                 "forever" | "" => {}
                 other => {
-                    return UnsupportedSnafu {
-                        message: format!(
-                            "ttl '{other}' is not supported: sandflow does not expire rows yet. \
-                             Use ttl = 'instant' for a table that only feeds flows, or leave \
-                             ttl out to keep rows"
-                        ),
-                    }
-                    .fail()
+                    crate::flow::options::parse_interval(other).map_err(|e| {
+                        SqlSnafu {
+                            message: format!(
+                                "ttl: {e}; use a duration such as '7d' or '12 hours', \
+                                 'instant' or 'forever'"
+                            ),
+                        }
+                        .build()
+                    })?;
+                    options.insert(k.clone(), other.to_string());
                 }
             },
             _ => {

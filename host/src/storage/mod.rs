@@ -373,10 +373,47 @@ impl Store {
         table: &Arc<Table>,
         predicate: &mut dyn FnMut(&RecordBatch) -> Result<BooleanArray>,
     ) -> Result<CommitInfo> {
+        self.remove_where(table, predicate, true)
+    }
+
+    /// Expires the rows whose time index is before `cutoff_ms` (a table's
+    /// `ttl`): deleted like [`Store::delete_where`], but not published, so
+    /// flows keep what they computed from them (as with GreptimeDB's TTL).
+    pub fn expire(&self, table: &Arc<Table>, cutoff_ms: i64) -> Result<CommitInfo> {
+        let ti = table.schema().time_index;
+        let ms = datafusion::arrow::datatypes::DataType::Timestamp(
+            datafusion::arrow::datatypes::TimeUnit::Millisecond,
+            None,
+        );
+        let mut older = |batch: &RecordBatch| -> Result<BooleanArray> {
+            let fail = |e: datafusion::arrow::error::ArrowError| {
+                crate::error::InternalSnafu {
+                    message: format!("cannot compare time index for ttl: {e}"),
+                }
+                .build()
+            };
+            let ts = datafusion::arrow::compute::cast(batch.column(ti), &ms).map_err(fail)?;
+            let ts = datafusion::arrow::compute::cast(
+                &ts,
+                &datafusion::arrow::datatypes::DataType::Int64,
+            )
+            .map_err(fail)?;
+            let cutoff = datafusion::arrow::array::Int64Array::new_scalar(cutoff_ms);
+            datafusion::arrow::compute::kernels::cmp::lt(&ts, &cutoff).map_err(fail)
+        };
+        self.remove_where(table, &mut older, false)
+    }
+
+    fn remove_where(
+        &self,
+        table: &Arc<Table>,
+        predicate: &mut dyn FnMut(&RecordBatch) -> Result<BooleanArray>,
+        publish: bool,
+    ) -> Result<CommitInfo> {
         let mut state = self.state.lock().map_err(|_| poisoned())?;
         let seq = state.last_seq + 1;
-        let logged = state.logged.contains(&table.id());
-        let watched = state.subscribers.contains_key(&table.id()) || logged;
+        let logged = publish && state.logged.contains(&table.id());
+        let watched = publish && (state.subscribers.contains_key(&table.id()) || logged);
         let mut txn = self.kv.begin_write()?;
         let mut out: Changes = Vec::new();
         let mut rows = 0u64;
@@ -426,6 +463,13 @@ impl Store {
             }
             Ok(())
         })?;
+        if rows == 0 && !publish {
+            // Nothing expired: no commit (dropping the transaction aborts it).
+            return Ok(CommitInfo {
+                seq: state.last_seq,
+                rows: 0,
+            });
+        }
         if logged && !out.is_empty() {
             let bytes = encode_log(&out);
             txn.space(Space::Log(table.id()), &mut |space| {
