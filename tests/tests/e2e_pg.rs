@@ -73,6 +73,22 @@ fn errors_are_reported_and_the_server_keeps_serving() {
     // Nothing was written by the failed statements.
     assert_eq!(s.sql("SELECT count(*) FROM cpu"), "0");
 
+    // Statements not there yet say so, and what to do instead.
+    for (sql, hint) in [
+        (
+            "UPDATE cpu SET usage = 0 WHERE host = 'a'",
+            "INSERT the whole row again",
+        ),
+        ("TRUNCATE TABLE cpu", "DELETE FROM the table without WHERE"),
+        ("ALTER TABLE cpu ADD COLUMN x INT", "create a new table"),
+    ] {
+        let err = s.sql_err(sql);
+        assert!(
+            err.contains("not supported yet") && err.contains(hint),
+            "{sql}: {err}"
+        );
+    }
+
     // The same connection keeps working after an error (ON_ERROR_STOP off).
     let out = s
         .psql_args(&[

@@ -268,6 +268,24 @@ async fn run_datafusion(
     ctx: &SessionContext,
     stmt: datafusion::sql::sqlparser::ast::Statement,
 ) -> Result<Output> {
+    use datafusion::sql::sqlparser::ast::Statement as Sql;
+    let not_yet = match &stmt {
+        Sql::Update { .. } => Some(
+            "UPDATE is not supported yet; INSERT the whole row again instead: a row with the \
+             same primary key and time index replaces the old one",
+        ),
+        Sql::Truncate { .. } => Some(
+            "TRUNCATE is not supported yet; DELETE FROM the table without WHERE deletes every row",
+        ),
+        Sql::AlterTable { .. } => Some(
+            "ALTER TABLE is not supported yet: a table keeps the columns it was created with; \
+             create a new table and copy the rows with INSERT INTO ... SELECT",
+        ),
+        _ => None,
+    };
+    if let Some(message) = not_yet {
+        return UnsupportedSnafu { message }.fail();
+    }
     let state = ctx.state();
     let plan = state
         .statement_to_plan(DFStatement::Statement(Box::new(stmt)))
