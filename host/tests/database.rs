@@ -223,10 +223,16 @@ async fn errors_are_clear() {
     assert!(e.to_string().contains("'b'"), "{e}");
     let e = error(
         &db,
-        "CREATE TABLE t (a INT, ts TIMESTAMP TIME INDEX) WITH (ttl = '1d')",
+        "CREATE TABLE t (a INT, ts TIMESTAMP TIME INDEX) WITH (ttl = 'soon')",
     )
     .await;
     assert!(e.to_string().contains("ttl"), "{e}");
+    let e = error(
+        &db,
+        "CREATE TABLE t (a INT, ts TIMESTAMP TIME INDEX) WITH (compaction = 'twcs')",
+    )
+    .await;
+    assert!(e.to_string().contains("append_mode, ttl"), "{e}");
     let e = error(
         &db,
         "CREATE TABLE t (a INT DEFAULT 'x', ts TIMESTAMP TIME INDEX)",
