@@ -373,47 +373,10 @@ impl Store {
         table: &Arc<Table>,
         predicate: &mut dyn FnMut(&RecordBatch) -> Result<BooleanArray>,
     ) -> Result<CommitInfo> {
-        self.remove_where(table, predicate, true)
-    }
-
-    /// Expires the rows whose time index is before `cutoff_ms` (a table's
-    /// `ttl`): deleted like [`Store::delete_where`], but not published, so
-    /// flows keep what they computed from them (as with GreptimeDB's TTL).
-    pub fn expire(&self, table: &Arc<Table>, cutoff_ms: i64) -> Result<CommitInfo> {
-        let ti = table.schema().time_index;
-        let ms = datafusion::arrow::datatypes::DataType::Timestamp(
-            datafusion::arrow::datatypes::TimeUnit::Millisecond,
-            None,
-        );
-        let mut older = |batch: &RecordBatch| -> Result<BooleanArray> {
-            let fail = |e: datafusion::arrow::error::ArrowError| {
-                crate::error::InternalSnafu {
-                    message: format!("cannot compare time index for ttl: {e}"),
-                }
-                .build()
-            };
-            let ts = datafusion::arrow::compute::cast(batch.column(ti), &ms).map_err(fail)?;
-            let ts = datafusion::arrow::compute::cast(
-                &ts,
-                &datafusion::arrow::datatypes::DataType::Int64,
-            )
-            .map_err(fail)?;
-            let cutoff = datafusion::arrow::array::Int64Array::new_scalar(cutoff_ms);
-            datafusion::arrow::compute::kernels::cmp::lt(&ts, &cutoff).map_err(fail)
-        };
-        self.remove_where(table, &mut older, false)
-    }
-
-    fn remove_where(
-        &self,
-        table: &Arc<Table>,
-        predicate: &mut dyn FnMut(&RecordBatch) -> Result<BooleanArray>,
-        publish: bool,
-    ) -> Result<CommitInfo> {
         let mut state = self.state.lock().map_err(|_| poisoned())?;
         let seq = state.last_seq + 1;
-        let logged = publish && state.logged.contains(&table.id());
-        let watched = publish && (state.subscribers.contains_key(&table.id()) || logged);
+        let logged = state.logged.contains(&table.id());
+        let watched = state.subscribers.contains_key(&table.id()) || logged;
         let mut txn = self.kv.begin_write()?;
         let mut out: Changes = Vec::new();
         let mut rows = 0u64;
@@ -463,13 +426,6 @@ impl Store {
             }
             Ok(())
         })?;
-        if rows == 0 && !publish {
-            // Nothing expired: no commit (dropping the transaction aborts it).
-            return Ok(CommitInfo {
-                seq: state.last_seq,
-                rows: 0,
-            });
-        }
         if logged && !out.is_empty() {
             let bytes = encode_log(&out);
             txn.space(Space::Log(table.id()), &mut |space| {
@@ -489,6 +445,87 @@ impl Store {
                 subs.retain_mut(|s| s(&change));
             }
         }
+        Ok(CommitInfo { seq, rows })
+    }
+
+    /// Expires the rows whose time index is before `cutoff_ms` (a table's
+    /// `ttl`). Unlike [`Store::delete_where`] nothing is published: flows keep
+    /// what they computed from these rows (as with GreptimeDB's TTL). The
+    /// expired keys are found in a read transaction, so writes do not wait for
+    /// the scan; only their deletion takes the commit lock, and commits only
+    /// if something expired.
+    pub fn expire(&self, table: &Arc<Table>, cutoff_ms: i64) -> Result<CommitInfo> {
+        let mut doomed: Vec<Vec<u8>> = Vec::new();
+        {
+            let txn = self.kv.begin_read()?;
+            let mut dec = RowDecoder::new(table, SCAN_BATCH_ROWS.min(1024));
+            let mut keys: Vec<Vec<u8>> = Vec::new();
+            let take =
+                |dec: &mut RowDecoder, keys: &mut Vec<Vec<u8>>, doomed: &mut Vec<Vec<u8>>| {
+                    let mask = older_than(table, &dec.finish()?, cutoff_ms)?;
+                    for (i, k) in keys.drain(..).enumerate() {
+                        if mask.is_valid(i) && mask.value(i) {
+                            doomed.push(k);
+                        }
+                    }
+                    Ok::<(), crate::Error>(())
+                };
+            let mut failure = None;
+            txn.scan(Space::Table(table.id()), &[], &mut |k, v| {
+                let step = dec.push(k, v).and_then(|()| {
+                    keys.push(k.to_vec());
+                    if dec.len() >= SCAN_BATCH_ROWS {
+                        take(&mut dec, &mut keys, &mut doomed)?;
+                    }
+                    Ok(())
+                });
+                match step {
+                    Ok(()) => Ok(true),
+                    Err(e) => {
+                        failure = Some(e);
+                        Ok(false)
+                    }
+                }
+            })?;
+            if let Some(e) = failure {
+                return Err(e);
+            }
+            if dec.len() > 0 {
+                take(&mut dec, &mut keys, &mut doomed)?;
+            }
+        }
+        let mut state = self.state.lock().map_err(|_| poisoned())?;
+        if doomed.is_empty() {
+            return Ok(CommitInfo {
+                seq: state.last_seq,
+                rows: 0,
+            });
+        }
+        let seq = state.last_seq + 1;
+        let mut txn = self.kv.begin_write()?;
+        let mut rows = 0u64;
+        txn.space(Space::Table(table.id()), &mut |space| {
+            // A key holds its time index: one still there is still expired.
+            for k in &doomed {
+                if space.delete(k)?.is_some() {
+                    rows += 1;
+                }
+            }
+            Ok(())
+        })?;
+        if rows == 0 {
+            // Deleted meanwhile: no commit (dropping the transaction aborts it).
+            return Ok(CommitInfo {
+                seq: state.last_seq,
+                rows: 0,
+            });
+        }
+        txn.space(Space::Meta, &mut |space| {
+            space.put(COMMIT_SEQ_KEY, &seq.to_be_bytes())?;
+            Ok(())
+        })?;
+        txn.commit()?;
+        state.last_seq = seq;
         Ok(CommitInfo { seq, rows })
     }
 
@@ -683,6 +720,26 @@ fn read_seq(txn: &dyn KvReadTxn) -> Result<u64> {
             Ok(u64::from_be_bytes(bytes))
         }
     }
+}
+
+/// Which rows of `batch` (in the table schema) have a time index before `cutoff_ms`.
+fn older_than(table: &Table, batch: &RecordBatch, cutoff_ms: i64) -> Result<BooleanArray> {
+    use datafusion::arrow::compute::{cast, kernels::cmp::lt};
+    use datafusion::arrow::datatypes::{DataType, TimeUnit};
+    let fail = |e: datafusion::arrow::error::ArrowError| {
+        crate::error::InternalSnafu {
+            message: format!("cannot compare the time index with the ttl: {e}"),
+        }
+        .build()
+    };
+    let ts = batch.column(table.schema().time_index);
+    let ms = cast(ts, &DataType::Timestamp(TimeUnit::Millisecond, None)).map_err(fail)?;
+    let ms = cast(&ms, &DataType::Int64).map_err(fail)?;
+    lt(
+        &ms,
+        &datafusion::arrow::array::Int64Array::new_scalar(cutoff_ms),
+    )
+    .map_err(fail)
 }
 
 fn readers<'a>(table: &Table, batch: &'a RecordBatch) -> Vec<ColumnReader<'a>> {
