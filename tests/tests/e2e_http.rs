@@ -266,3 +266,22 @@ fn flows_over_http() {
     let v = ok("SHOW FLOWS");
     assert_eq!(v["output"][0]["records"]["total_rows"], json!(0), "{v}");
 }
+
+// `/v1/sql?db=`: `public` (or nothing) runs the statement; another existing
+// database is refused as not supported yet, an unknown one as missing.
+#[test]
+fn sql_db_parameter() {
+    let s = Server::start();
+    s.sql("CREATE DATABASE metrics");
+    let (status, text) = s.http("POST", "/v1/sql?db=public&sql=SELECT%201", None, "");
+    assert_eq!(status, 200, "{text}");
+    let (status, text) = s.http("POST", "/v1/sql?db=metrics&sql=SELECT%201", None, "");
+    assert_eq!(status, 400, "{text}");
+    assert!(
+        text.contains("not supported yet") && text.contains("metrics.table"),
+        "{text}"
+    );
+    let (status, text) = s.http("POST", "/v1/sql?db=nope&sql=SELECT%201", None, "");
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("'nope' does not exist"), "{text}");
+}

@@ -144,3 +144,26 @@ fn describe_and_show() {
         assert!(desc.contains(col), "DESC lacks {col}: {desc}");
     }
 }
+
+// Statements run in `public`: a connection naming another existing database
+// is refused at startup instead of silently running there; a name that is no
+// database (psql's default is the user name) still connects to `public`.
+#[test]
+fn connecting_to_another_database_is_refused_by_name() {
+    let s = Server::start();
+    s.sql("CREATE DATABASE metrics");
+    let err = s
+        .psql_args(&["-d", "metrics", "-c", "SELECT 1"])
+        .expect_err("metrics is not public");
+    assert!(
+        err.contains("database 'metrics'") && err.contains("not supported yet"),
+        "{err}"
+    );
+    assert_eq!(
+        s.psql_args(&["-d", "sandflow", "-c", "SELECT 1"])
+            .unwrap()
+            .trim(),
+        "1"
+    );
+    assert_eq!(s.sql("SELECT 1"), "1");
+}

@@ -148,6 +148,21 @@ async fn sql(
         );
     };
     debug!(db = params.get("db").map(String::as_str), "HTTP SQL: {sql}");
+    if let Some(db) = params.get("db").filter(|d| !d.is_empty()) {
+        let unsupported = state.db.unsupported_session_database(db);
+        let missing = !state.db.database_exists(db);
+        if let Some(message) = unsupported {
+            return error_response(StatusCode::BAD_REQUEST, 1001, message, started);
+        }
+        if missing {
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                4001,
+                format!("database '{db}' does not exist; see SHOW DATABASES"),
+                started,
+            );
+        }
+    }
     match state.db.execute(sql).await {
         Ok(outputs) => {
             let output: Vec<Value> = outputs.into_iter().map(output_json).collect();

@@ -619,6 +619,7 @@ impl ExtendedQueryHandler for PgService {
 }
 
 pub struct StartupHandler {
+    db: Arc<Database>,
     connections: Arc<ConnectionManager>,
 }
 
@@ -626,6 +627,35 @@ pub struct StartupHandler {
 impl NoopStartupHandler for StartupHandler {
     fn connection_manager(&self) -> Option<Arc<ConnectionManager>> {
         Some(self.connections.clone())
+    }
+
+    /// Statements always run in `public` for now. A connection that names
+    /// another existing database is refused, rather than silently running its
+    /// statements in `public`. Names that are no database (psql's default, the
+    /// user name; `postgres`) keep connecting to `public`.
+    async fn post_startup<C>(
+        &self,
+        client: &mut C,
+        _message: pgwire::messages::PgWireFrontendMessage,
+    ) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let named = client
+            .metadata()
+            .get(pgwire::api::METADATA_DATABASE)
+            .cloned()
+            .unwrap_or_default();
+        if let Some(message) = self.db.unsupported_session_database(&named) {
+            return Err(PgWireError::UserError(Box::new(ErrorInfo::new(
+                "FATAL".to_owned(),
+                "0A000".to_owned(),
+                message,
+            ))));
+        }
+        Ok(())
     }
 }
 
@@ -679,13 +709,14 @@ impl PgHandlers {
         let connections = Arc::new(ConnectionManager::new());
         Ok(PgHandlers {
             service: Arc::new(PgService {
-                db,
+                db: db.clone(),
                 inner,
                 parser,
                 metrics: FrontDoor::new("postgres"),
                 lifecycle: Arc::new(Lifecycle::default()),
             }),
             startup: Arc::new(StartupHandler {
+                db: db.clone(),
                 connections: connections.clone(),
             }),
             cancel: Arc::new(DefaultCancelHandler::new(connections)),
