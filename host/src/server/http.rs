@@ -149,12 +149,10 @@ async fn sql(
     };
     debug!(db = params.get("db").map(String::as_str), "HTTP SQL: {sql}");
     if let Some(db) = params.get("db").filter(|d| !d.is_empty()) {
-        let unsupported = state.db.unsupported_session_database(db);
-        let missing = !state.db.database_exists(db);
-        if let Some(message) = unsupported {
+        if let Some(message) = state.db.unsupported_session_database(db) {
             return error_response(StatusCode::BAD_REQUEST, 1001, message, started);
         }
-        if missing {
+        if !state.db.database_exists(db) {
             return error_response(
                 StatusCode::BAD_REQUEST,
                 4001,

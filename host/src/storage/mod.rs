@@ -433,11 +433,7 @@ impl Store {
                 Ok(())
             })?;
         }
-        txn.space(Space::Meta, &mut |space| {
-            space.put(COMMIT_SEQ_KEY, &seq.to_be_bytes())?;
-            Ok(())
-        })?;
-        txn.commit()?;
+        commit_as(txn, seq)?;
         state.last_seq = seq;
         if !out.is_empty() {
             let change = publish_batch(table, seq, &out)?;
@@ -520,11 +516,7 @@ impl Store {
                 rows: 0,
             });
         }
-        txn.space(Space::Meta, &mut |space| {
-            space.put(COMMIT_SEQ_KEY, &seq.to_be_bytes())?;
-            Ok(())
-        })?;
-        txn.commit()?;
+        commit_as(txn, seq)?;
         state.last_seq = seq;
         Ok(CommitInfo { seq, rows })
     }
@@ -720,6 +712,16 @@ fn read_seq(txn: &dyn KvReadTxn) -> Result<u64> {
             Ok(u64::from_be_bytes(bytes))
         }
     }
+}
+
+/// Records `seq` as the last commit and commits `txn` (for writes that carry
+/// no metadata of their own).
+fn commit_as(mut txn: Box<dyn KvWriteTxn>, seq: u64) -> Result<()> {
+    txn.space(Space::Meta, &mut |space| {
+        space.put(COMMIT_SEQ_KEY, &seq.to_be_bytes())?;
+        Ok(())
+    })?;
+    txn.commit()
 }
 
 /// Which rows of `batch` (in the table schema) have a time index before `cutoff_ms`.
