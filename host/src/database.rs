@@ -30,6 +30,7 @@ use crate::catalog::{
 };
 use crate::error::{InvalidDataSnafu, Result, SqlSnafu};
 use crate::flow::{FlowInfo, FlowManager, FlowSettings};
+use crate::sql::executor::Executor;
 use crate::sql::provider::{blocking, SandCatalog};
 use crate::storage::{ChangeBatch, CommitInfo, Snapshot, Store, WriteSet};
 
@@ -52,6 +53,8 @@ pub(crate) struct Core {
     pub(crate) store: Store,
     pub(crate) catalog: Catalog,
     pub(crate) flows: FlowManager,
+    /// Runs statements on threads with deep stacks (see [`Executor`]).
+    pub(crate) executor: Executor,
     /// Parses default expressions (a private context: no tables needed).
     expr_ctx: SessionContext,
     defaults: RwLock<HashMap<TableId, Arc<HashMap<String, Expr>>>>,
@@ -271,10 +274,12 @@ impl Database {
             Ok((store, catalog))
         })
         .await?;
+        let executor = Executor::with_default_threads()?;
         let core = Arc::new(Core {
             store,
             catalog,
             flows: FlowManager::new(flows),
+            executor,
             expr_ctx: SessionContext::new(),
             defaults: RwLock::new(HashMap::new()),
         });
@@ -300,7 +305,11 @@ impl Database {
     /// Runs one or more `;`-separated statements, returning one output each.
     /// Statements run in order; on an error the earlier ones stay applied.
     pub async fn execute(&self, sql: &str) -> Result<Vec<Output>> {
-        crate::sql::execute(&self.core, &self.ctx, sql).await
+        let (core, ctx, sql) = (self.core.clone(), self.ctx.clone(), sql.to_string());
+        self.core
+            .executor
+            .run(async move { crate::sql::execute(&core, &ctx, &sql).await })
+            .await
     }
 
     /// A DataFusion context whose catalog sees sandflow's tables, for the

@@ -10,6 +10,9 @@ pub enum Error {
     /// The SQL text could not be parsed or planned.
     #[snafu(display("{message}"))]
     Sql { message: String },
+    /// The statement is larger or deeper than sandflow accepts (SQLSTATE 54001).
+    #[snafu(display("{message}"))]
+    TooComplex { message: String },
     /// The statement is valid SQL but refers to something that is not there.
     #[snafu(display("{message}"))]
     NotFound { message: String },
@@ -39,6 +42,9 @@ impl Error {
                 message: message.clone(),
             },
             Error::NotFound { message } => Error::NotFound {
+                message: message.clone(),
+            },
+            Error::TooComplex { message } => Error::TooComplex {
                 message: message.clone(),
             },
             Error::Unsupported { message } => Error::Unsupported {

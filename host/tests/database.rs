@@ -71,6 +71,18 @@ async fn error(db: &Database, sql: &str) -> Error {
     }
 }
 
+/// The one value of a one-row, one-column result, as text.
+async fn scalar(db: &Database, sql: &str) -> String {
+    let mut out = run(db, sql).await;
+    match out.remove(0) {
+        Output::Rows { batches, .. } => {
+            let b = batches.iter().find(|b| b.num_rows() > 0).expect("a row");
+            datafusion::arrow::util::display::array_value_to_string(b.column(0), 0).unwrap()
+        }
+        other => panic!("{sql}: expected rows, got {other:?}"),
+    }
+}
+
 fn lines(s: &str) -> Vec<&str> {
     s.lines().collect()
 }
@@ -716,4 +728,120 @@ async fn datafusion_planned_dml_with_parameters() {
         .unwrap()
         .to_string()
         .contains("| 0 "));
+}
+
+/// Statements as long and deep as the guard accepts run; deeper ones are
+/// refused with a message naming the limit; neither brings the process down.
+#[tokio::test]
+async fn long_operator_chains_run_or_are_refused() {
+    let dir = TempDir::new();
+    let db = Database::open(&dir.0).await.unwrap();
+    run(
+        &db,
+        "CREATE TABLE t (h STRING, v BIGINT, ts TIMESTAMP TIME INDEX, PRIMARY KEY (h))",
+    )
+    .await;
+    run(&db, "INSERT INTO t VALUES ('a', 1, '2024-01-01T00:00:00')").await;
+    let max = sandflow::sql::parser::MAX_EXPRESSION_DEPTH;
+    let terms = max - 10;
+    let plus = format!("SELECT {} AS n", vec!["1"; terms].join(" + "));
+    assert_eq!(scalar(&db, &plus).await, format!("{terms}"));
+    let and = format!(
+        "SELECT count(*) AS n FROM t WHERE {}",
+        vec!["v = 1"; terms / 2].join(" AND ")
+    );
+    assert_eq!(scalar(&db, &and).await, "1");
+    let or = format!(
+        "DELETE FROM t WHERE {}",
+        (0..terms / 2)
+            .map(|i| format!("v = {}", i + 2))
+            .collect::<Vec<_>>()
+            .join(" OR ")
+    );
+    assert_eq!(affected(&db, &or).await, ("DELETE".to_string(), 0));
+    let concat = format!("SELECT {} AS s", vec!["'x'"; terms].join(" || "));
+    assert_eq!(scalar(&db, &concat).await.len(), terms);
+    let union = format!(
+        "SELECT count(*) AS n FROM ({}) u",
+        vec!["SELECT 1 AS x"; terms].join(" UNION ALL ")
+    );
+    assert_eq!(scalar(&db, &union).await, format!("{terms}"));
+    for sql in [
+        format!("SELECT {}", vec!["1"; 1900].join("+")),
+        format!("SELECT 1 WHERE {}", vec!["true"; 1900].join(" OR ")),
+        format!("SELECT {}", vec!["'a'"; 1900].join("||")),
+        vec!["SELECT 1"; 2200].join(" UNION ALL "),
+        format!(
+            "SELECT * FROM t {}",
+            vec!["JOIN t USING (h)"; 1100].join(" ")
+        ),
+        format!(
+            "CREATE FLOW f SINK TO s AS SELECT h, sum({}) FROM t GROUP BY h",
+            vec!["v"; 1100].join("+")
+        ),
+    ] {
+        let e = error(&db, &sql).await;
+        assert!(matches!(e, Error::TooComplex { .. }), "{e:?}");
+        assert!(e.to_string().contains(&format!("at most {max}")), "{e}");
+    }
+    // Still serving.
+    assert_eq!(scalar(&db, "SELECT count(*) AS n FROM t").await, "1");
+}
+
+/// Flows take expressions as deep as the engine does (`FLOW_MAX_EXPRESSION_DEPTH`);
+/// 40 `+` terms or 30 ANDs used to fail in the engine's protobuf decoder.
+#[tokio::test]
+async fn deep_flow_expressions_run_or_are_refused_by_name() {
+    let dir = TempDir::new();
+    let db = Database::open(&dir.0).await.unwrap();
+    run(
+        &db,
+        "CREATE TABLE t (h STRING, v BIGINT, ts TIMESTAMP TIME INDEX, PRIMARY KEY (h))",
+    )
+    .await;
+    let max = sandflow::flow::FLOW_MAX_EXPRESSION_DEPTH;
+    let terms = max - 10;
+    run(
+        &db,
+        &format!(
+            "CREATE FLOW f SINK TO s AS SELECT h, sum({}) AS total FROM t WHERE {} GROUP BY h",
+            vec!["v"; terms].join(" + "),
+            vec!["v > 0"; 60].join(" AND ")
+        ),
+    )
+    .await;
+    run(
+        &db,
+        "INSERT INTO t VALUES ('a', 2, '2024-01-01T00:00:00'), ('b', 0, '2024-01-01T00:00:00')",
+    )
+    .await;
+    db.flush_flow("f").await.unwrap();
+    assert_eq!(
+        scalar(&db, "SELECT total FROM s WHERE h = 'a'").await,
+        format!("{}", 2 * terms)
+    );
+    assert_eq!(scalar(&db, "SELECT count(*) FROM s").await, "1");
+    let e = error(
+        &db,
+        &format!(
+            "CREATE FLOW g SINK TO s2 AS SELECT h, sum({}) AS total FROM t GROUP BY h",
+            vec!["v"; max + 10].join(" + ")
+        ),
+    )
+    .await;
+    assert!(matches!(e, Error::TooComplex { .. }), "{e:?}");
+    assert!(
+        e.to_string()
+            .contains(&format!("flows accept at most {max}")),
+        "{e}"
+    );
+    // The same expression runs as a plain query.
+    assert_eq!(
+        scalar(
+            &db,
+            &format!("SELECT sum({}) FROM t", vec!["v"; max + 10].join(" + "))
+        )
+        .await,
+        format!("{}", 2 * (max + 10))
+    );
 }

@@ -68,6 +68,7 @@ pub fn error_code(e: &Error) -> u32 {
     #[allow(unreachable_patterns)]
     match e {
         Error::Sql { .. } => 2000,
+        Error::TooComplex { .. } => 2000,
         Error::NotFound { .. } => 4001,
         Error::Unsupported { .. } => 1001,
         Error::InvalidData { .. } => 1004,
@@ -82,9 +83,10 @@ pub fn error_code(e: &Error) -> u32 {
 pub fn error_status(e: &Error) -> StatusCode {
     #[allow(unreachable_patterns)]
     match e {
-        Error::Sql { .. } | Error::InvalidData { .. } | Error::Unsupported { .. } => {
-            StatusCode::BAD_REQUEST
-        }
+        Error::Sql { .. }
+        | Error::TooComplex { .. }
+        | Error::InvalidData { .. }
+        | Error::Unsupported { .. } => StatusCode::BAD_REQUEST,
         Error::NotFound { .. } => StatusCode::NOT_FOUND,
         Error::Storage { .. } | Error::Flow { .. } | Error::Internal { .. } => {
             StatusCode::INTERNAL_SERVER_ERROR

@@ -73,9 +73,6 @@ pub fn sqlstate(e: &Error) -> &'static str {
                 }
             } else if msg.contains("already exists") {
                 "42P07"
-            } else if msg.contains("levels deep") || msg.contains("nested too deeply") {
-                // statement_too_complex: the nesting guard, not a syntax error.
-                "54001"
             } else {
                 "42601"
             }
@@ -90,6 +87,8 @@ pub fn sqlstate(e: &Error) -> &'static str {
             }
         }
         Error::Unsupported { .. } => "0A000",
+        // statement_too_complex: the statement guard, not a syntax error.
+        Error::TooComplex { .. } => "54001",
         Error::InvalidData { .. } => {
             if msg.contains("null") {
                 "23502"

@@ -2,6 +2,7 @@
 //! queries and DML are planned and run by DataFusion over
 //! [`provider`]'s tables.
 
+pub mod executor;
 pub mod parser;
 pub mod provider;
 

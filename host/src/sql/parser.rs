@@ -13,7 +13,7 @@ use datafusion::sql::sqlparser::parser::{IsOptional, Parser, ParserError};
 use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer};
 
 use crate::catalog::{ColumnType, DEFAULT_CATALOG, DEFAULT_DATABASE};
-use crate::error::{Result, SqlSnafu, UnsupportedSnafu};
+use crate::error::{Result, SqlSnafu, TooComplexSnafu, UnsupportedSnafu};
 
 /// A table name resolved against the default database.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,7 +116,13 @@ pub enum Stmt {
 fn sql_err(e: ParserError) -> crate::error::Error {
     let msg = match e {
         ParserError::ParserError(m) | ParserError::TokenizerError(m) => m,
-        ParserError::RecursionLimitExceeded => "statement is nested too deeply".to_string(),
+        ParserError::RecursionLimitExceeded => {
+            return TooComplexSnafu {
+                message: "statement is too complex: it nests expressions more deeply than the \
+                          parser allows; split it into smaller statements",
+            }
+            .build()
+        }
     };
     SqlSnafu {
         message: format!("SQL syntax error: {msg}"),
@@ -180,6 +186,15 @@ fn is_kw(p: &Parser, n: usize, kw: Keyword) -> bool {
 
 /// How deep expressions may nest: parentheses, brackets, braces and `CASE ... END` together.
 pub const MAX_NESTING: usize = 64;
+
+/// How deep a statement's syntax tree may be, counting what the parser builds without
+/// nesting in the text: every operator of a chain (`a + b + c`, `x AND y AND z`, `s || t`)
+/// wraps the expression before it, every `UNION`/`EXCEPT`/`INTERSECT` the set expression
+/// before it, and every `JOIN` (or comma in a FROM clause) the join before it, so that a
+/// chain of n of them is a tree n deep. Planning, optimising and running such trees recurse
+/// through them, so a bound here keeps a 4 KB statement from exhausting a thread's stack;
+/// statements run on threads whose stack holds trees this deep (see `sql::executor`).
+pub const MAX_EXPRESSION_DEPTH: usize = 1000;
 
 /// How deep the expressions may nest that sqlparser reads more than once when the text inside
 /// them has an error, in "levels" of doubled parse time. sqlparser backtracks: it tries a
@@ -361,19 +376,141 @@ struct Frame {
     from: bool,
     table: bool,
     named: bool,
+    /// Operators in the current item (since the last comma or clause keyword).
+    ops: usize,
+    /// Set operations and joins at this level.
+    chain: usize,
+}
+
+/// How deep a statement nests, as [`nesting`] measures it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Nesting {
+    /// Open brackets and CASEs.
+    depth: usize,
+    /// Levels of backtracking (see [`MAX_BACKTRACKING_NESTING`]).
+    levels: usize,
+    /// Depth of the syntax tree, operator chains included (see [`MAX_EXPRESSION_DEPTH`]).
+    tree: usize,
+}
+
+/// Tokens that make the parser wrap the expression before them in a new node.
+fn is_operator(tok: &Token) -> bool {
+    match tok {
+        Token::Word(w) if w.quote_style.is_none() => matches!(
+            w.keyword,
+            Keyword::AND
+                | Keyword::OR
+                | Keyword::XOR
+                | Keyword::NOT
+                | Keyword::IS
+                | Keyword::LIKE
+                | Keyword::ILIKE
+                | Keyword::SIMILAR
+                | Keyword::REGEXP
+                | Keyword::RLIKE
+                | Keyword::IN
+                | Keyword::BETWEEN
+                | Keyword::COLLATE
+                | Keyword::DIV
+                | Keyword::AT
+                | Keyword::OPERATOR
+                | Keyword::OVERLAPS
+        ),
+        Token::Word(_) => false,
+        Token::Eq
+        | Token::DoubleEq
+        | Token::Neq
+        | Token::Lt
+        | Token::Gt
+        | Token::LtEq
+        | Token::GtEq
+        | Token::Spaceship
+        | Token::Plus
+        | Token::Minus
+        | Token::Mul
+        | Token::Div
+        | Token::DuckIntDiv
+        | Token::Mod
+        | Token::StringConcat
+        | Token::Caret
+        | Token::Ampersand
+        | Token::Pipe
+        | Token::ShiftLeft
+        | Token::ShiftRight
+        | Token::Sharp
+        | Token::Tilde
+        | Token::TildeAsterisk
+        | Token::ExclamationMarkTilde
+        | Token::ExclamationMarkTildeAsterisk
+        | Token::DoubleTilde
+        | Token::DoubleTildeAsterisk
+        | Token::ExclamationMarkDoubleTilde
+        | Token::ExclamationMarkDoubleTildeAsterisk
+        | Token::DoubleColon
+        | Token::Arrow
+        | Token::LongArrow
+        | Token::HashArrow
+        | Token::HashLongArrow
+        | Token::AtArrow
+        | Token::ArrowAt
+        | Token::HashMinus
+        | Token::AtQuestion
+        | Token::AtAt
+        | Token::Question
+        | Token::QuestionAnd
+        | Token::QuestionPipe
+        | Token::Overlap
+        | Token::CustomBinaryOperator(_) => true,
+        _ => false,
+    }
+}
+
+/// Words that start a new expression at their level (a clause or a CASE branch).
+fn starts_item(kw: Keyword) -> bool {
+    matches!(
+        kw,
+        Keyword::SELECT
+            | Keyword::FROM
+            | Keyword::WHERE
+            | Keyword::GROUP
+            | Keyword::HAVING
+            | Keyword::ORDER
+            | Keyword::BY
+            | Keyword::LIMIT
+            | Keyword::OFFSET
+            | Keyword::FETCH
+            | Keyword::ON
+            | Keyword::USING
+            | Keyword::WHEN
+            | Keyword::THEN
+            | Keyword::ELSE
+            | Keyword::SET
+            | Keyword::VALUES
+            | Keyword::RETURNING
+            | Keyword::AS
+            | Keyword::QUALIFY
+            | Keyword::WINDOW
+            | Keyword::INTO
+    )
 }
 
 /// How deeply a statement's tokens nest: (constructs, levels of backtracking); see
 /// [`MAX_NESTING`] and [`MAX_BACKTRACKING_NESTING`]. One pass; strings, quoted identifiers
 /// and comments are single tokens, so what they hold does not count.
-fn nesting(tokens: &[TokenWithSpan], reader: Reader) -> (usize, usize) {
+fn nesting(tokens: &[TokenWithSpan], reader: Reader) -> Nesting {
     // Closes the innermost construct if the closer matches it. A closer that does not
     // (`END` as a name inside parentheses, a stray `)` in a CASE) closes nothing: the
     // parser does not take it as closing anything either, or fails there.
-    fn close(stack: &mut Vec<Frame>, levels: &mut usize, what: fn(&Open) -> bool) {
+    fn close(
+        stack: &mut Vec<Frame>,
+        levels: &mut usize,
+        chained: &mut usize,
+        what: fn(&Open) -> bool,
+    ) {
         if stack.last().is_some_and(|f| what(&f.open)) {
             if let Some(f) = stack.pop() {
                 *levels -= f.levels;
+                *chained -= f.ops + f.chain;
             }
         }
     }
@@ -381,6 +518,11 @@ fn nesting(tokens: &[TokenWithSpan], reader: Reader) -> (usize, usize) {
     // Whether the top level is in a FROM clause.
     let mut top_from = false;
     let (mut levels, mut max_depth, mut max_levels) = (0usize, 0usize, 0usize);
+    // Operators of the top level's current item, and its set operations and joins.
+    let (mut top_ops, mut top_chain) = (0usize, 0usize);
+    // The sum of `ops + chain` over the stack and the top level, and its maximum with
+    // the stack's depth added.
+    let (mut chained, mut max_tree) = (0usize, 0usize);
     let mut prev = Prev::Other;
     // Whether the token before this one ends an operand.
     let mut operand = false;
@@ -421,7 +563,9 @@ fn nesting(tokens: &[TokenWithSpan], reader: Reader) -> (usize, usize) {
                             };
                         }
                     }
-                    Keyword::END => close(&mut stack, &mut levels, |o| matches!(o, Open::Case(_))),
+                    Keyword::END => close(&mut stack, &mut levels, &mut chained, |o| {
+                        matches!(o, Open::Case(_))
+                    }),
                     _ => {}
                 }
                 let in_from = match w.keyword {
@@ -458,10 +602,41 @@ fn nesting(tokens: &[TokenWithSpan], reader: Reader) -> (usize, usize) {
                     max_levels = max_levels.max(levels);
                 }
             }
-            Token::RParen => close(&mut stack, &mut levels, |o| *o == Open::Paren),
-            Token::RBracket => close(&mut stack, &mut levels, |o| *o == Open::Bracket),
-            Token::RBrace => close(&mut stack, &mut levels, |o| *o == Open::Brace),
+            Token::RParen => close(&mut stack, &mut levels, &mut chained, |o| *o == Open::Paren),
+            Token::RBracket => close(&mut stack, &mut levels, &mut chained, |o| {
+                *o == Open::Bracket
+            }),
+            Token::RBrace => close(&mut stack, &mut levels, &mut chained, |o| *o == Open::Brace),
             _ => {}
+        }
+        // Operator chains, set operations and joins at the current level.
+        {
+            let (ops, chain) = match stack.last_mut() {
+                Some(f) => (&mut f.ops, &mut f.chain),
+                None => (&mut top_ops, &mut top_chain),
+            };
+            let joins = match tok {
+                Token::Comma => from,
+                Token::Word(w) if w.quote_style.is_none() => matches!(
+                    w.keyword,
+                    Keyword::JOIN | Keyword::UNION | Keyword::EXCEPT | Keyword::INTERSECT
+                ),
+                _ => false,
+            };
+            let new_item = joins
+                || *tok == Token::Comma
+                || matches!(tok, Token::Word(w) if w.quote_style.is_none() && starts_item(w.keyword));
+            if joins {
+                *chain += 1;
+                chained += 1;
+            }
+            if new_item {
+                chained -= std::mem::take(ops);
+            } else if is_operator(tok) {
+                *ops += 1;
+                chained += 1;
+            }
+            max_tree = max_tree.max(chained + stack.len());
         }
         // A table factor: after FROM, JOIN or a comma of a FROM clause, or right inside
         // another table factor (`FROM ((a JOIN b) ...`).
@@ -491,10 +666,13 @@ fn nesting(tokens: &[TokenWithSpan], reader: Reader) -> (usize, usize) {
                 from: false,
                 table,
                 named: false,
+                ops: 0,
+                chain: 0,
             });
             levels += l;
             max_depth = max_depth.max(stack.len());
             max_levels = max_levels.max(levels);
+            max_tree = max_tree.max(chained + stack.len());
         }
         let sign = matches!(
             tok,
@@ -512,14 +690,33 @@ fn nesting(tokens: &[TokenWithSpan], reader: Reader) -> (usize, usize) {
         };
         not = matches!(tok, Token::Word(w) if w.quote_style.is_none() && w.keyword == Keyword::NOT);
     }
-    (max_depth, max_levels)
+    Nesting {
+        depth: max_depth,
+        levels: max_levels,
+        tree: max_tree,
+    }
 }
 
 /// Refuses statements that nest too deeply (see [`nesting`]), before sqlparser sees them.
 fn check_nesting_tokens(tokens: &[TokenWithSpan], reader: Reader) -> Result<()> {
-    let (max_depth, max_levels) = nesting(tokens, reader);
+    let Nesting {
+        depth: max_depth,
+        levels: max_levels,
+        tree,
+    } = nesting(tokens, reader);
+    if tree > MAX_EXPRESSION_DEPTH {
+        return TooComplexSnafu {
+            message: format!(
+                "statement is too complex: its syntax tree is {tree} levels deep, and at most \
+                 {MAX_EXPRESSION_DEPTH} are allowed (each operator of a chain such as \
+                 a + b + c or x AND y AND z, each UNION and each JOIN adds a level); split it \
+                 into smaller statements, or use IN (...) instead of a chain of ORs"
+            ),
+        }
+        .fail();
+    }
     if max_depth > MAX_NESTING {
-        return SqlSnafu {
+        return TooComplexSnafu {
             message: format!(
                 "statement nests expressions {max_depth} levels deep; at most {MAX_NESTING} are allowed"
             ),
@@ -527,7 +724,7 @@ fn check_nesting_tokens(tokens: &[TokenWithSpan], reader: Reader) -> Result<()> 
         .fail();
     }
     if max_levels > MAX_BACKTRACKING_NESTING {
-        return SqlSnafu {
+        return TooComplexSnafu {
             message: format!(
                 "statement nests CASE, CAST(, subqueries and similar expressions {max_levels} levels deep; \
                  at most {MAX_BACKTRACKING_NESTING} are allowed"
