@@ -13,6 +13,7 @@ mod flow;
 mod hash;
 mod plan;
 pub mod types;
+mod wire;
 
 #[cfg(target_arch = "wasm32")]
 mod component;

@@ -69,6 +69,13 @@ struct Ctx<'a> {
 }
 
 pub(crate) fn lower(plan_bytes: &[u8], sources: &[SourceSchema]) -> Result<Lowered, FlowError> {
+    if let Err(depth) = crate::wire::nesting(plan_bytes, crate::wire::MAX_PLAN_NESTING) {
+        return Err(FlowError::LimitExceeded(format!(
+            "the plan's messages nest at least {depth} levels deep; the engine decodes at most {} \
+             (simplify the query's expressions)",
+            crate::wire::MAX_PLAN_NESTING
+        )));
+    }
     let plan =
         Plan::decode(plan_bytes).map_err(|e| bad(format!("plan is not a Substrait plan: {e}")))?;
     let mut funcs = FxHashMap::default();

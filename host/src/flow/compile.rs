@@ -40,6 +40,20 @@ pub struct FlowSource {
 #[derive(Debug, Clone, PartialEq)]
 pub struct CompileError(pub String);
 
+/// How deep a flow's expressions may nest, counting each operator of a chain
+/// (`a + b + c`) as a level: the engine decodes and evaluates expression trees
+/// by recursion on its own stack in the sandbox, which holds trees this deep
+/// with room to spare. Deeper ones are refused at CREATE FLOW (a plain query
+/// may go deeper, up to [`crate::sql::parser::MAX_EXPRESSION_DEPTH`]).
+pub const FLOW_MAX_EXPRESSION_DEPTH: usize = 250;
+
+/// How many operators deep a flow's plan may be (its scans, filters,
+/// projections and aggregates on top of each other).
+pub const FLOW_MAX_PLAN_DEPTH: usize = 64;
+
+/// The text that marks a [`CompileError`] as a limit (SQLSTATE 54001).
+pub const TOO_COMPLEX: &str = "too complex for a flow";
+
 impl std::fmt::Display for CompileError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.0)
@@ -60,9 +74,11 @@ pub async fn compile(ctx: &SessionContext, sql: &str) -> Result<CompiledFlow, Co
         .map_err(|e| CompileError(format!("cannot plan the flow's query: {e}")))?;
     // Before optimising: the optimiser folds now() into a constant.
     check_deterministic(df.logical_plan())?;
+    check_depth(df.logical_plan())?;
     let plan = df
         .into_optimized_plan()
         .map_err(|e| CompileError(format!("cannot optimise the flow's query: {e}")))?;
+    check_depth(&plan)?;
     compile_plan(ctx, &plan)
 }
 
@@ -91,6 +107,53 @@ pub fn compile_plan(
         group_keys,
         aggregates,
     })
+}
+
+/// How deep an expression tree is (a leaf is 1).
+fn expr_depth(e: &Expr) -> usize {
+    let mut deepest = 0;
+    let _ = e.apply_children(|child| {
+        deepest = deepest.max(expr_depth(child));
+        Ok(TreeNodeRecursion::Continue)
+    });
+    deepest + 1
+}
+
+/// How deep a plan is, and its deepest expression.
+fn plan_depth(plan: &LogicalPlan) -> (usize, usize) {
+    let mut deepest_input = 0;
+    let mut deepest_expr = 0;
+    let _ = plan.apply_expressions(|e| {
+        deepest_expr = deepest_expr.max(expr_depth(e));
+        Ok(TreeNodeRecursion::Continue)
+    });
+    for input in plan.inputs() {
+        let (p, e) = plan_depth(input);
+        deepest_input = deepest_input.max(p);
+        deepest_expr = deepest_expr.max(e);
+    }
+    (deepest_input + 1, deepest_expr)
+}
+
+/// Refuses plans deeper than the engine takes ([`FLOW_MAX_EXPRESSION_DEPTH`],
+/// [`FLOW_MAX_PLAN_DEPTH`]), naming the limit.
+fn check_depth(plan: &LogicalPlan) -> Result<(), CompileError> {
+    let (plan_levels, expr_levels) = plan_depth(plan);
+    if expr_levels > FLOW_MAX_EXPRESSION_DEPTH {
+        return Err(CompileError(format!(
+            "the query is {TOO_COMPLEX}: its expressions nest {expr_levels} levels deep (each \
+             operator of a chain such as a + b + c or x AND y AND z is a level), and flows \
+             accept at most {FLOW_MAX_EXPRESSION_DEPTH}; split the expression (e.g. use IN (...) \
+             instead of a chain of ORs)"
+        )));
+    }
+    if plan_levels > FLOW_MAX_PLAN_DEPTH {
+        return Err(CompileError(format!(
+            "the query is {TOO_COMPLEX}: its plan is {plan_levels} operators deep, and flows \
+             accept at most {FLOW_MAX_PLAN_DEPTH}"
+        )));
+    }
+    Ok(())
 }
 
 /// Refuses functions whose value is not fixed by their arguments (now(),

@@ -33,7 +33,9 @@ use super::worker::{
 };
 use crate::catalog::{display_name, Table, DEFAULT_DATABASE};
 use crate::database::Core;
-use crate::error::{FlowSnafu, InternalSnafu, NotFoundSnafu, Result, SqlSnafu, UnsupportedSnafu};
+use crate::error::{
+    FlowSnafu, InternalSnafu, NotFoundSnafu, Result, SqlSnafu, TooComplexSnafu, UnsupportedSnafu,
+};
 use crate::runtime::{FlowInstance, FlowLimits, Runtime, RuntimeConfig, RuntimeError};
 use crate::sql::parser::CreateFlow;
 use crate::sql::provider::blocking;
@@ -1283,7 +1285,9 @@ fn limits(defaults: &FlowLimits, options: &FlowOptions) -> FlowLimits {
 async fn compile_flow(ctx: &SessionContext, name: &str, query: &str) -> Result<CompiledFlow> {
     compile(ctx, query).await.map_err(|e| {
         let message = format!("cannot create flow '{name}': {e}");
-        if message.contains("not found") {
+        if message.contains(super::compile::TOO_COMPLEX) {
+            TooComplexSnafu { message }.build()
+        } else if message.contains("not found") {
             NotFoundSnafu { message }.build()
         } else if message.contains("not supported") {
             UnsupportedSnafu { message }.build()

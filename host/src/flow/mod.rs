@@ -16,6 +16,7 @@ pub mod sink;
 pub mod system;
 pub(crate) mod worker;
 
+pub use compile::{FLOW_MAX_EXPRESSION_DEPTH, FLOW_MAX_PLAN_DEPTH};
 #[doc(hidden)]
 pub use manager::UntrustedGuest;
 pub use manager::{
