@@ -312,6 +312,12 @@ impl Database {
             .await
     }
 
+    /// How many statements are running now (a statement whose client went
+    /// away or was cancelled no longer counts).
+    pub fn running_statements(&self) -> usize {
+        self.core.executor.running()
+    }
+
     /// A DataFusion context whose catalog sees sandflow's tables, for the
     /// PostgreSQL extended-query path (parameter binding of SELECTs and DML).
     pub fn session_context(&self) -> SessionContext {

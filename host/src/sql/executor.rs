@@ -18,6 +18,8 @@
 //! the database.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use tokio::runtime::{Builder, Runtime};
 use tokio::task::AbortHandle;
@@ -33,6 +35,17 @@ pub const STACK_SIZE: usize = 64 << 20;
 /// Runs statements on threads with deep stacks; see the module docs.
 pub struct Executor {
     runtime: Option<Runtime>,
+    /// Statements whose task has not ended (finished, failed or aborted).
+    running: Arc<AtomicUsize>,
+}
+
+/// Counts a statement task while it exists.
+struct Running(Arc<AtomicUsize>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl std::fmt::Debug for Executor {
@@ -67,6 +80,7 @@ impl Executor {
             })?;
         Ok(Executor {
             runtime: Some(runtime),
+            running: Arc::new(AtomicUsize::new(0)),
         })
     }
 
@@ -90,7 +104,12 @@ impl Executor {
             }
             .fail();
         };
-        let task = runtime.spawn(work);
+        self.running.fetch_add(1, Ordering::SeqCst);
+        let running = Running(self.running.clone());
+        let task = runtime.spawn(async move {
+            let _running = running;
+            work.await
+        });
         let _abort = AbortOnDrop(task.abort_handle());
         match task.await {
             Ok(result) => result,
@@ -115,6 +134,12 @@ impl Executor {
             }
             .fail(),
         }
+    }
+
+    /// How many statements are running now: their task has neither finished
+    /// nor been aborted.
+    pub fn running(&self) -> usize {
+        self.running.load(Ordering::SeqCst)
     }
 
     /// Runs blocking `work` on the executor's blocking threads (which have the
@@ -176,8 +201,9 @@ mod tests {
             Ok(())
         });
         let _ = tokio::time::timeout(std::time::Duration::from_millis(20), fut).await;
-        // The task was aborted: its sender is gone.
+        // The task was aborted: its sender is gone, and it no longer counts.
         assert!(rx.await.is_err());
+        assert_eq!(ex.running(), 0);
     }
 
     #[tokio::test]
