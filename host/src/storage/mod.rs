@@ -11,6 +11,7 @@
 pub(crate) mod codec;
 pub mod kv;
 pub mod redb;
+mod staged;
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -25,6 +26,8 @@ use crate::catalog::{Table, TableId};
 use crate::error::{InternalSnafu, InvalidDataSnafu, Result};
 use codec::{ColumnReader, RowDecoder};
 pub use kv::{KvReadTxn, KvSpace, KvStorage, KvWriteTxn, Space};
+pub use staged::Staged;
+use staged::StagedTable;
 
 /// Meta key holding the sequence number of the last commit.
 const COMMIT_SEQ_KEY: &[u8] = b"store/commit_seq";
@@ -78,6 +81,8 @@ pub enum MetaWrite {
 enum RowOp {
     Upsert(Arc<Table>, RecordBatch),
     Delete(Arc<Table>, RecordBatch),
+    /// A transaction's staged writes to one table (see [`Staged`]).
+    Staged(StagedTable),
 }
 
 /// A set of writes committed as ONE storage transaction: row upserts and
@@ -107,6 +112,16 @@ impl WriteSet {
     /// every row with that key is deleted.
     pub fn delete(&mut self, table: Arc<Table>, keys: RecordBatch) -> &mut Self {
         self.rows.push(RowOp::Delete(table, keys));
+        self
+    }
+
+    /// Adds a transaction's staged writes (see [`Staged`]), table by table.
+    pub fn staged(&mut self, staged: Staged) -> &mut Self {
+        for (_, t) in staged.tables {
+            if !t.keys.is_empty() || !t.appends.is_empty() {
+                self.rows.push(RowOp::Staged(t));
+            }
+        }
         self
     }
 
@@ -266,6 +281,7 @@ impl Store {
                     let b = conform_batch(&t, &b, true)?;
                     RowOp::Delete(t, b)
                 }
+                staged @ RowOp::Staged(_) => staged,
             });
         }
         let mut state = self.state.lock().map_err(|_| poisoned())?;
@@ -275,25 +291,21 @@ impl Store {
         // Per table, in op order: the changes to publish (only if watched).
         let mut changes: Vec<(Arc<Table>, Changes)> = Vec::new();
         for (op_index, op) in ops.iter().enumerate() {
-            let (table, batch, delete) = match op {
-                RowOp::Upsert(t, b) => (t, b, false),
-                RowOp::Delete(t, b) => (t, b, true),
+            let table = match op {
+                RowOp::Upsert(t, _) | RowOp::Delete(t, _) => t,
+                RowOp::Staged(s) => &s.table,
             };
             let watched =
                 state.subscribers.contains_key(&table.id()) || state.logged.contains(&table.id());
             let mut out: Changes = Vec::new();
             txn.space(Space::Table(table.id()), &mut |space| {
-                rows += if delete {
-                    delete_rows(table, batch, space, watched.then_some(&mut out))?
-                } else {
-                    upsert_rows(
-                        table,
-                        batch,
-                        seq,
-                        op_index as u32,
-                        space,
-                        watched.then_some(&mut out),
-                    )?
+                let out = watched.then_some(&mut out);
+                rows += match op {
+                    RowOp::Delete(t, batch) => delete_rows(t, batch, space, out)?,
+                    RowOp::Upsert(t, batch) => {
+                        upsert_rows(t, batch, seq, op_index as u32, space, out)?
+                    }
+                    RowOp::Staged(s) => apply_staged(s, seq, op_index as u32, space, out)?,
                 };
                 Ok(())
             })?;
@@ -794,6 +806,56 @@ fn upsert_rows(
         }
     }
     Ok(batch.num_rows() as u64)
+}
+
+/// Applies a transaction's staged writes to one table (see [`Staged`]): each
+/// staged key is written or deleted, each staged append gets this commit's
+/// suffix; the diffs are against what is stored now.
+fn apply_staged(
+    staged: &StagedTable,
+    seq: u64,
+    op_index: u32,
+    space: &mut dyn KvSpace,
+    mut out: Option<&mut Changes>,
+) -> Result<u64> {
+    let table = &staged.table;
+    let mut rows = 0u64;
+    if !table.instant() {
+        for (key, value) in &staged.keys {
+            let old = match value {
+                Some(v) => space.put(key, v)?,
+                None => space.delete(key)?,
+            };
+            rows += u64::from(value.is_some() || old.is_some());
+            if let Some(out) = out.as_deref_mut() {
+                match (old, value) {
+                    (Some(old), Some(v)) if &old == v => {}
+                    (Some(old), v) => {
+                        out.push((key.clone(), old, -1));
+                        if let Some(v) = v {
+                            out.push((key.clone(), v.clone(), 1));
+                        }
+                    }
+                    (None, Some(v)) => out.push((key.clone(), v.clone(), 1)),
+                    (None, None) => {}
+                }
+            }
+        }
+    }
+    for (row, (prefix, value)) in staged.appends.iter().enumerate() {
+        let mut key = prefix.clone();
+        if table.schema().append_mode {
+            codec::append_suffix(seq, op_index, row as u32, &mut key);
+        }
+        if !table.instant() {
+            space.put(&key, value)?;
+        }
+        rows += 1;
+        if let Some(out) = out.as_deref_mut() {
+            out.push((key, value.clone(), 1));
+        }
+    }
+    Ok(rows)
 }
 
 fn value_bytes<'v>(
