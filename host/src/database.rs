@@ -30,6 +30,7 @@ use crate::catalog::{
 };
 use crate::error::{InvalidDataSnafu, Result, SqlSnafu};
 use crate::flow::{FlowInfo, FlowManager, FlowSettings};
+use crate::session::{Dialect, Session, SessionDefaults};
 use crate::sql::executor::Executor;
 use crate::sql::provider::{blocking, SandCatalog};
 use crate::storage::{ChangeBatch, CommitInfo, Snapshot, Store, WriteSet};
@@ -302,14 +303,35 @@ impl Database {
         self.core.flows.infos()
     }
 
-    /// Runs one or more `;`-separated statements, returning one output each.
-    /// Statements run in order; on an error the earlier ones stay applied.
+    /// Runs one or more `;`-separated statements in a new session, returning
+    /// one output each. Several statements are one transaction: if one fails,
+    /// nothing the others wrote is kept (DDL excepted: it is not
+    /// transactional).
     pub async fn execute(&self, sql: &str) -> Result<Vec<Output>> {
-        let (core, ctx, sql) = (self.core.clone(), self.ctx.clone(), sql.to_string());
-        self.core
-            .executor
-            .run(async move { crate::sql::execute(&core, &ctx, &sql).await })
-            .await
+        self.session().execute(sql).await
+    }
+
+    /// A new session (generic SQL dialect, default settings): its own
+    /// settings and transactions over this database; see [`Session`].
+    pub fn session(&self) -> Session {
+        Session::new(
+            self.core.clone(),
+            &self.ctx,
+            Dialect::Generic,
+            &SessionDefaults::default(),
+        )
+    }
+
+    /// A new session over `base`'s catalog (a context derived from
+    /// [`Database::session_context`], e.g. with pg_catalog added), reading
+    /// `dialect`, with server-wide `defaults`.
+    pub fn session_with(
+        &self,
+        base: &SessionContext,
+        dialect: Dialect,
+        defaults: &SessionDefaults,
+    ) -> Session {
+        Session::new(self.core.clone(), base, dialect, defaults)
     }
 
     /// How many statements are running now (a statement whose client went

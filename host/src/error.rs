@@ -13,6 +13,14 @@ pub enum Error {
     /// The statement is larger or deeper than sandflow accepts (SQLSTATE 54001).
     #[snafu(display("{message}"))]
     TooComplex { message: String },
+    /// The statement was stopped (statement timeout, cancel request) before it
+    /// wrote anything (SQLSTATE 57014).
+    #[snafu(display("{message}"))]
+    Cancelled { message: String },
+    /// The statement is not allowed in the transaction's state (SQLSTATE
+    /// 25P02 in a failed block, 25001 where a block may not be open).
+    #[snafu(display("{message}"))]
+    Transaction { message: String },
     /// The statement is valid SQL but refers to something that is not there.
     #[snafu(display("{message}"))]
     NotFound { message: String },
@@ -45,6 +53,12 @@ impl Error {
                 message: message.clone(),
             },
             Error::TooComplex { message } => Error::TooComplex {
+                message: message.clone(),
+            },
+            Error::Cancelled { message } => Error::Cancelled {
+                message: message.clone(),
+            },
+            Error::Transaction { message } => Error::Transaction {
                 message: message.clone(),
             },
             Error::Unsupported { message } => Error::Unsupported {

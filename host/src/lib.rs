@@ -8,8 +8,10 @@ pub mod error;
 pub mod flow;
 pub mod runtime;
 pub mod server;
+pub mod session;
 pub mod sql;
 pub mod storage;
 
 pub use database::{Database, Output};
 pub use error::{Error, Result};
+pub use session::{Session, StatementKind, TransactionStatus};

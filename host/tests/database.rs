@@ -255,12 +255,13 @@ async fn errors_are_clear() {
     assert!(matches!(e, Error::Unsupported { .. }), "{e:?}");
     // Nothing half-done: no table t.
     assert!(!query(&db, "SHOW TABLES").await.contains("| t "));
-    // A failing statement in a batch leaves earlier ones applied.
+    // A batch of statements is one transaction: a failing statement leaves
+    // nothing of the earlier ones.
     assert!(db
         .execute("INSERT INTO cpu VALUES ('q', 1, 0); SELECT * FROM nope")
         .await
         .is_err());
-    assert!(query(&db, "SELECT host FROM cpu").await.contains("q"));
+    assert!(!query(&db, "SELECT host FROM cpu").await.contains("q"));
 }
 
 #[tokio::test]
@@ -844,4 +845,116 @@ async fn deep_flow_expressions_run_or_are_refused_by_name() {
         .await,
         format!("{}", 2 * (max + 10))
     );
+}
+
+/// BEGIN ... COMMIT commits together; ROLLBACK discards; a transaction sees its
+/// own writes and nobody else does; a failed block accepts only its end.
+#[tokio::test]
+async fn transactions_are_real() {
+    let dir = TempDir::new();
+    let db = Database::open(&dir.0).await.unwrap();
+    run(&db, CPU).await;
+    let mut a = db.session();
+    let mut b = db.session();
+    a.execute("BEGIN").await.unwrap();
+    a.execute("INSERT INTO cpu VALUES ('a', 1, 0), ('b', 2, 0)")
+        .await
+        .unwrap();
+    a.execute("DELETE FROM cpu WHERE host = 'b'").await.unwrap();
+    let seen = |out: Vec<Output>| match out.into_iter().next() {
+        Some(Output::Rows { batches, .. }) => pretty_format_batches(&batches).unwrap().to_string(),
+        other => panic!("{other:?}"),
+    };
+    let mine = seen(a.execute("SELECT host FROM cpu").await.unwrap());
+    assert!(mine.contains("| a ") && !mine.contains("| b "), "{mine}");
+    let theirs = seen(b.execute("SELECT count(*) AS n FROM cpu").await.unwrap());
+    assert!(theirs.contains("| 0 "), "{theirs}");
+    a.execute("COMMIT").await.unwrap();
+    assert_eq!(scalar(&db, "SELECT count(*) FROM cpu").await, "1");
+
+    a.execute("BEGIN; INSERT INTO cpu VALUES ('c', 3, 0)")
+        .await
+        .unwrap();
+    a.execute("ROLLBACK").await.unwrap();
+    assert_eq!(scalar(&db, "SELECT count(*) FROM cpu").await, "1");
+
+    // A failed block refuses everything but its end; COMMIT then rolls back.
+    a.execute("BEGIN").await.unwrap();
+    a.execute("INSERT INTO cpu VALUES ('d', 4, 0)")
+        .await
+        .unwrap();
+    assert!(a.execute("SELECT * FROM nope").await.is_err());
+    assert_eq!(a.transaction_status(), sandflow::TransactionStatus::Failed);
+    let e = a.execute("SELECT 1").await.unwrap_err();
+    assert!(matches!(e, Error::Transaction { .. }), "{e:?}");
+    match a.execute("COMMIT").await.unwrap().remove(0) {
+        Output::Affected { tag, .. } => assert_eq!(tag, "ROLLBACK"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(scalar(&db, "SELECT count(*) FROM cpu").await, "1");
+
+    // DDL is not transactional, and a rollback says so.
+    a.execute("BEGIN; CREATE TABLE t2 (x INT, ts TIMESTAMP TIME INDEX)")
+        .await
+        .unwrap();
+    a.take_notices();
+    a.execute("ROLLBACK").await.unwrap();
+    let notices = a.take_notices().join("\n");
+    assert!(notices.contains("CREATE TABLE"), "{notices}");
+    assert!(query(&db, "SHOW TABLES").await.contains("t2"));
+}
+
+/// A setting changes only its own session; unknown settings and DataFusion's
+/// own are refused.
+#[tokio::test]
+async fn settings_belong_to_their_session() {
+    let dir = TempDir::new();
+    let db = Database::open(&dir.0).await.unwrap();
+    let mut a = db.session();
+    let b = db.session();
+    a.execute("SET statement_timeout = '5s'").await.unwrap();
+    a.execute("SET TIME ZONE 'Europe/Berlin'").await.unwrap();
+    assert_eq!(a.get("statement_timeout").as_deref(), Some("5000"));
+    assert_eq!(b.get("statement_timeout").as_deref(), Some("0"));
+    assert_eq!(a.get("TimeZone").as_deref(), Some("Europe/Berlin"));
+    assert_eq!(b.get("timezone").as_deref(), Some("UTC"));
+    for bad in [
+        "SET datafusion.execution.batch_size = 1",
+        "SET no_such_setting = 1",
+        "SET client_encoding = 'LATIN1'",
+        "SET server_version = '1'",
+    ] {
+        assert!(a.execute(bad).await.is_err(), "{bad}");
+    }
+    let shown = match a.execute("SHOW statement_timeout").await.unwrap().remove(0) {
+        Output::Rows { batches, .. } => pretty_format_batches(&batches).unwrap().to_string(),
+        other => panic!("{other:?}"),
+    };
+    assert!(shown.contains("5s"), "{shown}");
+}
+
+/// statement_timeout stops a long statement with SQLSTATE 57014's error, and
+/// the session goes on.
+#[tokio::test]
+async fn statement_timeout_stops_a_long_query() {
+    let dir = TempDir::new();
+    let db = Database::open(&dir.0).await.unwrap();
+    let mut s = db.session();
+    s.execute("SET statement_timeout = 200").await.unwrap();
+    let started = std::time::Instant::now();
+    let e = s
+        .execute("SELECT count(*) FROM range(100000000000) a")
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Cancelled { .. }), "{e:?}");
+    // Generous: a loaded machine may be slow to notice; the point is that it stops.
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    for _ in 0..3000 {
+        if db.running_statements() == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(db.running_statements(), 0);
+    s.execute("SELECT 1").await.unwrap();
 }

@@ -12,10 +12,10 @@ use std::sync::Arc;
 use datafusion::arrow::array::{ArrayRef, StringArray, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::{ParamValues, ScalarValue};
 use datafusion::error::DataFusionError;
-use datafusion::logical_expr::{
-    LogicalPlan, Statement as DfStatement, TransactionConclusion, WriteOp,
-};
+use datafusion::execution::context::SQLOptions;
+use datafusion::logical_expr::{LogicalPlan, WriteOp};
 use datafusion::prelude::SessionContext;
 use datafusion::sql::parser::Statement as DFStatement;
 
@@ -51,17 +51,231 @@ pub fn from_df(e: DataFusionError) -> Error {
     }
 }
 
-pub(crate) async fn execute(
+/// Runs one parsed statement in `ctx` (a session's context), with values for
+/// its `$n` parameters if it has any (only DataFusion-planned statements take
+/// them here; the session binds sandflow's own statements as literals).
+pub(crate) async fn execute_statement(
     core: &Arc<Core>,
     ctx: &SessionContext,
-    sql: &str,
-) -> Result<Vec<Output>> {
-    let stmts = parser::parse(sql)?;
-    let mut outputs = Vec::with_capacity(stmts.len());
-    for stmt in stmts {
-        outputs.push(execute_stmt(core, ctx, stmt).await?);
+    stmt: Stmt,
+    params: Option<ParamValues>,
+) -> Result<Output> {
+    match (stmt, params) {
+        (Stmt::Query(mut stmt), params) => {
+            crate::flow::system::rewrite_system_tables(&mut stmt);
+            run_datafusion(ctx, *stmt, params).await
+        }
+        (other, _) => execute_stmt(core, ctx, other).await,
     }
-    Ok(outputs)
+}
+
+/// What DataFusion may do for a client: query and write sandflow's tables;
+/// never its own DDL (`CREATE EXTERNAL TABLE` reads server files, in-memory
+/// tables would bypass the durable store) nor its statements (`SET
+/// datafusion.*` would change every session).
+fn sql_options() -> SQLOptions {
+    SQLOptions::new()
+        .with_allow_ddl(false)
+        .with_allow_dml(true)
+        .with_allow_statements(false)
+}
+
+/// Plans a statement for DataFusion, refusing what clients may not do.
+async fn plan_statement(
+    ctx: &SessionContext,
+    stmt: datafusion::sql::sqlparser::ast::Statement,
+) -> Result<LogicalPlan> {
+    use datafusion::sql::sqlparser::ast::Statement as Sql;
+    let not_yet = match &stmt {
+        Sql::Update { .. } => Some(
+            "UPDATE is not supported yet; INSERT the whole row again instead: a row with the \
+             same primary key and time index replaces the old one",
+        ),
+        Sql::Truncate { .. } => Some(
+            "TRUNCATE is not supported yet; DELETE FROM the table without WHERE deletes every row",
+        ),
+        Sql::AlterTable { .. } => Some(
+            "ALTER TABLE is not supported yet: a table keeps the columns it was created with; \
+             create a new table and copy the rows with INSERT INTO ... SELECT",
+        ),
+        Sql::Copy { .. } => Some(
+            "COPY to or from a file is not allowed: the server never reads or writes its own \
+             files for a client. Use COPY ... TO STDOUT or COPY ... FROM STDIN over the \
+             PostgreSQL protocol (psql's \\copy)",
+        ),
+        _ => None,
+    };
+    if let Some(message) = not_yet {
+        return UnsupportedSnafu { message }.fail();
+    }
+    let state = ctx.state();
+    let plan = state
+        .statement_to_plan(DFStatement::Statement(Box::new(stmt)))
+        .await
+        .map_err(from_df)?;
+    match &plan {
+        LogicalPlan::Ddl(ddl) => {
+            return UnsupportedSnafu {
+                message: format!(
+                    "{} is not supported by sandflow; supported DDL: CREATE/DROP TABLE, \
+                     CREATE/DROP DATABASE, CREATE/DROP FLOW",
+                    ddl.name()
+                ),
+            }
+            .fail()
+        }
+        LogicalPlan::Copy(_) => {
+            return UnsupportedSnafu {
+                message: "COPY ... TO a file is not allowed: the server never writes its own \
+                          files for a client; use COPY ... TO STDOUT (psql's \\copy)",
+            }
+            .fail()
+        }
+        LogicalPlan::Statement(s) => {
+            return UnsupportedSnafu {
+                message: format!("{} is not supported here", s.name()),
+            }
+            .fail()
+        }
+        _ => {}
+    }
+    sql_options().verify_plan(&plan).map_err(from_df)?;
+    Ok(plan)
+}
+
+/// The parameters and result columns of a DataFusion statement.
+pub(crate) async fn describe_query(
+    ctx: &SessionContext,
+    stmt: datafusion::sql::sqlparser::ast::Statement,
+) -> Result<crate::session::Description> {
+    let plan = plan_statement(ctx, stmt).await?;
+    let types = plan.get_parameter_types().map_err(from_df)?;
+    let mut params: Vec<Option<datafusion::arrow::datatypes::DataType>> = Vec::new();
+    for (name, ty) in types {
+        if let Some(i) = name
+            .strip_prefix('$')
+            .and_then(|d| d.parse::<usize>().ok())
+            .and_then(|i| i.checked_sub(1))
+        {
+            if params.len() <= i {
+                params.resize(i + 1, None);
+            }
+            params[i] = ty;
+        }
+    }
+    let columns = match &plan {
+        LogicalPlan::Dml(_) => None,
+        _ => Some(Arc::new(plan.schema().as_arrow().clone())),
+    };
+    Ok(crate::session::Description { params, columns })
+}
+
+/// The result columns of sandflow's own statements that return rows; `None`
+/// for those that do not (and for DataFusion's, see [`describe_query`]).
+pub fn result_schema(stmt: &Stmt) -> Option<Arc<Schema>> {
+    let strings = |names: &[&str]| {
+        Some(Arc::new(Schema::new(
+            names
+                .iter()
+                .map(|c| Field::new(*c, DataType::Utf8, false))
+                .collect::<Vec<_>>(),
+        )))
+    };
+    match stmt {
+        Stmt::ShowTables { .. } => strings(&["Tables"]),
+        Stmt::ShowDatabases { .. } => strings(&["Database"]),
+        Stmt::ShowCreateTable(_) => strings(&["Table", "Create Table"]),
+        Stmt::Describe(_) => strings(&DESCRIBE_COLUMNS),
+        Stmt::ShowFlows { .. } => strings(&["Flows"]),
+        Stmt::ShowCreateFlow(_) => strings(&["Flow", "Create Flow"]),
+        Stmt::Admin { function, args } if args.len() == 1 => Some(admin_schema(function, &args[0])),
+        _ => None,
+    }
+}
+
+/// The columns of `DESC TABLE`.
+const DESCRIBE_COLUMNS: [&str; 6] = ["Column", "Type", "Key", "Null", "Default", "Semantic Type"];
+
+/// A scalar as a SQL literal the parser reads back to the same value.
+pub fn scalar_literal(v: &ScalarValue) -> Result<String> {
+    use datafusion::arrow::temporal_conversions as tc;
+    if v.is_null() {
+        return Ok("NULL".into());
+    }
+    let out_of_range = |what: &str| {
+        InvalidDataSnafu {
+            message: format!("{what} parameter out of range"),
+        }
+        .build()
+    };
+    let ts = |dt: Option<chrono::NaiveDateTime>, tz: &Option<Arc<str>>| -> Result<String> {
+        let dt = dt.ok_or_else(|| out_of_range("timestamp"))?;
+        let text = dt.format("%Y-%m-%dT%H:%M:%S%.f").to_string();
+        Ok(if tz.is_some() {
+            quote_literal(&format!("{text}Z"))
+        } else {
+            quote_literal(&text)
+        })
+    };
+    Ok(match v {
+        ScalarValue::Boolean(Some(b)) => if *b { "TRUE" } else { "FALSE" }.into(),
+        ScalarValue::Int8(Some(x)) => x.to_string(),
+        ScalarValue::Int16(Some(x)) => x.to_string(),
+        ScalarValue::Int32(Some(x)) => x.to_string(),
+        ScalarValue::Int64(Some(x)) => x.to_string(),
+        ScalarValue::UInt8(Some(x)) => x.to_string(),
+        ScalarValue::UInt16(Some(x)) => x.to_string(),
+        ScalarValue::UInt32(Some(x)) => x.to_string(),
+        ScalarValue::UInt64(Some(x)) => x.to_string(),
+        ScalarValue::Float32(Some(x)) => float_literal(*x as f64),
+        ScalarValue::Float64(Some(x)) => float_literal(*x),
+        ScalarValue::Decimal128(Some(_), _, _) | ScalarValue::Decimal256(Some(_), _, _) => {
+            v.to_string()
+        }
+        ScalarValue::Utf8(Some(s))
+        | ScalarValue::LargeUtf8(Some(s))
+        | ScalarValue::Utf8View(Some(s)) => quote_literal(s),
+        ScalarValue::TimestampSecond(Some(x), tz) => ts(tc::timestamp_s_to_datetime(*x), tz)?,
+        ScalarValue::TimestampMillisecond(Some(x), tz) => ts(tc::timestamp_ms_to_datetime(*x), tz)?,
+        ScalarValue::TimestampMicrosecond(Some(x), tz) => ts(tc::timestamp_us_to_datetime(*x), tz)?,
+        ScalarValue::TimestampNanosecond(Some(x), tz) => ts(tc::timestamp_ns_to_datetime(*x), tz)?,
+        ScalarValue::Date32(Some(d)) => {
+            let date = tc::date32_to_datetime(*d).ok_or_else(|| out_of_range("date"))?;
+            quote_literal(&date.format("%Y-%m-%d").to_string())
+        }
+        ScalarValue::Binary(Some(b)) | ScalarValue::LargeBinary(Some(b)) => {
+            let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+            format!("X'{hex}'")
+        }
+        other => quote_literal(&other.to_string()),
+    })
+}
+
+fn float_literal(x: f64) -> String {
+    if x.is_finite() {
+        // Rust prints the shortest text that reads back to the same f64.
+        format!("{x:?}")
+    } else if x.is_nan() {
+        "CAST('NaN' AS DOUBLE)".into()
+    } else if x > 0.0 {
+        "CAST('Infinity' AS DOUBLE)".into()
+    } else {
+        "CAST('-Infinity' AS DOUBLE)".into()
+    }
+}
+
+/// `'text'` with quotes doubled.
+pub fn quote_literal(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('\'');
+    for c in s.chars() {
+        if c == '\'' {
+            out.push('\'');
+        }
+        out.push(c);
+    }
+    out.push('\'');
+    out
 }
 
 fn affected(tag: &str, rows: u64) -> Output {
@@ -177,7 +391,7 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
         Stmt::Admin { function, args } => admin(core, ctx, &function, &args).await,
         Stmt::Query(mut stmt) => {
             crate::flow::system::rewrite_system_tables(&mut stmt);
-            run_datafusion(ctx, *stmt).await
+            run_datafusion(ctx, *stmt, None).await
         }
     }
 }
@@ -268,61 +482,18 @@ async fn admin(
 async fn run_datafusion(
     ctx: &SessionContext,
     stmt: datafusion::sql::sqlparser::ast::Statement,
+    params: Option<ParamValues>,
 ) -> Result<Output> {
-    use datafusion::sql::sqlparser::ast::Statement as Sql;
-    let not_yet = match &stmt {
-        Sql::Update { .. } => Some(
-            "UPDATE is not supported yet; INSERT the whole row again instead: a row with the \
-             same primary key and time index replaces the old one",
-        ),
-        Sql::Truncate { .. } => Some(
-            "TRUNCATE is not supported yet; DELETE FROM the table without WHERE deletes every row",
-        ),
-        Sql::AlterTable { .. } => Some(
-            "ALTER TABLE is not supported yet: a table keeps the columns it was created with; \
-             create a new table and copy the rows with INSERT INTO ... SELECT",
-        ),
-        _ => None,
-    };
-    if let Some(message) = not_yet {
-        return UnsupportedSnafu { message }.fail();
+    let mut plan = plan_statement(ctx, stmt).await?;
+    if let Some(values) = params {
+        plan = plan.with_param_values(values).map_err(from_df)?;
     }
-    let state = ctx.state();
-    let plan = state
-        .statement_to_plan(DFStatement::Statement(Box::new(stmt)))
-        .await
-        .map_err(from_df)?;
     let tag = match &plan {
-        LogicalPlan::Ddl(ddl) => {
-            return UnsupportedSnafu {
-                message: format!(
-                    "{} is not supported by sandflow; supported DDL: CREATE/DROP TABLE, CREATE/DROP DATABASE",
-                    ddl.name()
-                ),
-            }
-            .fail()
-        }
         LogicalPlan::Dml(dml) => match dml.op {
             WriteOp::Insert(_) => Some("INSERT"),
             WriteOp::Delete => Some("DELETE"),
             WriteOp::Update => Some("UPDATE"),
             _ => Some("INSERT"),
-        },
-        LogicalPlan::Statement(s) => match s {
-            DfStatement::TransactionStart(_) => return Ok(affected("BEGIN", 0)),
-            DfStatement::TransactionEnd(end) => {
-                return Ok(affected(
-                    match end.conclusion {
-                        TransactionConclusion::Commit => "COMMIT",
-                        TransactionConclusion::Rollback => "ROLLBACK",
-                    },
-                    0,
-                ))
-            }
-            DfStatement::SetVariable(_) | DfStatement::ResetVariable(_) => Some("SET"),
-            DfStatement::Prepare(_) => Some("PREPARE"),
-            DfStatement::Deallocate(_) => Some("DEALLOCATE"),
-            DfStatement::Execute(_) => None,
         },
         _ => None,
     };
@@ -573,10 +744,7 @@ fn describe(core: &Core, name: &TableName) -> Result<Output> {
             ]
         })
         .collect();
-    string_rows(
-        &["Column", "Type", "Key", "Null", "Default", "Semantic Type"],
-        rows,
-    )
+    string_rows(&DESCRIBE_COLUMNS, rows)
 }
 
 fn quote(ident: &str) -> String {

@@ -7,7 +7,9 @@
 use datafusion::sql::sqlparser::ast::{
     ColumnOption, Expr, Ident, ObjectName, ObjectNamePart, ObjectType, SchemaName, Statement,
 };
-use datafusion::sql::sqlparser::dialect::{Dialect, GenericDialect, PostgreSqlDialect};
+use datafusion::sql::sqlparser::dialect::{
+    Dialect as SqlParserDialect, GenericDialect, PostgreSqlDialect,
+};
 use datafusion::sql::sqlparser::keywords::Keyword;
 use datafusion::sql::sqlparser::parser::{IsOptional, Parser, ParserError};
 use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer};
@@ -735,7 +737,7 @@ fn check_nesting_tokens(tokens: &[TokenWithSpan], reader: Reader) -> Result<()> 
     Ok(())
 }
 
-fn tokenize(dialect: &dyn Dialect, sql: &str) -> Result<Vec<TokenWithSpan>> {
+fn tokenize(dialect: &dyn SqlParserDialect, sql: &str) -> Result<Vec<TokenWithSpan>> {
     Tokenizer::new(dialect, sql)
         .tokenize_with_location()
         .map_err(|e| sql_err(e.into()))
@@ -751,12 +753,45 @@ pub fn check_nesting(sql: &str) -> Result<()> {
     }
 }
 
-/// Parses `;`-separated statements.
+/// Which SQL dialect a text is read in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// sqlparser's generic dialect (HTTP, the library; GreptimeDB's syntax).
+    Generic,
+    /// PostgreSQL's (the PostgreSQL front door).
+    Postgres,
+}
+
+impl Dialect {
+    fn tokens(self, sql: &str) -> Result<Vec<TokenWithSpan>> {
+        match self {
+            Dialect::Generic => tokenize(&GenericDialect {}, sql),
+            Dialect::Postgres => tokenize(&PostgreSqlDialect {}, sql),
+        }
+    }
+
+    fn reader(self) -> Reader {
+        match self {
+            Dialect::Generic => Reader::Generic,
+            Dialect::Postgres => Reader::Postgres,
+        }
+    }
+}
+
+/// Parses `;`-separated statements in the generic dialect.
 pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
-    let dialect = GenericDialect {};
-    let tokens = tokenize(&dialect, sql)?;
-    check_nesting_tokens(&tokens, Reader::Generic)?;
-    let mut p = Parser::new(&dialect).with_tokens_with_locations(tokens);
+    parse_dialect(sql, Dialect::Generic)
+}
+
+/// Parses `;`-separated statements in `dialect`.
+pub fn parse_dialect(sql: &str, dialect: Dialect) -> Result<Vec<Stmt>> {
+    let tokens = dialect.tokens(sql)?;
+    check_nesting_tokens(&tokens, dialect.reader())?;
+    let mut p = match dialect {
+        Dialect::Generic => Parser::new(&GenericDialect {}),
+        Dialect::Postgres => Parser::new(&PostgreSqlDialect {}),
+    }
+    .with_tokens_with_locations(tokens);
     let mut out = Vec::new();
     loop {
         while p.consume_token(&Token::SemiColon) {}
@@ -772,6 +807,133 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
         }
     }
     Ok(out)
+}
+
+/// Byte offsets of tokenizer locations (1-based line and column, in chars) in one text.
+struct Lines<'a> {
+    sql: &'a str,
+    /// Byte offset of each line's start.
+    starts: Vec<usize>,
+}
+
+impl<'a> Lines<'a> {
+    fn new(sql: &'a str) -> Lines<'a> {
+        let mut starts = vec![0];
+        starts.extend(sql.match_indices('\n').map(|(i, _)| i + 1));
+        Lines { sql, starts }
+    }
+
+    fn offset(&self, line: u64, column: u64) -> usize {
+        let Some(&start) = usize::try_from(line)
+            .ok()
+            .and_then(|l| l.checked_sub(1))
+            .and_then(|l| self.starts.get(l))
+        else {
+            return self.sql.len();
+        };
+        let col = column.saturating_sub(1) as usize;
+        let rest = &self.sql[start..];
+        if rest.is_char_boundary(col.min(rest.len())) && rest[..col.min(rest.len())].is_ascii() {
+            return start + col.min(rest.len());
+        }
+        start + rest.char_indices().nth(col).map_or(rest.len(), |(b, _)| b)
+    }
+}
+
+/// Splits a script into its statements' texts at the `;` tokens of `dialect`'s
+/// tokenizer (the one that then reads each statement, so that what is split is
+/// what runs), dropping statements that hold only whitespace and comments.
+pub fn split(sql: &str, dialect: Dialect) -> Result<Vec<String>> {
+    let tokens = dialect.tokens(sql)?;
+    let lines = Lines::new(sql);
+    let mut out = Vec::new();
+    let mut start = 0usize;
+    let mut has_code = false;
+    for t in &tokens {
+        match &t.token {
+            Token::SemiColon => {
+                let at = lines.offset(t.span.start.line, t.span.start.column);
+                if has_code {
+                    out.push(sql[start..at].trim().to_string());
+                }
+                start = at + 1;
+                has_code = false;
+            }
+            Token::Whitespace(_) | Token::EOF => {}
+            _ => has_code = true,
+        }
+    }
+    if has_code {
+        out.push(sql[start..].trim().to_string());
+    }
+    Ok(out)
+}
+
+/// The highest `$n` placeholder of a statement (0 when it has none).
+pub fn param_count(sql: &str, dialect: Dialect) -> usize {
+    dialect
+        .tokens(sql)
+        .map(|tokens| {
+            tokens
+                .iter()
+                .filter_map(|t| match &t.token {
+                    Token::Placeholder(p) => p.strip_prefix('$')?.parse::<usize>().ok(),
+                    _ => None,
+                })
+                .max()
+                .unwrap_or(0)
+        })
+        .unwrap_or(0)
+}
+
+/// Replaces each `$n` placeholder token with `literals[n-1]`.
+pub fn bind_params(sql: &str, literals: &[String], dialect: Dialect) -> Result<String> {
+    let tokens = dialect.tokens(sql)?;
+    let lines = Lines::new(sql);
+    let mut out = String::with_capacity(sql.len());
+    let mut last = 0;
+    for t in &tokens {
+        let Token::Placeholder(p) = &t.token else {
+            continue;
+        };
+        let Some(n) = p.strip_prefix('$').and_then(|d| d.parse::<usize>().ok()) else {
+            continue;
+        };
+        let literal = n
+            .checked_sub(1)
+            .and_then(|i| literals.get(i))
+            .ok_or_else(|| {
+                SqlSnafu {
+                    message: format!(
+                        "statement uses parameter ${n} but only {} were bound",
+                        literals.len()
+                    ),
+                }
+                .build()
+            })?;
+        let from = lines.offset(t.span.start.line, t.span.start.column);
+        let to = lines.offset(t.span.end.line, t.span.end.column);
+        out.push_str(&sql[last..from]);
+        out.push_str(literal);
+        last = to;
+    }
+    out.push_str(&sql[last..]);
+    Ok(out)
+}
+
+/// The first `n` words of a statement, upper-cased (for messages).
+pub fn leading_keywords(sql: &str, n: usize) -> Vec<String> {
+    let Ok(tokens) = Dialect::Generic.tokens(sql) else {
+        return Vec::new();
+    };
+    tokens
+        .iter()
+        .filter_map(|t| match &t.token {
+            Token::Word(w) if w.quote_style.is_none() => Some(w.value.to_ascii_uppercase()),
+            _ => None,
+        })
+        .take(n)
+        .collect()
 }
 
 fn is_word(p: &Parser, n: usize, word: &str) -> bool {

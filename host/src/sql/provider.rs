@@ -27,7 +27,15 @@ use datafusion::physical_plan::{
 use crate::catalog::Table;
 use crate::database::Core;
 use crate::error::{Error, InvalidDataSnafu, UnsupportedSnafu};
+use crate::session::SessionShared;
 use crate::storage::WriteSet;
+
+fn poisoned() -> Error {
+    crate::error::InternalSnafu {
+        message: "a session lock was poisoned by an earlier panic; reconnect",
+    }
+    .build()
+}
 
 pub(crate) fn to_df(e: Error) -> DataFusionError {
     DataFusionError::External(Box::new(e))
@@ -216,12 +224,23 @@ impl TableProvider for SandTable {
 
     async fn scan(
         &self,
-        _state: &dyn Session,
+        state: &dyn Session,
         projection: Option<&Vec<usize>>,
         _filters: &[Expr],
         _limit: Option<usize>,
     ) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
-        let snapshot = self.core.store.scan(&self.table).map_err(to_df)?;
+        // A transaction reads its own staged writes.
+        let shared = state.config().get_extension::<SessionShared>();
+        let snapshot = match shared.as_ref().and_then(|s| s.staged.lock().ok()) {
+            Some(guard) => match guard.as_ref() {
+                Some(staged) if staged.touches(self.table.id()) => {
+                    self.core.store.scan_staged(&self.table, staged)
+                }
+                _ => self.core.store.scan(&self.table),
+            },
+            None => self.core.store.scan(&self.table),
+        }
+        .map_err(to_df)?;
         let batches = snapshot
             .batches
             .into_iter()
@@ -280,6 +299,7 @@ impl TableProvider for SandTable {
         }
         let core = self.core.clone();
         let table = self.table.clone();
+        let shared = state.config().get_extension::<SessionShared>();
         let info = blocking(move || {
             let mut predicate = |batch: &RecordBatch| -> crate::Result<BooleanArray> {
                 let mut mask: Option<BooleanArray> = None;
@@ -311,11 +331,20 @@ impl TableProvider for SandTable {
                 }
                 Ok(mask.unwrap_or_else(|| BooleanArray::from(vec![true; batch.num_rows()])))
             };
-            core.store.delete_where(&table, &mut predicate)
+            if let Some(shared) = &shared {
+                let mut guard = shared.staged.lock().map_err(|_| poisoned())?;
+                if let Some(staged) = guard.as_mut() {
+                    return core
+                        .store
+                        .stage_delete_where(staged, &table, &mut predicate);
+                }
+                shared.control().begin_commit()?;
+            }
+            Ok(core.store.delete_where(&table, &mut predicate)?.rows)
         })
         .await
         .map_err(to_df)?;
-        count_plan(info.rows)
+        count_plan(info)
     }
 }
 
@@ -342,12 +371,26 @@ impl DataSink for SandSink {
     async fn write_all(
         &self,
         data: SendableRecordBatchStream,
-        _context: &Arc<TaskContext>,
+        context: &Arc<TaskContext>,
     ) -> datafusion::common::Result<u64> {
         let batches = collect(data).await?;
         let core = self.core.clone();
         let table = self.table.clone();
+        let shared = context.session_config().get_extension::<SessionShared>();
         let info = blocking(move || {
+            if let Some(shared) = &shared {
+                let mut guard = shared.staged.lock().map_err(|_| poisoned())?;
+                if let Some(staged) = guard.as_mut() {
+                    // In a transaction: staged, committed by COMMIT.
+                    let mut rows = 0;
+                    for b in &batches {
+                        rows += core.store.stage_upsert(staged, &table, b)?;
+                    }
+                    return Ok(rows);
+                }
+                drop(guard);
+                shared.control().begin_commit()?;
+            }
             let mut set = WriteSet::new();
             for b in batches {
                 if b.num_rows() > 0 {

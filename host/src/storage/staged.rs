@@ -22,6 +22,9 @@ use super::{conform_batch, readers, Snapshot, Space, Store, SCAN_BATCH_ROWS};
 use crate::catalog::{Table, TableId};
 use crate::error::Result;
 
+/// Visits one stored row (key, value).
+type RowVisitor<'a> = dyn FnMut(&[u8], &[u8]) -> Result<()> + 'a;
+
 /// What one transaction wrote to one table.
 #[derive(Debug, Clone)]
 pub(crate) struct StagedTable {
@@ -202,7 +205,7 @@ impl Store {
         &self,
         table: &Arc<Table>,
         mine: &StagedTable,
-        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<()>,
+        visit: &mut RowVisitor<'_>,
     ) -> Result<u64> {
         let txn = self.kv.begin_read()?;
         let seq = super::read_seq(txn.as_ref())?;
@@ -349,7 +352,10 @@ mod tests {
         assert!(feed.try_recv().is_err());
 
         commit(&store, staged);
-        assert_eq!(rows(&store.scan(&t).unwrap()), pairs(&[("a", 10), ("c", 3)]));
+        assert_eq!(
+            rows(&store.scan(&t).unwrap()),
+            pairs(&[("a", 10), ("c", 3)])
+        );
         // One change, its diffs against what was committed: -a1 +a10 -b2 +c3.
         let change = feed.try_recv().unwrap();
         assert_eq!(change.diffs.iter().sum::<i64>(), 0);
