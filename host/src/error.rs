@@ -30,6 +30,9 @@ pub enum Error {
     /// Rows that do not fit the table (types, NULL time index, ...).
     #[snafu(display("{message}"))]
     InvalidData { message: String },
+    /// Text that is not valid UTF-8, or holds a NUL character (SQLSTATE 22021).
+    #[snafu(display("{message}"))]
+    InvalidEncoding { message: String },
     /// Storage or I/O failure.
     #[snafu(display("storage error: {message}"))]
     Storage { message: String },
@@ -65,6 +68,9 @@ impl Error {
                 message: message.clone(),
             },
             Error::InvalidData { message } => Error::InvalidData {
+                message: message.clone(),
+            },
+            Error::InvalidEncoding { message } => Error::InvalidEncoding {
                 message: message.clone(),
             },
             Error::Storage { message } => Error::Storage {

@@ -39,6 +39,7 @@ use crate::database::{Core, Output};
 use crate::error::{
     CancelledSnafu, Error, InternalSnafu, Result, SqlSnafu, TransactionSnafu, UnsupportedSnafu,
 };
+use crate::sql::copy::{CopyData, CopySpec};
 use crate::sql::parser::{self, Stmt};
 use crate::storage::{Staged, WriteSet};
 
@@ -71,6 +72,18 @@ impl Statement {
         &self.text
     }
 
+    /// Replaces a query by an equivalent rewritten one (a front door's
+    /// compatibility rewrites of client queries); other statements stay.
+    pub fn replace_query(&mut self, query: SqlStatement) {
+        if let Stmt::Query(q) = &mut self.stmt {
+            if matches!(q.as_ref(), SqlStatement::Query(_))
+                && matches!(query, SqlStatement::Query(_))
+            {
+                **q = query;
+            }
+        }
+    }
+
     pub fn kind(&self) -> StatementKind {
         use datafusion::sql::sqlparser::ast::CopyTarget;
         match &self.stmt {
@@ -98,6 +111,17 @@ impl Statement {
                     StatementKind::Command
                 }
             }
+        }
+    }
+
+    /// What a `COPY ... TO STDOUT` or `COPY ... FROM STDIN` asks for; `None`
+    /// for other statements. A COPY to or from a file is an error here.
+    pub fn copy_spec(&self) -> Option<Result<CopySpec>> {
+        match &self.stmt {
+            Stmt::Query(q) if matches!(q.as_ref(), SqlStatement::Copy { .. }) => {
+                Some(CopySpec::from_statement(q))
+            }
+            _ => None,
         }
     }
 
@@ -715,6 +739,124 @@ impl Session {
         result
     }
 
+    /// The rows a `COPY ... TO STDOUT` writes.
+    pub async fn copy_out(
+        &mut self,
+        spec: &CopySpec,
+        cancel: Option<oneshot::Receiver<()>>,
+    ) -> Result<Output> {
+        let sql = match &spec.data {
+            CopyData::Query(q) => q.clone(),
+            CopyData::Table { table, columns } => {
+                let cols = if columns.is_empty() {
+                    "*".to_string()
+                } else {
+                    columns
+                        .iter()
+                        .map(|c| quote_ident(c))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                format!(
+                    "SELECT {cols} FROM {}.{}",
+                    quote_ident(&table.database),
+                    quote_ident(&table.table)
+                )
+            }
+        };
+        let mut stmts = parse_script(&sql, self.dialect)?;
+        if stmts.len() != 1 {
+            return SqlSnafu {
+                message: "COPY (query) takes exactly one query",
+            }
+            .fail();
+        }
+        let stmt = stmts.remove(0);
+        self.run(&stmt, None, cancel).await
+    }
+
+    /// Writes the rows of a `COPY ... FROM STDIN` (text values, one per
+    /// column of the COPY) into its table: in the open transaction if there
+    /// is one, else as one commit. Returns the rows written.
+    pub async fn copy_in(
+        &mut self,
+        spec: &CopySpec,
+        rows: Vec<Vec<Option<String>>>,
+        cancel: Option<oneshot::Receiver<()>>,
+    ) -> Result<u64> {
+        let CopyData::Table { table, columns } = &spec.data else {
+            return SqlSnafu {
+                message: "COPY FROM needs a table",
+            }
+            .fail();
+        };
+        let target = self
+            .core
+            .catalog
+            .require_table(&table.database, &table.table)?;
+        let names: Vec<String> = if columns.is_empty() {
+            target
+                .schema()
+                .columns
+                .iter()
+                .map(|c| c.name.clone())
+                .collect()
+        } else {
+            columns.clone()
+        };
+        if let Some(b) = &self.block {
+            if b.failed {
+                return TransactionSnafu {
+                    message: "current transaction is aborted, commands ignored until end of \
+                              transaction block (send ROLLBACK)",
+                }
+                .fail();
+            }
+        }
+        let (core, shared) = (self.core.clone(), self.shared.clone());
+        let control = Arc::new(StatementControl::default());
+        let gate = control.clone();
+        let work = async move {
+            let batch = crate::sql::copy::text_batch(&names, &rows)?;
+            let batch = core.fill_defaults(&target, batch)?;
+            let n = batch.num_rows() as u64;
+            let c = core.clone();
+            crate::sql::provider::blocking(move || {
+                let mut guard = shared.staged.lock().map_err(|_| poisoned())?;
+                if let Some(staged) = guard.as_mut() {
+                    return c.store.stage_upsert(staged, &target, &batch);
+                }
+                drop(guard);
+                gate.begin_commit()?;
+                let mut set = WriteSet::new();
+                set.upsert(target, batch);
+                c.store.commit(set)?;
+                Ok(n)
+            })
+            .await
+            .map(|rows| Output::Affected {
+                tag: "COPY".into(),
+                rows,
+            })
+        };
+        let mut cancel = cancel;
+        let result = self.guarded(control, cancel.as_mut(), work).await;
+        match result {
+            Ok(Output::Affected { rows, .. }) => Ok(rows),
+            Ok(_) => Ok(0),
+            Err(e) => {
+                self.fail_block();
+                Err(e)
+            }
+        }
+    }
+
+    /// Marks the open transaction block failed after an error the session did
+    /// not see (a front door's own, e.g. in parsing a message).
+    pub fn statement_failed(&mut self) {
+        self.fail_block();
+    }
+
     /// The parameters and result columns of a statement, without running it.
     pub async fn describe(&self, stmt: &Statement) -> Result<Description> {
         let params = parser::param_count(&stmt.text, self.dialect);
@@ -1249,6 +1391,11 @@ impl Session {
         }
         string_output(one_column(def.name), vec![vec![value]])
     }
+}
+
+/// `"ident"` with quotes doubled.
+fn quote_ident(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
 }
 
 /// `5000` ms as PostgreSQL shows it (`5s`); 0 stays 0.

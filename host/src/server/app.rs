@@ -120,7 +120,9 @@ pub async fn start(
     let pg_addr = pg_listener.local_addr().map_err(|e| e.to_string())?;
     let http_addr = http_listener.local_addr().map_err(|e| e.to_string())?;
 
-    let handlers = Arc::new(pg::PgHandlers::new(db.clone()).map_err(|e| e.to_string())?);
+    let handlers = Arc::new(
+        pg::PgHandlers::new(db.clone(), pg::PgOptions::default()).map_err(|e| e.to_string())?,
+    );
     let (stop_tx, stop_rx) = watch::channel(false);
     let pg_task = tokio::spawn(pg::serve(pg_listener, handlers, stop_rx.clone()));
     let mut http_stop = stop_rx;

@@ -2,6 +2,7 @@
 //! queries and DML are planned and run by DataFusion over
 //! [`provider`]'s tables.
 
+pub mod copy;
 pub mod executor;
 pub mod parser;
 pub mod provider;
@@ -61,10 +62,7 @@ pub(crate) async fn execute_statement(
     params: Option<ParamValues>,
 ) -> Result<Output> {
     match (stmt, params) {
-        (Stmt::Query(mut stmt), params) => {
-            crate::flow::system::rewrite_system_tables(&mut stmt);
-            run_datafusion(ctx, *stmt, params).await
-        }
+        (Stmt::Query(stmt), params) => run_datafusion(ctx, *stmt, params).await,
         (other, _) => execute_stmt(core, ctx, other).await,
     }
 }
@@ -83,9 +81,10 @@ fn sql_options() -> SQLOptions {
 /// Plans a statement for DataFusion, refusing what clients may not do.
 async fn plan_statement(
     ctx: &SessionContext,
-    stmt: datafusion::sql::sqlparser::ast::Statement,
+    mut stmt: datafusion::sql::sqlparser::ast::Statement,
 ) -> Result<LogicalPlan> {
     use datafusion::sql::sqlparser::ast::Statement as Sql;
+    crate::flow::system::rewrite_system_tables(&mut stmt);
     let not_yet = match &stmt {
         Sql::Update { .. } => Some(
             "UPDATE is not supported yet; INSERT the whole row again instead: a row with the \
@@ -389,10 +388,7 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
             )
         }
         Stmt::Admin { function, args } => admin(core, ctx, &function, &args).await,
-        Stmt::Query(mut stmt) => {
-            crate::flow::system::rewrite_system_tables(&mut stmt);
-            run_datafusion(ctx, *stmt, None).await
-        }
+        Stmt::Query(stmt) => run_datafusion(ctx, *stmt, None).await,
     }
 }
 

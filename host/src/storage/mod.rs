@@ -1026,6 +1026,23 @@ pub fn conform_batch(table: &Table, batch: &RecordBatch, keys_only: bool) -> Res
                 .fail()
             }
         };
+        if let Some(strings) = array
+            .as_any()
+            .downcast_ref::<datafusion::arrow::array::StringArray>()
+        {
+            let offsets = strings.value_offsets();
+            let (from, to) = (offsets[0] as usize, offsets[offsets.len() - 1] as usize);
+            if strings.value_data()[from..to].contains(&0) {
+                return crate::error::InvalidEncodingSnafu {
+                    message: format!(
+                        "invalid byte sequence for encoding \"UTF8\": 0x00 in column '{}': \
+                         text cannot contain NUL characters",
+                        col.name
+                    ),
+                }
+                .fail();
+            }
+        }
         let must_be_set = !col.nullable && (is_key || !keys_only);
         if must_be_set && array.null_count() > 0 {
             let message = if i == schema.time_index {

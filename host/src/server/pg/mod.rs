@@ -1,0 +1,1238 @@
+//! The PostgreSQL wire-protocol front door.
+//!
+//! pgwire does the protocol; every statement runs in the connection's
+//! [`Session`] (its settings, its transaction), parsed once by sandflow's
+//! parser with the PostgreSQL dialect: the text is split at the `;` tokens of
+//! that parser's tokenizer and each piece is parsed by it, so what is split is
+//! what runs. Queries from drivers and psql pass through datafusion-postgres'
+//! pg_catalog compatibility rewrites; nothing else of DataFusion's SQL surface
+//! is reachable (no DataFusion DDL, no file access, no `SET datafusion.*`).
+//!
+//! Per connection: a session, a cancel handle (a CancelRequest or the
+//! client going away stops the running statement), and a COPY FROM STDIN in
+//! progress. [`conn`] checks every message's bytes before pgwire decodes them.
+//!
+//! Must not know storage, the catalog or flows: it talks to [`Database`] and
+//! [`Session`] only.
+
+pub mod conn;
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::prelude::SessionContext;
+use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
+use datafusion_postgres::arrow_pg::datatypes::df::deserialize_parameters_with_server_types;
+use datafusion_postgres::arrow_pg::datatypes::{
+    arrow_schema_to_pg_fields, encode_recordbatch, into_pg_type,
+};
+use datafusion_postgres::arrow_pg::encoder::encode_value;
+use datafusion_postgres::datafusion_pg_catalog::sql::PostgresCompatibilityParser;
+use futures::{Sink, SinkExt};
+use pgwire::api::auth::noop::NoopStartupHandler;
+use pgwire::api::cancel::DefaultCancelHandler;
+use pgwire::api::copy::CopyHandler;
+use pgwire::api::portal::{Format, Portal};
+use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
+use pgwire::api::results::{
+    CopyCsvOptions, CopyEncoder, CopyResponse, CopyTextOptions, FieldInfo, QueryResponse, Response,
+    Tag,
+};
+use pgwire::api::stmt::QueryParser;
+use pgwire::api::store::PortalStore;
+use pgwire::api::{
+    ClientInfo, ClientPortalStore, ConnectionGuard, ConnectionHandle, ConnectionManager,
+    PgWireServerHandlers, Type, DEFAULT_NAME,
+};
+use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
+use pgwire::messages::copy::{CopyData, CopyDone, CopyFail};
+use pgwire::messages::extendedquery::{Bind, BindComplete, Sync as PgSync};
+use pgwire::messages::response::{NoticeResponse, ReadyForQuery, TransactionStatus};
+use pgwire::messages::startup::ParameterStatus;
+use pgwire::messages::PgWireBackendMessage;
+use pgwire::types::format::FormatOptions;
+use tokio::net::TcpListener;
+use tokio::sync::{oneshot, watch, Mutex, Notify, Semaphore};
+use tokio::task::JoinSet;
+use tracing::{debug, info, warn};
+
+use crate::database::{Database, Output};
+use crate::error::Error;
+use crate::server::metrics::FrontDoor;
+use crate::server::pg_catalog::pg_session_context;
+use crate::session::{
+    Dialect, Session, SessionDefaults, Statement, StatementKind, TransactionStatus as SessionStatus,
+};
+use crate::sql::copy::{CopyFormat, CopySpec};
+use conn::{Hangup, Marker};
+
+/// How long shutdown waits for statements in flight.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Settings of the PostgreSQL door.
+#[derive(Debug, Clone)]
+pub struct PgOptions {
+    /// Connections served at once; the next one is refused with 53300.
+    pub max_connections: usize,
+    /// A client must finish its startup (and, later, authentication) within this.
+    pub startup_timeout: Duration,
+    /// Settings of new sessions.
+    pub session: SessionDefaults,
+}
+
+impl Default for PgOptions {
+    fn default() -> Self {
+        PgOptions {
+            max_connections: 512,
+            startup_timeout: Duration::from_secs(60),
+            session: SessionDefaults::default(),
+        }
+    }
+}
+
+/// The SQLSTATE for a sandflow error.
+pub fn sqlstate(e: &Error) -> &'static str {
+    let msg = e.to_string().to_ascii_lowercase();
+    #[allow(unreachable_patterns)]
+    match e {
+        Error::Sql { .. } => {
+            if msg.contains("not found") || msg.contains("does not exist") {
+                if msg.contains("column") || msg.contains("field") {
+                    "42703"
+                } else {
+                    "42P01"
+                }
+            } else if msg.contains("already exists") {
+                "42P07"
+            } else if msg.contains("invalid value for parameter") {
+                "22023"
+            } else {
+                "42601"
+            }
+        }
+        Error::NotFound { .. } => {
+            if msg.contains("configuration parameter") {
+                "42704"
+            } else if msg.contains("column") || msg.contains("field") {
+                "42703"
+            } else if msg.contains("table") || msg.contains("relation") {
+                "42P01"
+            } else {
+                "42704"
+            }
+        }
+        Error::Unsupported { .. } => {
+            if msg.contains("cannot be changed") {
+                "55P02"
+            } else {
+                "0A000"
+            }
+        }
+        // statement_too_complex: the statement guard, not a syntax error.
+        Error::TooComplex { .. } => "54001",
+        Error::Cancelled { .. } => "57014",
+        Error::Transaction { .. } => {
+            if msg.contains("aborted") {
+                "25P02"
+            } else {
+                "25001"
+            }
+        }
+        Error::InvalidEncoding { .. } => "22021",
+        Error::InvalidData { .. } => {
+            if msg.contains("null") && !msg.contains("0x00") {
+                "23502"
+            } else if msg.contains("already exists") {
+                "42P07"
+            } else {
+                "22000"
+            }
+        }
+        Error::Storage { .. } => "58030",
+        Error::Flow { .. } => "38000",
+        Error::Internal { .. } => "XX000",
+        _ => "XX000",
+    }
+}
+
+fn user_error(code: &str, message: impl Into<String>) -> PgWireError {
+    PgWireError::UserError(Box::new(ErrorInfo::new(
+        "ERROR".to_owned(),
+        code.to_owned(),
+        message.into(),
+    )))
+}
+
+fn db_error(e: Error) -> PgWireError {
+    user_error(sqlstate(&e), e.to_string())
+}
+
+/// A command tag the way PostgreSQL spells it: `INSERT 0 n`, `DELETE n`, ...
+pub fn command_tag(tag: &str, rows: u64) -> Tag {
+    let rows = rows as usize;
+    match tag {
+        "INSERT" => Tag::new("INSERT").with_oid(0).with_rows(rows),
+        "DELETE" | "UPDATE" | "SELECT" | "MOVE" | "FETCH" | "COPY" | "MERGE" => {
+            Tag::new(tag).with_rows(rows)
+        }
+        other => Tag::new(other),
+    }
+}
+
+fn encode_rows(
+    schema: &SchemaRef,
+    batches: Vec<RecordBatch>,
+    format: &Format,
+    options: Arc<FormatOptions>,
+) -> PgWireResult<QueryResponse> {
+    let fields = Arc::new(arrow_schema_to_pg_fields(schema, format, Some(options))?);
+    let mut rows = Vec::new();
+    for batch in batches {
+        rows.extend(encode_recordbatch(fields.clone(), batch));
+    }
+    Ok(QueryResponse::new(fields, futures::stream::iter(rows)))
+}
+
+/// A statement's output as a pgwire response. BEGIN, COMMIT and ROLLBACK
+/// carry the transaction status change.
+fn response(out: Output, format: &Format, options: Arc<FormatOptions>) -> PgWireResult<Response> {
+    match out {
+        Output::Rows { schema, batches } => Ok(Response::Query(encode_rows(
+            &schema, batches, format, options,
+        )?)),
+        Output::Affected { tag, rows } => Ok(match tag.as_str() {
+            "BEGIN" | "START TRANSACTION" => Response::TransactionStart(Tag::new(&tag)),
+            "COMMIT" | "ROLLBACK" => Response::TransactionEnd(Tag::new(&tag)),
+            _ => Response::Execution(command_tag(&tag, rows)),
+        }),
+    }
+}
+
+/// Shutdown flag and in-flight statement count of the PostgreSQL front door.
+#[derive(Default)]
+pub struct Lifecycle {
+    shutting_down: AtomicBool,
+    in_flight: AtomicUsize,
+    idle: Notify,
+}
+
+pub struct InFlight(Arc<Lifecycle>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if self.0.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+impl Lifecycle {
+    fn begin(self: &Arc<Self>) -> PgWireResult<InFlight> {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let guard = InFlight(self.clone());
+        if self.shutting_down.load(Ordering::SeqCst) {
+            return Err(user_error(
+                "57P01",
+                "terminating connection due to administrator command",
+            ));
+        }
+        Ok(guard)
+    }
+
+    /// Refuses new statements and waits (up to `timeout`) for running ones.
+    pub async fn drain(&self, timeout: Duration) -> bool {
+        self.shutting_down.store(true, Ordering::SeqCst);
+        let wait = async {
+            loop {
+                let notified = self.idle.notified();
+                if self.in_flight.load(Ordering::SeqCst) == 0 {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        tokio::time::timeout(timeout, wait).await.is_ok()
+    }
+}
+
+/// A `COPY ... FROM STDIN` waiting for its data.
+struct CopyIn {
+    spec: CopySpec,
+    columns: usize,
+    data: Vec<u8>,
+}
+
+/// What one connection has: its session, its cancel handle, a COPY in
+/// progress.
+struct Conn {
+    session: Mutex<Session>,
+    cancel: Arc<ConnectionHandle>,
+    hangup: Option<Arc<Hangup>>,
+    copy_in: Mutex<Option<CopyIn>>,
+    _registration: ConnectionGuard,
+}
+
+impl Conn {
+    /// A receiver that fires when the running statement must stop: a cancel
+    /// request for this connection, or the client going away.
+    async fn stop_signal(&self) -> (oneshot::Receiver<()>, tokio::task::JoinHandle<()>) {
+        let cancel = self.cancel.start_query().await;
+        let hangup = self.hangup.clone();
+        let (tx, rx) = oneshot::channel();
+        let watcher = tokio::spawn(async move {
+            let gone = async {
+                match hangup {
+                    Some(h) => h.wait().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                r = cancel => if r.is_ok() { let _ = tx.send(()); },
+                _ = gone => { let _ = tx.send(()); }
+            }
+        });
+        (rx, watcher)
+    }
+}
+
+fn conn_of<C: ClientInfo + ?Sized>(client: &C) -> PgWireResult<Arc<Conn>> {
+    client
+        .session_extensions()
+        .get::<Arc<Conn>>()
+        .map(|c| c.as_ref().clone())
+        .ok_or_else(|| user_error("08003", "the connection has no session; reconnect"))
+}
+
+/// A prepared statement of the extended protocol.
+#[derive(Debug)]
+pub struct PgStatement {
+    /// `None` for an empty query string.
+    stmt: Option<Statement>,
+    /// Parameter types as told to the client.
+    params: Vec<Type>,
+    /// Parameter types as DataFusion infers them (to decode the values).
+    param_types: Vec<Option<DataType>>,
+    /// The result columns; `None` for statements without rows.
+    columns: Option<SchemaRef>,
+}
+
+/// Everything the handlers share; one per server.
+pub struct PgService {
+    db: Arc<Database>,
+    base: SessionContext,
+    defaults: SessionDefaults,
+    metrics: FrontDoor,
+    lifecycle: Arc<Lifecycle>,
+    connections: Arc<ConnectionManager>,
+    marker: Marker,
+    rewriter: Arc<PostgresCompatibilityParser>,
+}
+
+/// The marker's error, if `text` carries one (see [`conn::Marker`]).
+fn marked(marker: &Marker, text: &str) -> PgWireResult<()> {
+    match marker.error(text) {
+        Some((code, message)) => Err(user_error(&code, message)),
+        None => Ok(()),
+    }
+}
+
+impl PgService {
+    /// Parses with the session; queries pass through the pg_catalog rewrites.
+    async fn parse(&self, session: &Session, sql: &str) -> PgWireResult<Vec<Statement>> {
+        let mut statements = session.parse(sql).await.map_err(db_error)?;
+        for s in &mut statements {
+            if s.kind() == StatementKind::Rows {
+                if let Ok(mut rewritten) = self.rewriter.parse(s.text()) {
+                    if let [SqlStatement::Query(_)] = rewritten.as_slice() {
+                        if let Some(q) = rewritten.pop() {
+                            s.replace_query(q);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(statements)
+    }
+
+    /// Sends the session's notices and changed settings to the client.
+    async fn report<C>(&self, client: &mut C, session: &mut Session) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        for notice in session.take_notices() {
+            let (severity, text) = match notice.split_once(": ") {
+                Some((s @ ("WARNING" | "NOTICE"), t)) => (s.to_string(), t.to_string()),
+                _ => ("NOTICE".to_string(), notice),
+            };
+            let code = if severity == "WARNING" {
+                "01000"
+            } else {
+                "00000"
+            };
+            client
+                .feed(PgWireBackendMessage::NoticeResponse(NoticeResponse::from(
+                    ErrorInfo::new(severity, code.to_string(), text),
+                )))
+                .await?;
+        }
+        for (name, value) in session.take_reported() {
+            if name == "DateStyle" || name == "TimeZone" || name == "IntervalStyle" {
+                client.metadata_mut().insert(name.clone(), value.clone());
+            }
+            client
+                .feed(PgWireBackendMessage::ParameterStatus(ParameterStatus::new(
+                    name, value,
+                )))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Starts a COPY: TO STDOUT runs its query and streams the rows; FROM
+    /// STDIN waits for the client's data (see [`CopyHandler`]).
+    async fn start_copy(
+        &self,
+        conn: &Conn,
+        session: &mut Session,
+        stmt: &Statement,
+    ) -> PgWireResult<Response> {
+        let spec = stmt
+            .copy_spec()
+            .ok_or_else(|| user_error("XX000", "not a COPY statement"))?
+            .map_err(db_error)?;
+        if spec.to_client {
+            let (stop, watcher) = conn.stop_signal().await;
+            let out = session.copy_out(&spec, Some(stop)).await;
+            watcher.abort();
+            let (schema, batches) = match out.map_err(db_error)? {
+                Output::Rows { schema, batches } => (schema, batches),
+                Output::Affected { .. } => {
+                    return Err(user_error("XX000", "COPY's query returned no rows"))
+                }
+            };
+            return copy_out_response(&spec.format, &schema, batches);
+        }
+        let columns = match &spec.data {
+            crate::sql::copy::CopyData::Table { table, columns } => {
+                if columns.is_empty() {
+                    self.db
+                        .table(&format!("{}.{}", table.database, table.table))
+                        .map_err(db_error)?
+                        .schema()
+                        .columns
+                        .len()
+                } else {
+                    columns.len()
+                }
+            }
+            crate::sql::copy::CopyData::Query(_) => {
+                return Err(user_error("42601", "COPY FROM needs a table"))
+            }
+        };
+        *conn.copy_in.lock().await = Some(CopyIn {
+            spec,
+            columns,
+            data: Vec::new(),
+        });
+        Ok(Response::CopyIn(CopyResponse::new(
+            0,
+            columns,
+            futures::stream::empty(),
+        )))
+    }
+}
+
+/// COPY TO STDOUT's data, one CopyData per row (and a CSV header).
+fn copy_out_response(
+    format: &CopyFormat,
+    schema: &SchemaRef,
+    batches: Vec<RecordBatch>,
+) -> PgWireResult<Response> {
+    let fields = Arc::new(arrow_schema_to_pg_fields(
+        schema,
+        &Format::UnifiedText,
+        None,
+    )?);
+    let mut encoder = match format {
+        CopyFormat::Text { delimiter, null } => CopyEncoder::new_text(
+            fields.clone(),
+            CopyTextOptions {
+                delimiter: delimiter.to_string().into(),
+                null_string: null.as_str().into(),
+            },
+        ),
+        CopyFormat::Csv {
+            delimiter,
+            quote,
+            escape,
+            null,
+            ..
+        } => CopyEncoder::new_csv(
+            fields.clone(),
+            CopyCsvOptions {
+                delimiter: delimiter.to_string().into(),
+                quote: quote.to_string().into(),
+                escape: escape.to_string().into(),
+                null_string: null.as_str().into(),
+                force_quote: Vec::new(),
+            },
+        ),
+    };
+    let mut out: Vec<PgWireResult<CopyData>> = Vec::new();
+    if let CopyFormat::Csv {
+        header: true,
+        delimiter,
+        ..
+    } = format
+    {
+        let names: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
+        out.push(Ok(CopyData::new(
+            format!("{}\n", names.join(&delimiter.to_string())).into(),
+        )));
+    }
+    for batch in &batches {
+        for row in 0..batch.num_rows() {
+            for (i, field) in schema.fields().iter().enumerate() {
+                encode_value(&mut encoder, batch.column(i), row, field, &fields[i])?;
+            }
+            out.push(Ok(encoder.take_copy()));
+        }
+    }
+    Ok(Response::CopyOut(CopyResponse::new(
+        0,
+        schema.fields().len(),
+        futures::stream::iter(out),
+    )))
+}
+
+#[async_trait]
+impl SimpleQueryHandler for PgService {
+    async fn do_query<C>(&self, client: &mut C, query: &str) -> PgWireResult<Vec<Response>>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let _in_flight = self.lifecycle.begin()?;
+        self.metrics.requests.inc();
+        let conn = conn_of(client)?;
+        let mut session = conn.session.lock().await;
+        let result = self.simple(client, &conn, &mut session, query).await;
+        self.report(client, &mut session).await?;
+        if result.is_err() {
+            self.metrics.errors.inc();
+            session.statement_failed();
+        }
+        result
+    }
+}
+
+impl PgService {
+    async fn simple<C>(
+        &self,
+        client: &mut C,
+        conn: &Conn,
+        session: &mut Session,
+        query: &str,
+    ) -> PgWireResult<Vec<Response>>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        marked(&self.marker, query)?;
+        let mut statements = self.parse(session, query).await?;
+        if statements.is_empty() {
+            return Ok(vec![Response::EmptyQuery]);
+        }
+        let copy_at = statements
+            .iter()
+            .position(|s| matches!(s.kind(), StatementKind::CopyIn | StatementKind::CopyOut));
+        let copy = match copy_at {
+            Some(i) if i + 1 == statements.len() => statements.pop(),
+            Some(_) => {
+                return Err(user_error(
+                    "0A000",
+                    "COPY must be the last statement of a query string",
+                ))
+            }
+            None => None,
+        };
+        let options = Arc::new(FormatOptions::from_client_metadata(client.metadata()));
+        let (stop, watcher) = conn.stop_signal().await;
+        let outcome = session.run_script(statements, Some(stop)).await;
+        watcher.abort();
+        let mut responses = Vec::with_capacity(outcome.outputs.len() + 1);
+        for out in outcome.outputs {
+            responses.push(response(out, &Format::UnifiedText, options.clone())?);
+        }
+        if let Some(e) = outcome.error {
+            debug!("statement failed: {e}");
+            self.metrics.errors.inc();
+            responses.push(Response::Error(Box::new(ErrorInfo::from(db_error(e)))));
+            return Ok(responses);
+        }
+        if let Some(copy) = copy {
+            match self.start_copy(conn, session, &copy).await {
+                Ok(r) => responses.push(r),
+                Err(e) => {
+                    session.statement_failed();
+                    responses.push(Response::Error(Box::new(ErrorInfo::from(e))));
+                }
+            }
+        }
+        Ok(responses)
+    }
+}
+
+#[async_trait]
+impl QueryParser for PgService {
+    type Statement = Arc<PgStatement>;
+
+    async fn parse_sql<C>(
+        &self,
+        client: &C,
+        sql: &str,
+        types: &[Option<Type>],
+    ) -> PgWireResult<Option<Self::Statement>>
+    where
+        C: ClientInfo + Unpin + Send + Sync,
+    {
+        marked(&self.marker, sql)?;
+        let conn = conn_of(client)?;
+        let mut session = conn.session.lock().await;
+        let parsed = self.prepare(&session, sql, types).await;
+        if parsed.is_err() {
+            session.statement_failed();
+        }
+        parsed.map(Some)
+    }
+
+    fn get_parameter_types(&self, stmt: &Self::Statement) -> PgWireResult<Vec<Type>> {
+        Ok(stmt.params.clone())
+    }
+
+    fn get_result_schema(
+        &self,
+        stmt: &Self::Statement,
+        column_format: Option<&Format>,
+    ) -> PgWireResult<Vec<FieldInfo>> {
+        match &stmt.columns {
+            Some(schema) => arrow_schema_to_pg_fields(
+                schema,
+                column_format.unwrap_or(&Format::UnifiedText),
+                None,
+            ),
+            None => Ok(Vec::new()),
+        }
+    }
+}
+
+impl PgService {
+    async fn prepare(
+        &self,
+        session: &Session,
+        sql: &str,
+        types: &[Option<Type>],
+    ) -> PgWireResult<Arc<PgStatement>> {
+        let mut statements = self.parse(session, sql).await?;
+        let stmt = match statements.len() {
+            0 => {
+                return Ok(Arc::new(PgStatement {
+                    stmt: None,
+                    params: Vec::new(),
+                    param_types: Vec::new(),
+                    columns: None,
+                }))
+            }
+            1 => statements.remove(0),
+            _ => {
+                return Err(user_error(
+                    "42601",
+                    "cannot insert multiple commands into a prepared statement",
+                ))
+            }
+        };
+        if matches!(stmt.kind(), StatementKind::CopyIn | StatementKind::CopyOut) {
+            return Err(user_error(
+                "0A000",
+                "COPY runs in the simple query protocol only (as psql's \\copy sends it)",
+            ));
+        }
+        let description = session.describe(&stmt).await.map_err(db_error)?;
+        let n = description.params.len().max(types.len());
+        let mut params = Vec::with_capacity(n);
+        let mut param_types = Vec::with_capacity(n);
+        for i in 0..n {
+            let inferred = description.params.get(i).cloned().flatten();
+            let told = types
+                .get(i)
+                .cloned()
+                .flatten()
+                .filter(|t| *t != Type::UNKNOWN);
+            let wire = match (&told, &inferred) {
+                (Some(t), _) => t.clone(),
+                (None, Some(dt)) => into_pg_type(dt).unwrap_or(Type::UNKNOWN),
+                (None, None) => Type::UNKNOWN,
+            };
+            params.push(wire);
+            param_types.push(inferred);
+        }
+        Ok(Arc::new(PgStatement {
+            stmt: Some(stmt),
+            params,
+            param_types,
+            columns: description.columns,
+        }))
+    }
+}
+
+#[async_trait]
+impl ExtendedQueryHandler for PgService {
+    type Statement = Arc<PgStatement>;
+    type QueryParser = PgService;
+
+    fn query_parser(&self) -> Arc<Self::QueryParser> {
+        Arc::new(self.clone_shallow())
+    }
+
+    async fn on_bind<C>(&self, client: &mut C, message: Bind) -> PgWireResult<()>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Self::Statement>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let statement_name = message.statement_name.as_deref().unwrap_or(DEFAULT_NAME);
+        marked(&self.marker, statement_name)?;
+        let portal_name = message.portal_name.as_deref().unwrap_or(DEFAULT_NAME);
+        let statement = match client.portal_store().get_statement(statement_name) {
+            Some(pgwire::api::store::Entry::Value(s)) => s,
+            Some(pgwire::api::store::Entry::Empty) => {
+                if !message.parameters.is_empty() {
+                    return Err(user_error(
+                        "08P01",
+                        format!(
+                            "bind message supplies {} parameters, but prepared statement \"{}\" requires 0",
+                            message.parameters.len(),
+                            statement_name
+                        ),
+                    ));
+                }
+                client
+                    .portal_store()
+                    .put_empty_portal(message.portal_name.as_deref().unwrap_or(DEFAULT_NAME));
+                client
+                    .send(PgWireBackendMessage::BindComplete(BindComplete::new()))
+                    .await?;
+                return Ok(());
+            }
+            None => return Err(PgWireError::StatementNotFound(statement_name.to_owned())),
+        };
+        let expected = statement.statement.params.len();
+        if message.parameters.len() != expected {
+            return Err(user_error(
+                "08P01",
+                format!(
+                    "bind message supplies {} parameters, but prepared statement \"{}\" requires {expected}",
+                    message.parameters.len(),
+                    statement_name
+                ),
+            ));
+        }
+        let portal = Portal::try_new(&message, statement)?;
+        client.portal_store().put_portal(Arc::new(portal));
+        debug!("bound portal {portal_name:?} to {statement_name:?}");
+        client
+            .send(PgWireBackendMessage::BindComplete(BindComplete::new()))
+            .await?;
+        Ok(())
+    }
+
+    async fn on_sync<C>(&self, client: &mut C, _message: PgSync) -> PgWireResult<()>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Self::Statement>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        client.portal_store().rm_portal(DEFAULT_NAME);
+        // The session is the truth about the transaction.
+        if let Ok(conn) = conn_of(client) {
+            let status = match conn.session.lock().await.transaction_status() {
+                SessionStatus::Idle => TransactionStatus::Idle,
+                SessionStatus::InBlock => TransactionStatus::Transaction,
+                SessionStatus::Failed => TransactionStatus::Error,
+            };
+            client.set_transaction_status(status);
+        }
+        client
+            .send(PgWireBackendMessage::ReadyForQuery(ReadyForQuery::new(
+                client.transaction_status(),
+            )))
+            .await?;
+        client.flush().await?;
+        Ok(())
+    }
+
+    async fn do_query<C>(
+        &self,
+        client: &mut C,
+        portal: &Portal<Self::Statement>,
+        _max_rows: usize,
+    ) -> PgWireResult<Response>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Self::Statement>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let _in_flight = self.lifecycle.begin()?;
+        self.metrics.requests.inc();
+        let prepared = portal.statement.statement.clone();
+        let Some(stmt) = &prepared.stmt else {
+            return Ok(Response::EmptyQuery);
+        };
+        let conn = conn_of(client)?;
+        let mut session = conn.session.lock().await;
+        let params = if portal.parameter_len() > 0 {
+            let inferred: Vec<Option<&DataType>> =
+                prepared.param_types.iter().map(|t| t.as_ref()).collect();
+            let wire: Vec<Option<&Type>> = prepared.params.iter().map(Some).collect();
+            match deserialize_parameters_with_server_types(portal, &inferred, &wire) {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    session.statement_failed();
+                    self.metrics.errors.inc();
+                    return Err(parameter_error(e));
+                }
+            }
+        } else {
+            None
+        };
+        let (stop, watcher) = conn.stop_signal().await;
+        let result = session.run(stmt, params, Some(stop)).await;
+        watcher.abort();
+        self.report(client, &mut session).await?;
+        let options = Arc::new(FormatOptions::from_client_metadata(client.metadata()));
+        match result {
+            Ok(Output::Rows { batches, .. }) if prepared.columns.is_none() => {
+                // Described as returning nothing: report the count only.
+                let n: usize = batches.iter().map(|b| b.num_rows()).sum();
+                Ok(Response::Execution(Tag::new("SELECT").with_rows(n)))
+            }
+            Ok(out) => response(out, &portal.result_column_format, options),
+            Err(e) => {
+                self.metrics.errors.inc();
+                debug!("extended statement failed: {e}");
+                Err(db_error(e))
+            }
+        }
+    }
+}
+
+/// A parameter that cannot be decoded: text that is not UTF-8 (22021), or a
+/// value that does not fit its type (22P02).
+fn parameter_error(e: PgWireError) -> PgWireError {
+    let text = e.to_string();
+    let lower = text.to_ascii_lowercase();
+    if lower.contains("utf-8") || lower.contains("utf8") {
+        user_error(
+            "22021",
+            format!("invalid byte sequence for encoding \"UTF8\" in a parameter: {text}"),
+        )
+    } else {
+        user_error("22P02", format!("invalid parameter value: {text}"))
+    }
+}
+
+impl PgService {
+    fn clone_shallow(&self) -> PgService {
+        PgService {
+            db: self.db.clone(),
+            base: self.base.clone(),
+            defaults: self.defaults.clone(),
+            metrics: self.metrics.clone(),
+            lifecycle: self.lifecycle.clone(),
+            connections: self.connections.clone(),
+            marker: self.marker.clone(),
+            rewriter: self.rewriter.clone(),
+        }
+    }
+}
+
+#[async_trait]
+impl CopyHandler for PgService {
+    async fn on_copy_data<C>(&self, client: &mut C, copy_data: CopyData) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let conn = conn_of(client)?;
+        let mut copy = conn.copy_in.lock().await;
+        if let Some(c) = copy.as_mut() {
+            if c.data.len() + copy_data.data.len() > conn::MAX_MESSAGE {
+                *copy = None;
+                return Err(user_error(
+                    "54000",
+                    format!(
+                        "COPY FROM STDIN data exceeds {} bytes in one statement; split it into \
+                         several COPYs",
+                        conn::MAX_MESSAGE
+                    ),
+                ));
+            }
+            c.data.extend_from_slice(&copy_data.data);
+        }
+        Ok(())
+    }
+
+    async fn on_copy_done<C>(&self, client: &mut C, _done: CopyDone) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let conn = conn_of(client)?;
+        let Some(copy) = conn.copy_in.lock().await.take() else {
+            return Err(user_error("08P01", "CopyDone without a COPY FROM STDIN"));
+        };
+        let mut session = conn.session.lock().await;
+        let result = async {
+            let rows = crate::sql::copy::decode(&copy.spec.format, &copy.data, copy.columns)
+                .map_err(db_error)?;
+            let (stop, watcher) = conn.stop_signal().await;
+            let n = session.copy_in(&copy.spec, rows, Some(stop)).await;
+            watcher.abort();
+            n.map_err(db_error)
+        }
+        .await;
+        match result {
+            Ok(n) => {
+                client
+                    .send(PgWireBackendMessage::CommandComplete(
+                        command_tag("COPY", n).into(),
+                    ))
+                    .await?;
+                Ok(())
+            }
+            Err(e) => {
+                session.statement_failed();
+                Err(e)
+            }
+        }
+    }
+
+    async fn on_copy_fail<C>(&self, client: &mut C, fail: CopyFail) -> PgWireError
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        if let Ok(conn) = conn_of(client) {
+            *conn.copy_in.lock().await = None;
+            conn.session.lock().await.statement_failed();
+        }
+        user_error("57014", format!("COPY from stdin failed: {}", fail.message))
+    }
+}
+
+/// Creates each connection's session at startup.
+pub struct StartupHandler {
+    service: Arc<PgService>,
+}
+
+/// Applies connection parameters to a new session: the known settings, and
+/// `options` (`-c name=value`). Names that are no setting are ignored.
+fn apply_startup_parameters(
+    session: &mut Session,
+    params: &HashMap<String, String>,
+) -> Result<(), Error> {
+    for (name, value) in params {
+        match name.as_str() {
+            "user" | "database" | "replication" => {}
+            "options" => {
+                let mut words = value.split_whitespace();
+                while let Some(w) = words.next() {
+                    let pair = match w {
+                        "-c" => words.next().unwrap_or_default(),
+                        other => other
+                            .strip_prefix("-c")
+                            .or_else(|| other.strip_prefix("--"))
+                            .unwrap_or(""),
+                    };
+                    if let Some((k, v)) = pair.split_once('=') {
+                        session.set(&k.replace('-', "_"), v)?;
+                    }
+                }
+            }
+            other => {
+                if session.get(other).is_some() {
+                    session.set(other, value)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl NoopStartupHandler for StartupHandler {
+    async fn post_startup<C>(
+        &self,
+        client: &mut C,
+        _message: pgwire::messages::PgWireFrontendMessage,
+    ) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let fatal = |code: &str, message: String| {
+            PgWireError::UserError(Box::new(ErrorInfo::new(
+                "FATAL".to_owned(),
+                code.to_owned(),
+                message,
+            )))
+        };
+        let svc = &self.service;
+        let named = client
+            .metadata()
+            .get(pgwire::api::METADATA_DATABASE)
+            .cloned()
+            .unwrap_or_default();
+        if let Some(message) = svc.db.unsupported_session_database(&named) {
+            return Err(fatal("0A000", message));
+        }
+        let mut session = svc
+            .db
+            .session_with(&svc.base, Dialect::Postgres, &svc.defaults);
+        apply_startup_parameters(&mut session, client.metadata())
+            .map_err(|e| fatal(sqlstate(&e), e.to_string()))?;
+        for (name, value) in session.reported_settings() {
+            client
+                .feed(PgWireBackendMessage::ParameterStatus(ParameterStatus::new(
+                    name, value,
+                )))
+                .await?;
+        }
+        let (pid, secret) = client.pid_and_secret_key();
+        let (cancel, registration) = svc.connections.register(pid, secret);
+        let hangup = client
+            .session_extensions()
+            .get::<Arc<Hangup>>()
+            .map(|h| h.as_ref().clone());
+        client
+            .session_extensions()
+            .insert::<Arc<Conn>>(Arc::new(Conn {
+                session: Mutex::new(session),
+                cancel,
+                hangup,
+                copy_in: Mutex::new(None),
+                _registration: registration,
+            }));
+        Ok(())
+    }
+}
+
+/// Everything a connection needs; one per server.
+pub struct PgHandlers {
+    service: Arc<PgService>,
+    startup: Arc<StartupHandler>,
+    cancel: Arc<DefaultCancelHandler>,
+    options: PgOptions,
+}
+
+impl PgWireServerHandlers for PgHandlers {
+    fn simple_query_handler(&self) -> Arc<impl SimpleQueryHandler> {
+        self.service.clone()
+    }
+
+    fn extended_query_handler(&self) -> Arc<impl ExtendedQueryHandler> {
+        self.service.clone()
+    }
+
+    fn startup_handler(&self) -> Arc<impl pgwire::api::auth::StartupHandler> {
+        self.startup.clone()
+    }
+
+    fn cancel_handler(&self) -> Arc<impl pgwire::api::cancel::CancelHandler> {
+        self.cancel.clone()
+    }
+
+    fn copy_handler(&self) -> Arc<impl CopyHandler> {
+        self.service.clone()
+    }
+}
+
+impl PgHandlers {
+    /// Installs pg_catalog into a context over the database's catalog and
+    /// builds the handlers.
+    pub fn new(db: Arc<Database>, options: PgOptions) -> crate::Result<PgHandlers> {
+        let base = pg_session_context(&db.session_context()).map_err(|e| Error::Internal {
+            message: format!("cannot install pg_catalog: {e}"),
+        })?;
+        let connections = Arc::new(ConnectionManager::new());
+        let service = Arc::new(PgService {
+            db: db.clone(),
+            base,
+            defaults: options.session.clone(),
+            metrics: FrontDoor::new("postgres"),
+            lifecycle: Arc::new(Lifecycle::default()),
+            connections: connections.clone(),
+            marker: Marker::new(),
+            rewriter: Arc::new(PostgresCompatibilityParser::new()),
+        });
+        Ok(PgHandlers {
+            startup: Arc::new(StartupHandler {
+                service: service.clone(),
+            }),
+            service,
+            cancel: Arc::new(DefaultCancelHandler::new(connections)),
+            options,
+        })
+    }
+
+    pub fn lifecycle(&self) -> Arc<Lifecycle> {
+        self.service.lifecycle.clone()
+    }
+}
+
+struct ConnGauge(FrontDoor);
+
+impl Drop for ConnGauge {
+    fn drop(&mut self) {
+        self.0.connections.dec();
+    }
+}
+
+/// Refuses a connection past the cap as PostgreSQL does: reads its startup
+/// (refusing SSL), answers FATAL 53300, closes.
+async fn refuse_connection(mut socket: tokio::net::TcpStream, max: usize) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let work = async {
+        loop {
+            let len = socket.read_i32().await? as usize;
+            if !(8..=10_000).contains(&len) {
+                return Ok::<(), std::io::Error>(());
+            }
+            let mut body = vec![0u8; len - 4];
+            socket.read_exact(&mut body).await?;
+            let code = u32::from_be_bytes([body[0], body[1], body[2], body[3]]);
+            if code == 80_877_103 || code == 80_877_104 {
+                socket.write_all(b"N").await?;
+                continue;
+            }
+            break;
+        }
+        let message = format!(
+            "sorry, too many clients already: {max} connections are open \
+             (the server's --max-connections)"
+        );
+        let mut body = Vec::new();
+        for (field, value) in [(b'S', "FATAL"), (b'V', "FATAL"), (b'C', "53300")] {
+            body.push(field);
+            body.extend_from_slice(value.as_bytes());
+            body.push(0);
+        }
+        body.push(b'M');
+        body.extend_from_slice(message.as_bytes());
+        body.push(0);
+        body.push(0);
+        let mut frame = vec![b'E'];
+        frame.extend_from_slice(&(body.len() as i32 + 4).to_be_bytes());
+        frame.extend_from_slice(&body);
+        socket.write_all(&frame).await?;
+        socket.shutdown().await
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(5), work).await;
+}
+
+/// Serves connections from `listener` until `shutdown` turns true, then
+/// stops accepting, lets running statements finish and closes the
+/// connections.
+pub async fn serve(
+    listener: TcpListener,
+    handlers: Arc<PgHandlers>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let metrics = handlers.service.metrics.clone();
+    let slots = Arc::new(Semaphore::new(handlers.options.max_connections.max(1)));
+    let mut conns = JoinSet::new();
+    loop {
+        if *shutdown.borrow() {
+            break;
+        }
+        tokio::select! {
+            changed = shutdown.changed() => {
+                if changed.is_err() || *shutdown.borrow() {
+                    break;
+                }
+            }
+            accepted = listener.accept() => match accepted {
+                Ok((socket, peer)) => {
+                    let Ok(permit) = slots.clone().try_acquire_owned() else {
+                        warn!("refusing postgres connection from {peer}: {} connections open", handlers.options.max_connections);
+                        tokio::spawn(refuse_connection(socket, handlers.options.max_connections));
+                        continue;
+                    };
+                    let handlers = handlers.clone();
+                    metrics.connections.inc();
+                    let gauge = ConnGauge(metrics.clone());
+                    conns.spawn(async move {
+                        let _gauge = gauge;
+                        let _permit = permit;
+                        let marker = handlers.service.marker.clone();
+                        let timeout = handlers.options.startup_timeout;
+                        if let Err(e) = conn::serve(socket, peer, handlers, marker, timeout).await {
+                            debug!("postgres connection from {peer} ended: {e}");
+                        }
+                    });
+                }
+                Err(e) => {
+                    warn!("postgres accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+    drop(listener);
+    info!("PostgreSQL server stops accepting; draining statements in flight");
+    if !handlers.lifecycle().drain(DRAIN_TIMEOUT).await {
+        warn!("statements still running after {DRAIN_TIMEOUT:?}; closing anyway");
+    }
+    conns.abort_all();
+    while conns.join_next().await.is_some() {}
+    info!("PostgreSQL server stopped");
+}
+
+/// Binds the PostgreSQL front door.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sqlstate;
+
+    #[test]
+    fn nesting_guard_is_statement_too_complex_and_syntax_errors_stay_42601() {
+        let deep = format!("SELECT {}1{}", "(".repeat(70), ")".repeat(70));
+        let e = crate::sql::parser::parse(&deep).unwrap_err();
+        assert_eq!(sqlstate(&e), "54001", "{e}");
+        let e = crate::sql::parser::parse("SELEC 1").unwrap_err();
+        assert_eq!(sqlstate(&e), "42601", "{e}");
+    }
+}
