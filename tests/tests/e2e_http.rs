@@ -1,8 +1,29 @@
 //! End-to-end: the real binary over HTTP (/v1/sql, InfluxDB line protocol,
 //! /health, /metrics).
 
-use sandflow_tests::harness::{url_encode, Server};
+use std::io::Write;
+use std::net::TcpStream;
+use std::time::Duration;
+
+use sandflow_tests::harness::{poll_until, url_encode, Server};
 use serde_json::json;
+
+/// A query that runs for hours unless it is stopped.
+const ENDLESS_QUERY: &str = "SELECT count(*) FROM range(1000000000000) WHERE value % 7 = 3";
+
+/// Opens a connection and sends a `POST /v1/sql` of `sql` on it, without
+/// waiting for the answer.
+fn send_sql(s: &Server, sql: &str) -> TcpStream {
+    let body = format!("sql={}", url_encode(sql));
+    let mut sock = TcpStream::connect(("127.0.0.1", s.http_port)).unwrap();
+    let req = format!(
+        "POST /v1/sql HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}",
+        s.http_port,
+        body.len()
+    );
+    sock.write_all(req.as_bytes()).unwrap();
+    sock
+}
 
 #[test]
 fn health_and_metrics() {
@@ -284,4 +305,29 @@ fn sql_db_parameter() {
     let (status, text) = s.http("POST", "/v1/sql?db=nope&sql=SELECT%201", None, "");
     assert_eq!(status, 400, "{text}");
     assert!(text.contains("'nope' does not exist"), "{text}");
+}
+
+// A client that goes away mid-query stops its statement: the server does
+// not keep computing an answer nobody will read.
+#[test]
+fn abandoned_query_stops() {
+    let s = Server::start();
+    let running = || s.metric("sandflow_statements_running");
+    assert_eq!(running(), Some(0.0));
+    let sock = send_sql(&s, ENDLESS_QUERY);
+    assert!(
+        poll_until(Duration::from_secs(30), || running() == Some(1.0)),
+        "the query did not start: {:?}\n{}",
+        running(),
+        s.logs()
+    );
+    drop(sock);
+    assert!(
+        poll_until(Duration::from_secs(30), || running() == Some(0.0)),
+        "the abandoned query still runs: {:?}\n{}",
+        running(),
+        s.logs()
+    );
+    let (status, v) = s.http_sql("SELECT 1 AS one");
+    assert_eq!(status, 200, "{v}");
 }

@@ -107,6 +107,16 @@ pub async fn start(
     let db = Database::open_with(&config.data_dir, flows)
         .await
         .map_err(|e| format!("cannot open database in {}: {e}", config.data_dir.display()))?;
+    let weak = Arc::downgrade(&db);
+    metrics::global().gauge_fn(
+        "sandflow_statements_running",
+        "Statements running now (one whose client went away or timed out no longer counts).",
+        &[],
+        move || {
+            weak.upgrade()
+                .map_or(0.0, |db| db.running_statements() as f64)
+        },
+    );
 
     let pg_listener = pg::bind(config.postgres_addr).await.map_err(|e| {
         format!(
