@@ -416,6 +416,65 @@ pub fn http_request_with(
     read_response(&mut s)
 }
 
+/// A kept-open HTTP/1.1 connection to 127.0.0.1:`port`, for tests that hold
+/// connections or send partial requests.
+pub struct Conn {
+    pub stream: TcpStream,
+    port: u16,
+}
+
+impl Conn {
+    /// Connects; reads time out after 60 s.
+    pub fn open(port: u16) -> Conn {
+        let stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .expect("read timeout");
+        Conn { stream, port }
+    }
+
+    /// Sends a request (keep-alive) and reads its response, which must have a
+    /// Content-Length: (status, body).
+    pub fn request(&mut self, method: &str, path: &str) -> Result<(u16, String), String> {
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\n\r\n",
+            self.port
+        );
+        self.stream
+            .write_all(req.as_bytes())
+            .map_err(|e| e.to_string())?;
+        let mut raw = Vec::new();
+        let mut byte = [0u8; 1];
+        while !raw.ends_with(b"\r\n\r\n") {
+            match self.stream.read(&mut byte) {
+                Ok(0) => return Err(format!("connection closed after {raw:?}")),
+                Ok(_) => raw.push(byte[0]),
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        let head = String::from_utf8_lossy(&raw).into_owned();
+        let status: u16 = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| format!("no status in {head:?}"))?;
+        let length: usize = head
+            .lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.trim()
+                    .eq_ignore_ascii_case("content-length")
+                    .then(|| v.trim().parse().ok())?
+            })
+            .ok_or_else(|| format!("no Content-Length in {head:?}"))?;
+        let mut body = vec![0u8; length];
+        self.stream
+            .read_exact(&mut body)
+            .map_err(|e| e.to_string())?;
+        Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    }
+}
+
 /// Reads an HTTP/1.1 response up to the end of the stream: (status, body).
 pub fn read_response(s: &mut TcpStream) -> Result<(u16, String), String> {
     let mut raw = Vec::new();

@@ -134,9 +134,14 @@ pub async fn start(
     let (stop_tx, stop_rx) = watch::channel(false);
     let pg_task = tokio::spawn(pg::serve(pg_listener, handlers, stop_rx.clone()));
     let mut http_stop = stop_rx;
-    let http_task = tokio::spawn(http::serve(http_listener, db.clone(), async move {
-        let _ = http_stop.wait_for(|stop| *stop).await;
-    }));
+    let http_task = tokio::spawn(http::serve(
+        http_listener,
+        db.clone(),
+        http::Settings::from_config(&config),
+        async move {
+            let _ = http_stop.wait_for(|stop| *stop).await;
+        },
+    ));
     info!("PostgreSQL server listening on {pg_addr}");
     info!("HTTP server listening on {http_addr}");
 
