@@ -654,3 +654,39 @@ fn request_timeout() {
     let (status, v) = s.http_sql("SELECT 1 AS one");
     assert_eq!(status, 200, "{v}");
 }
+
+// SIGTERM stops accepting but lets a request in flight finish: here one
+// whose body is still arriving when the signal comes.
+#[test]
+fn shutdown_finishes_requests_in_flight() {
+    let mut s = Server::start();
+    let body = format!("sql={}", url_encode("SELECT 41 + 1 AS answer"));
+    let (first, rest) = body.split_at(10);
+    let mut conn = TcpStream::connect(("127.0.0.1", s.http_port)).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let head = format!(
+        "POST /v1/sql HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{first}",
+        s.http_port,
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).unwrap();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &s.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    assert!(
+        poll_until(Duration::from_secs(30), || s
+            .logs()
+            .contains("shutting down")),
+        "{}",
+        s.logs()
+    );
+    conn.write_all(rest.as_bytes()).unwrap();
+    let (status, text) = sandflow_tests::harness::read_response(&mut conn).unwrap();
+    assert_eq!(status, 200, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["output"][0]["records"]["rows"], json!([[42]]), "{v}");
+    assert!(s.stop(), "not a clean exit:\n{}", s.logs());
+}
