@@ -5,6 +5,12 @@
 //! data_dir = "/var/lib/sandflow"
 //! postgres_addr = "0.0.0.0:4003"
 //! http_addr = "0.0.0.0:4000"
+//! max_connections = 512         # open connections per front door; past it HTTP answers 503
+//!
+//! [http]
+//! allowed_hosts = ["db.example.com"]  # names browsers may use to reach the server (IPs and localhost always)
+//! header_read_timeout = "30s"   # a connection that sends no complete request head in time is closed
+//! timeout = "300s"              # longest a /v1/sql request runs ("0": no limit); ?timeout= may lower it
 //!
 //! [flow]
 //! tick_interval = "200ms"      # how often a flow with new input is ticked (at most)
@@ -30,6 +36,12 @@ pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:4000";
 /// Under continuous input a flow ticks at most this often; its sink lags its
 /// sources by about this much. Each tick is one durable sink commit.
 pub const DEFAULT_TICK_INTERVAL: Duration = Duration::from_millis(200);
+/// Open connections each front door accepts at once.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+/// How long an HTTP client may take to send a complete request head.
+pub const DEFAULT_HTTP_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a `/v1/sql` request may run.
+pub const DEFAULT_HTTP_TIMEOUT: Duration = Duration::from_secs(300);
 
 #[derive(Debug, Snafu)]
 #[snafu(visibility(pub))]
@@ -70,6 +82,14 @@ pub enum ConfigError {
         value: String,
         message: String,
     },
+    #[snafu(display(
+        "invalid host name {value:?} in http.allowed_hosts: give names only, without scheme, \
+         port or path, separated by commas (e.g. \"db.example.com,grafana.local\"); IP \
+         addresses and localhost are always allowed"
+    ))]
+    InvalidHost { value: String },
+    #[snafu(display("invalid http.allowed_hosts in the config file: {message}"))]
+    InvalidHostList { message: String },
 }
 
 /// sandflow: a time-series database whose continuous queries run in
@@ -97,7 +117,9 @@ pub enum Command {
 #[derive(Debug, Clone, Default, Args)]
 pub struct StartArgs {
     /// TOML file with the settings below (keys data_dir, postgres_addr,
-    /// http_addr, and a [flow] section with tick_interval = "1s").
+    /// http_addr, max_connections, an [http] section with allowed_hosts,
+    /// header_read_timeout and timeout, and a [flow] section with
+    /// tick_interval = "1s").
     #[arg(
         short = 'c',
         long = "config",
@@ -120,6 +142,35 @@ pub struct StartArgs {
     /// /metrics). [default: 127.0.0.1:4000]
     #[arg(long, value_name = "HOST:PORT", env = "SANDFLOW_HTTP_ADDR")]
     pub http_addr: Option<String>,
+
+    /// Most connections each front door keeps open at once; past it the HTTP
+    /// front door answers 503 and closes the connection. [default: 512]
+    #[arg(long, value_name = "N", env = "SANDFLOW_MAX_CONNECTIONS")]
+    pub max_connections: Option<String>,
+
+    /// Host names, comma-separated, by which web browsers may reach the HTTP
+    /// front door (e.g. "db.example.com"). A request that carries an Origin or
+    /// Sec-Fetch-Site header (browsers send them) is refused unless its Host
+    /// is one of these, an IP address or localhost, and it comes from the
+    /// server's own origin; clients such as curl send neither and are not
+    /// checked. [default: none]
+    #[arg(long, value_name = "HOSTS", env = "SANDFLOW_HTTP_ALLOWED_HOSTS")]
+    pub http_allowed_hosts: Option<String>,
+
+    /// How long an HTTP client may take to send a complete request head
+    /// before its connection is closed, e.g. "10s". [default: 30s]
+    #[arg(
+        long,
+        value_name = "DURATION",
+        env = "SANDFLOW_HTTP_HEADER_READ_TIMEOUT"
+    )]
+    pub http_header_read_timeout: Option<String>,
+
+    /// Longest a /v1/sql request may run before its statement is stopped
+    /// (answer 504), e.g. "30s"; "0" for no limit. A request may ask for less
+    /// with its `timeout` parameter. [default: 300s]
+    #[arg(long, value_name = "DURATION", env = "SANDFLOW_HTTP_TIMEOUT")]
+    pub http_timeout: Option<String>,
 
     /// How often, at most, a flow with new input is ticked, e.g. "100ms", "1s". [default: 200ms]
     #[arg(long, value_name = "DURATION", env = "SANDFLOW_FLOW_TICK_INTERVAL")]
@@ -197,12 +248,37 @@ impl Default for FlowConfig {
     }
 }
 
+/// The `[http]` section.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HttpConfig {
+    /// Host names (lower-case) browsers may use besides IP addresses and
+    /// `localhost`.
+    pub allowed_hosts: Vec<String>,
+    /// How long a client may take to send a complete request head.
+    pub header_read_timeout: Duration,
+    /// Longest a `/v1/sql` request may run; `None`: no limit.
+    pub timeout: Option<Duration>,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            allowed_hosts: Vec::new(),
+            header_read_timeout: DEFAULT_HTTP_HEADER_READ_TIMEOUT,
+            timeout: Some(DEFAULT_HTTP_TIMEOUT),
+        }
+    }
+}
+
 /// The resolved settings of a server.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     pub data_dir: PathBuf,
     pub postgres_addr: SocketAddr,
     pub http_addr: SocketAddr,
+    /// Open connections each front door accepts at once (at least 1).
+    pub max_connections: usize,
+    pub http: HttpConfig,
     pub flow: FlowConfig,
 }
 
@@ -212,6 +288,8 @@ impl Default for Config {
             data_dir: PathBuf::from(DEFAULT_DATA_DIR),
             postgres_addr: DEFAULT_POSTGRES_ADDR.parse().expect("valid default"),
             http_addr: DEFAULT_HTTP_ADDR.parse().expect("valid default"),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            http: HttpConfig::default(),
             flow: FlowConfig::default(),
         }
     }
@@ -224,8 +302,20 @@ pub struct FileConfig {
     pub data_dir: Option<PathBuf>,
     pub postgres_addr: Option<String>,
     pub http_addr: Option<String>,
+    pub max_connections: Option<toml::Value>,
+    #[serde(default)]
+    pub http: FileHttpConfig,
     #[serde(default)]
     pub flow: FileFlowConfig,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileHttpConfig {
+    /// A list of names, or one comma-separated string.
+    pub allowed_hosts: Option<toml::Value>,
+    pub header_read_timeout: Option<String>,
+    pub timeout: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -374,10 +464,85 @@ impl Config {
             Some(s) => parse_duration("flow.restart_backoff", s)?,
             None => defaults.restart_backoff,
         };
+        let max_connections = match args
+            .max_connections
+            .clone()
+            .or(file.max_connections.map(toml_text))
+        {
+            Some(s) => match s.trim().parse::<usize>() {
+                Ok(n) if n >= 1 => n,
+                _ => {
+                    return Err(ConfigError::InvalidNumber {
+                        what: "max_connections".into(),
+                        value: s,
+                        message: "use a whole number of at least 1".into(),
+                    })
+                }
+            },
+            None => DEFAULT_MAX_CONNECTIONS,
+        };
+        let allowed_hosts = match &args.http_allowed_hosts {
+            Some(s) => parse_hosts(s.split(','))?,
+            None => match file.http.allowed_hosts {
+                None => Vec::new(),
+                Some(toml::Value::String(s)) => parse_hosts(s.split(','))?,
+                Some(toml::Value::Array(items)) => {
+                    let names = items
+                        .into_iter()
+                        .map(|v| match v {
+                            toml::Value::String(s) => Ok(s),
+                            other => Err(ConfigError::InvalidHostList {
+                                message: format!("{other} is not a string; write allowed_hosts = [\"db.example.com\"]"),
+                            }),
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
+                    parse_hosts(names.iter().map(String::as_str))?
+                }
+                Some(other) => {
+                    return Err(ConfigError::InvalidHostList {
+                        message: format!(
+                            "{other} is not a list of names; write allowed_hosts = [\"db.example.com\"]"
+                        ),
+                    })
+                }
+            },
+        };
+        let header_read_timeout = match args
+            .http_header_read_timeout
+            .as_deref()
+            .or(file.http.header_read_timeout.as_deref())
+        {
+            Some(s) => {
+                let d = parse_duration("http.header_read_timeout", s)?;
+                if d < Duration::from_millis(1) {
+                    return Err(ConfigError::InvalidDuration {
+                        what: "http.header_read_timeout".into(),
+                        value: s.to_string(),
+                        message: "must be at least 1ms".into(),
+                    });
+                }
+                d
+            }
+            None => DEFAULT_HTTP_HEADER_READ_TIMEOUT,
+        };
+        let timeout = match args
+            .http_timeout
+            .as_deref()
+            .or(file.http.timeout.as_deref())
+        {
+            Some(s) => Some(parse_duration("http.timeout", s)?).filter(|d| !d.is_zero()),
+            None => Some(DEFAULT_HTTP_TIMEOUT),
+        };
         Ok(Config {
             data_dir,
             postgres_addr,
             http_addr,
+            max_connections,
+            http: HttpConfig {
+                allowed_hosts,
+                header_read_timeout,
+                timeout,
+            },
             flow: FlowConfig {
                 tick_interval,
                 memory_limit,
@@ -389,6 +554,24 @@ impl Config {
             },
         })
     }
+}
+
+/// Host names for `http.allowed_hosts`, lower-cased; empty entries are
+/// skipped.
+fn parse_hosts<'a>(names: impl Iterator<Item = &'a str>) -> Result<Vec<String>, ConfigError> {
+    let mut out = Vec::new();
+    for name in names.map(str::trim).filter(|n| !n.is_empty()) {
+        let valid = name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'));
+        if !valid {
+            return Err(ConfigError::InvalidHost {
+                value: name.to_string(),
+            });
+        }
+        out.push(name.to_ascii_lowercase());
+    }
+    Ok(out)
 }
 
 /// A TOML value as text: `10` and `"10"` both mean 10.
@@ -531,6 +714,77 @@ mod tests {
             let e = Config::merge(&args, FileConfig::default()).unwrap_err();
             assert!(e.to_string().contains(what), "{e}");
         }
+    }
+
+    #[test]
+    fn connections_and_http_settings() {
+        let file: FileConfig = toml::from_str(
+            "max_connections = 64\n[http]\nallowed_hosts = [\"DB.example.com\", \"grafana\"]\nheader_read_timeout = \"5s\"\ntimeout = \"0\"\n",
+        )
+        .unwrap();
+        let c = Config::merge(&StartArgs::default(), file).unwrap();
+        assert_eq!(c.max_connections, 64);
+        assert_eq!(c.http.allowed_hosts, ["db.example.com", "grafana"]);
+        assert_eq!(c.http.header_read_timeout, Duration::from_secs(5));
+        assert_eq!(c.http.timeout, None);
+
+        let file: FileConfig = toml::from_str(
+            "max_connections = 64\n[http]\nallowed_hosts = \"a.example\"\ntimeout = \"10s\"\n",
+        )
+        .unwrap();
+        let args = StartArgs {
+            max_connections: Some("2".into()),
+            http_allowed_hosts: Some("x.example, y.example,".into()),
+            http_timeout: Some("250ms".into()),
+            ..Default::default()
+        };
+        let c = Config::merge(&args, file).unwrap();
+        assert_eq!(c.max_connections, 2);
+        assert_eq!(c.http.allowed_hosts, ["x.example", "y.example"]);
+        assert_eq!(c.http.timeout, Some(Duration::from_millis(250)));
+        assert_eq!(c.http.header_read_timeout, DEFAULT_HTTP_HEADER_READ_TIMEOUT);
+
+        let d = Config::merge(&StartArgs::default(), FileConfig::default()).unwrap();
+        assert_eq!(d.max_connections, 512);
+        assert_eq!(d.http.timeout, Some(Duration::from_secs(300)));
+        assert!(d.http.allowed_hosts.is_empty());
+
+        for (args, what) in [
+            (
+                StartArgs {
+                    max_connections: Some("0".into()),
+                    ..Default::default()
+                },
+                "max_connections",
+            ),
+            (
+                StartArgs {
+                    http_allowed_hosts: Some("http://db.example.com:4000".into()),
+                    ..Default::default()
+                },
+                "allowed_hosts",
+            ),
+            (
+                StartArgs {
+                    http_header_read_timeout: Some("0".into()),
+                    ..Default::default()
+                },
+                "http.header_read_timeout",
+            ),
+            (
+                StartArgs {
+                    http_timeout: Some("soon".into()),
+                    ..Default::default()
+                },
+                "http.timeout",
+            ),
+        ] {
+            let e = Config::merge(&args, FileConfig::default()).unwrap_err();
+            assert!(e.to_string().contains(what), "{e}");
+        }
+        let file: FileConfig = toml::from_str("[http]\nallowed_hosts = [1]\n").unwrap();
+        let e = Config::merge(&StartArgs::default(), file).unwrap_err();
+        assert!(e.to_string().contains("allowed_hosts"), "{e}");
     }
 
     #[test]

@@ -364,6 +364,21 @@ impl Database {
         Session::new(self.core.clone(), base, dialect, defaults)
     }
 
+    /// Whether every statement of `sql` only reads (queries, `SHOW`, `DESC`;
+    /// see [`crate::sql::parser::Stmt::is_read_only`]); an error if it does
+    /// not parse. Parsed on the executor's deep stacks, like `execute`.
+    pub async fn is_read_only(&self, sql: &str) -> Result<bool> {
+        let sql = sql.to_string();
+        self.core
+            .executor
+            .run(async move {
+                Ok(crate::sql::parser::parse(&sql)?
+                    .iter()
+                    .all(crate::sql::parser::Stmt::is_read_only))
+            })
+            .await
+    }
+
     /// How many statements are running now (a statement whose client went
     /// away or was cancelled no longer counts).
     pub fn running_statements(&self) -> usize {

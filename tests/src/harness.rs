@@ -316,6 +316,29 @@ impl Server {
         http_request(self.http_port, method, path, content_type, body)
     }
 
+    /// A request with extra headers (e.g. `Origin`, or a `Host` other than
+    /// `127.0.0.1:<port>`); (status, body).
+    pub fn http_with(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> (u16, String) {
+        http_request_with(self.http_port, method, path, headers, body)
+            .unwrap_or_else(|e| panic!("HTTP {method} {path}: {e}\n{}", self.logs()))
+    }
+
+    /// The value of the series whose `/metrics` line starts with `series`
+    /// (its name and labels, e.g. `sandflow_open_connections{frontdoor="http"}`).
+    pub fn metric(&self, series: &str) -> Option<f64> {
+        let (status, text) = self.http("GET", "/metrics", None, "");
+        assert_eq!(status, 200, "{text}");
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
     /// `POST /v1/sql` with the SQL as a form field; (status, JSON).
     pub fn http_sql(&self, sql: &str) -> (u16, serde_json::Value) {
         let body = format!("sql={}", url_encode(sql));
@@ -358,19 +381,102 @@ pub fn http_request(
     content_type: Option<&str>,
     body: &str,
 ) -> Result<(u16, String), String> {
+    let headers: Vec<(&str, &str)> = content_type
+        .map(|ct| vec![("Content-Type", ct)])
+        .unwrap_or_default();
+    http_request_with(port, method, path, &headers, body)
+}
+
+/// A one-shot HTTP/1.1 request to 127.0.0.1:`port` with extra `headers`; a
+/// `Host` among them replaces the default `127.0.0.1:<port>`.
+pub fn http_request_with(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Result<(u16, String), String> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
     s.set_read_timeout(Some(Duration::from_secs(60)))
         .map_err(|e| e.to_string())?;
-    let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\nContent-Length: {}\r\n",
+    let mut req = format!("{method} {path} HTTP/1.1\r\n");
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        req.push_str(&format!("Host: 127.0.0.1:{port}\r\n"));
+    }
+    req.push_str(&format!(
+        "Connection: close\r\nContent-Length: {}\r\n",
         body.len()
-    );
-    if let Some(ct) = content_type {
-        req.push_str(&format!("Content-Type: {ct}\r\n"));
+    ));
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
     }
     req.push_str("\r\n");
     req.push_str(body);
     s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
+    read_response(&mut s)
+}
+
+/// A kept-open HTTP/1.1 connection to 127.0.0.1:`port`, for tests that hold
+/// connections or send partial requests.
+pub struct Conn {
+    pub stream: TcpStream,
+    port: u16,
+}
+
+impl Conn {
+    /// Connects; reads time out after 60 s.
+    pub fn open(port: u16) -> Conn {
+        let stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .expect("read timeout");
+        Conn { stream, port }
+    }
+
+    /// Sends a request (keep-alive) and reads its response, which must have a
+    /// Content-Length: (status, body).
+    pub fn request(&mut self, method: &str, path: &str) -> Result<(u16, String), String> {
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\n\r\n",
+            self.port
+        );
+        self.stream
+            .write_all(req.as_bytes())
+            .map_err(|e| e.to_string())?;
+        let mut raw = Vec::new();
+        let mut byte = [0u8; 1];
+        while !raw.ends_with(b"\r\n\r\n") {
+            match self.stream.read(&mut byte) {
+                Ok(0) => return Err(format!("connection closed after {raw:?}")),
+                Ok(_) => raw.push(byte[0]),
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        let head = String::from_utf8_lossy(&raw).into_owned();
+        let status: u16 = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| format!("no status in {head:?}"))?;
+        let length: usize = head
+            .lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.trim()
+                    .eq_ignore_ascii_case("content-length")
+                    .then(|| v.trim().parse().ok())?
+            })
+            .ok_or_else(|| format!("no Content-Length in {head:?}"))?;
+        let mut body = vec![0u8; length];
+        self.stream
+            .read_exact(&mut body)
+            .map_err(|e| e.to_string())?;
+        Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    }
+}
+
+/// Reads an HTTP/1.1 response up to the end of the stream: (status, body).
+pub fn read_response(s: &mut TcpStream) -> Result<(u16, String), String> {
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).map_err(|e| e.to_string())?;
     let text = String::from_utf8_lossy(&raw).into_owned();
@@ -462,4 +568,19 @@ pub fn wait_for_file(path: &Path, timeout: Duration) -> bool {
         std::thread::sleep(Duration::from_millis(20));
     }
     false
+}
+
+/// Calls `done` every 50 ms until it returns true or `timeout` has passed;
+/// returns whether it did.
+pub fn poll_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

@@ -1,8 +1,29 @@
 //! End-to-end: the real binary over HTTP (/v1/sql, InfluxDB line protocol,
 //! /health, /metrics).
 
-use sandflow_tests::harness::{url_encode, Server};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use sandflow_tests::harness::{poll_until, temp_data_dir, url_encode, Conn, Options, Server};
 use serde_json::json;
+
+/// A query that runs for hours unless it is stopped.
+const ENDLESS_QUERY: &str = "SELECT count(*) FROM range(1000000000000) WHERE value % 7 = 3";
+
+/// Opens a connection and sends a `POST /v1/sql` of `sql` on it, without
+/// waiting for the answer.
+fn send_sql(s: &Server, sql: &str) -> TcpStream {
+    let body = format!("sql={}", url_encode(sql));
+    let mut sock = TcpStream::connect(("127.0.0.1", s.http_port)).unwrap();
+    let req = format!(
+        "POST /v1/sql HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}",
+        s.http_port,
+        body.len()
+    );
+    sock.write_all(req.as_bytes()).unwrap();
+    sock
+}
 
 #[test]
 fn health_and_metrics() {
@@ -284,4 +305,388 @@ fn sql_db_parameter() {
     let (status, text) = s.http("POST", "/v1/sql?db=nope&sql=SELECT%201", None, "");
     assert_eq!(status, 400, "{text}");
     assert!(text.contains("'nope' does not exist"), "{text}");
+}
+
+// A client that goes away mid-query stops its statement: the server does
+// not keep computing an answer nobody will read.
+#[test]
+fn abandoned_query_stops() {
+    let s = Server::start();
+    let running = || s.metric("sandflow_statements_running");
+    assert_eq!(running(), Some(0.0));
+    let sock = send_sql(&s, ENDLESS_QUERY);
+    assert!(
+        poll_until(Duration::from_secs(30), || running() == Some(1.0)),
+        "the query did not start: {:?}\n{}",
+        running(),
+        s.logs()
+    );
+    drop(sock);
+    assert!(
+        poll_until(Duration::from_secs(30), || running() == Some(0.0)),
+        "the abandoned query still runs: {:?}\n{}",
+        running(),
+        s.logs()
+    );
+    let (status, v) = s.http_sql("SELECT 1 AS one");
+    assert_eq!(status, 200, "{v}");
+}
+
+fn start_with_args(args: &[&str]) -> Server {
+    Server::start_with(
+        temp_data_dir(),
+        Options {
+            args: args.iter().map(|a| a.to_string()).collect(),
+            ..Default::default()
+        },
+    )
+}
+
+fn tables(s: &Server) -> String {
+    s.sql("SHOW TABLES")
+}
+
+fn json_error(text: &str) -> String {
+    let v: serde_json::Value =
+        serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"));
+    assert!(v["code"].is_number(), "{v}");
+    v["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{v}"))
+        .to_string()
+}
+
+// A web page on another origin cannot use the API: a browser sends its
+// Origin (or Sec-Fetch-Site), and the request is refused before it runs.
+// Clients that send neither (curl, libraries, backends) are not checked.
+#[test]
+fn cross_origin_requests_are_refused() {
+    let s = Server::start();
+    s.sql("CREATE TABLE t (host STRING, v DOUBLE, ts TIMESTAMP TIME INDEX, PRIMARY KEY (host))");
+    let evil = [("Origin", "http://evil.example")];
+    let drop_t = format!("/v1/sql?sql={}", url_encode("DROP TABLE t"));
+
+    let (status, text) = s.http_with("GET", &drop_t, &evil, "");
+    assert_eq!(status, 403, "{text}");
+    assert!(json_error(&text).contains("cross-origin"), "{text}");
+    let (status, text) = s.http_with(
+        "POST",
+        "/v1/sql",
+        &[
+            ("Origin", "http://evil.example"),
+            ("Content-Type", "application/x-www-form-urlencoded"),
+        ],
+        "sql=DROP%20TABLE%20t",
+    );
+    assert_eq!(status, 403, "{text}");
+    assert!(json_error(&text).contains("cross-origin"), "{text}");
+    let (status, text) = s.http_with(
+        "POST",
+        "/v1/influxdb/write?precision=s",
+        &evil,
+        "t,host=h v=1 10\n",
+    );
+    assert_eq!(status, 403, "{text}");
+    // A cross-site GET without Origin (an image, a link) is refused too.
+    let select = format!("/v1/sql?sql={}", url_encode("SELECT count(*) FROM t"));
+    let (status, text) = s.http_with("GET", &select, &[("Sec-Fetch-Site", "cross-site")], "");
+    assert_eq!(status, 403, "{text}");
+    assert!(json_error(&text).contains("cross-site"), "{text}");
+    // Nothing was dropped or written.
+    assert_eq!(tables(&s), "t");
+    assert_eq!(s.sql("SELECT count(*) FROM t"), "0");
+
+    // The server's own origin, and the address bar, are fine.
+    let own = format!("http://127.0.0.1:{}", s.http_port);
+    let (status, text) = s.http_with(
+        "GET",
+        &select,
+        &[("Origin", own.as_str()), ("Sec-Fetch-Site", "same-origin")],
+        "",
+    );
+    assert_eq!(status, 200, "{text}");
+    let (status, text) = s.http_with("GET", &select, &[("Sec-Fetch-Site", "none")], "");
+    assert_eq!(status, 200, "{text}");
+    // /health and /metrics stay open.
+    for path in ["/health", "/metrics"] {
+        let (status, text) = s.http_with("GET", path, &evil, "");
+        assert_eq!(status, 200, "{path}: {text}");
+    }
+}
+
+// Clients without Origin or Sec-Fetch-Site are not checked, whatever name
+// they reach the server by (a backend behind a DNS name, curl, requests).
+#[test]
+fn clients_without_browser_headers_still_work() {
+    let s = Server::start();
+    s.sql("CREATE TABLE t (host STRING, v DOUBLE, ts TIMESTAMP TIME INDEX, PRIMARY KEY (host))");
+    let (status, text) = s.http_with(
+        "POST",
+        "/v1/influxdb/write?precision=s",
+        &[("Host", "sandflow.internal:4000")],
+        "t,host=h v=1 10\n",
+    );
+    assert_eq!(status, 204, "{text}");
+    let (status, text) = s.http_with(
+        "POST",
+        "/v1/sql",
+        &[
+            ("Host", "sandflow.internal"),
+            ("Content-Type", "application/x-www-form-urlencoded"),
+        ],
+        "sql=DROP%20TABLE%20t",
+    );
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(tables(&s), "");
+}
+
+// DNS rebinding: a page on evil.example whose name now resolves to the
+// server's address talks to it as its own origin. Its Host names no name of
+// the server's, so it is refused, unless the name was allowed.
+#[test]
+fn dns_rebinding_is_refused() {
+    let s = start_with_args(&["--http-allowed-hosts", "db.example,grafana.example"]);
+    s.sql("CREATE TABLE t (host STRING, v DOUBLE, ts TIMESTAMP TIME INDEX, PRIMARY KEY (host))");
+    let port = s.http_port;
+    let select = format!("/v1/sql?sql={}", url_encode("SELECT count(*) FROM t"));
+    let evil_host = format!("evil.example:{port}");
+    let evil_origin = format!("http://evil.example:{port}");
+    let (status, text) = s.http_with(
+        "GET",
+        &select,
+        &[
+            ("Host", evil_host.as_str()),
+            ("Sec-Fetch-Site", "same-origin"),
+        ],
+        "",
+    );
+    assert_eq!(status, 403, "{text}");
+    let message = json_error(&text);
+    assert!(
+        message.contains("evil.example") && message.contains("--http-allowed-hosts"),
+        "{message}"
+    );
+    let (status, text) = s.http_with(
+        "POST",
+        "/v1/sql",
+        &[
+            ("Host", evil_host.as_str()),
+            ("Origin", evil_origin.as_str()),
+            ("Content-Type", "application/x-www-form-urlencoded"),
+        ],
+        "sql=DROP%20TABLE%20t",
+    );
+    assert_eq!(status, 403, "{text}");
+    assert_eq!(tables(&s), "t");
+
+    // A name given with --http-allowed-hosts is the server's own.
+    let host = format!("db.example:{port}");
+    let origin = format!("http://db.example:{port}");
+    let (status, text) = s.http_with(
+        "GET",
+        &select,
+        &[
+            ("Host", host.as_str()),
+            ("Origin", origin.as_str()),
+            ("Sec-Fetch-Site", "same-origin"),
+        ],
+        "",
+    );
+    assert_eq!(status, 200, "{text}");
+}
+
+// GET /v1/sql runs only statements that read; anything else must be POSTed.
+#[test]
+fn get_runs_only_reads() {
+    let s = Server::start();
+    s.sql("CREATE TABLE t (host STRING, v DOUBLE, ts TIMESTAMP TIME INDEX, PRIMARY KEY (host))");
+    s.sql("INSERT INTO t VALUES ('a', 1, 1000)");
+    let get = |sql: &str| s.http("GET", &format!("/v1/sql?sql={}", url_encode(sql)), None, "");
+    for sql in [
+        "SELECT count(*) FROM t",
+        "SHOW TABLES",
+        "DESC TABLE t",
+        "EXPLAIN SELECT * FROM t",
+        "WITH x AS (SELECT 1 AS one) SELECT one FROM x",
+    ] {
+        let (status, text) = get(sql);
+        assert_eq!(status, 200, "{sql}: {text}");
+    }
+    for sql in [
+        "DROP TABLE t",
+        "DELETE FROM t",
+        "INSERT INTO t VALUES ('b', 2, 2000)",
+        "SELECT 1; DROP TABLE t",
+        "EXPLAIN DELETE FROM t",
+        "CREATE TABLE u (ts TIMESTAMP TIME INDEX)",
+        "ADMIN FLUSH_FLOW('f')",
+        "SET datafusion.execution.batch_size = 1",
+        "DROPP TABLE t",
+    ] {
+        let (status, text) = get(sql);
+        assert_eq!(status, 405, "{sql}: {text}");
+        let message = json_error(&text);
+        assert!(message.contains("POST"), "{message}");
+    }
+    // A query with a typo gets its syntax error, as over POST.
+    let (status, text) = get("SELECT (1 FROM t");
+    assert_eq!(status, 400, "{text}");
+    assert!(json_error(&text).contains("syntax"), "{text}");
+    assert_eq!(tables(&s), "t");
+    assert_eq!(s.sql("SELECT count(*) FROM t"), "1");
+    // The same statements work over POST.
+    let (status, v) = s.http_sql("DELETE FROM t");
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(s.sql("SELECT count(*) FROM t"), "0");
+}
+
+// Past --max-connections the next connection is answered 503 and closed;
+// once connections close, new ones are served again.
+#[test]
+fn connection_cap() {
+    let s = start_with_args(&["--max-connections", "3"]);
+    // A kept-open connection that watches the count (it holds one of the 3).
+    let mut watch = Conn::open(s.http_port);
+    let open = |c: &mut Conn| -> f64 {
+        let (status, text) = c.request("GET", "/metrics").unwrap();
+        assert_eq!(status, 200, "{text}");
+        text.lines()
+            .find_map(|l| l.strip_prefix("sandflow_open_connections{frontdoor=\"http\"} "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(-1.0)
+    };
+    assert!(
+        poll_until(Duration::from_secs(30), || open(&mut watch) == 1.0),
+        "connections of the harness still open: {}",
+        open(&mut watch)
+    );
+    let mut idle = [Conn::open(s.http_port), Conn::open(s.http_port)];
+    let (status, text) = s.http("GET", "/health", None, "");
+    assert_eq!(status, 503, "{text}");
+    let message = json_error(&text);
+    assert!(message.contains("--max-connections"), "{message}");
+    // Also when the client has not sent anything yet: the answer comes, and
+    // the connection is closed.
+    let mut silent = TcpStream::connect(("127.0.0.1", s.http_port)).unwrap();
+    silent
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut answer = String::new();
+    silent.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    // The connections that hold the slots are served.
+    for c in &mut idle {
+        let (status, text) = c.request("GET", "/health").unwrap();
+        assert_eq!(status, 200, "{text}");
+    }
+    assert_eq!(open(&mut watch), 3.0);
+    drop(idle);
+    assert!(
+        poll_until(Duration::from_secs(30), || s
+            .try_http("GET", "/health", None, "")
+            .is_ok_and(|(status, _)| status == 200)),
+        "no connection served after the others closed"
+    );
+}
+
+// A connection that does not send a complete request head within
+// --http-header-read-timeout is closed.
+#[test]
+fn header_read_timeout() {
+    let s = start_with_args(&["--http-header-read-timeout", "1s"]);
+    let mut slow = TcpStream::connect(("127.0.0.1", s.http_port)).unwrap();
+    slow.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        .unwrap();
+    // Closed by the server well before this read gives up.
+    slow.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut answer = Vec::new();
+    let read = slow.read_to_end(&mut answer);
+    assert!(read.is_ok(), "still open: {read:?}");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(!answer.contains(" 200 "), "{answer}");
+    // Complete requests are served.
+    let (status, _) = s.http("GET", "/health", None, "");
+    assert_eq!(status, 200);
+}
+
+// A /v1/sql request that runs longer than --http-timeout (or its own
+// `timeout`, which may only lower it) is stopped and answered 504.
+#[test]
+fn request_timeout() {
+    let s = start_with_args(&["--http-timeout", "2s"]);
+    let running = || s.metric("sandflow_statements_running");
+    let post = |path: &str| {
+        let (status, text) = s.http(
+            "POST",
+            path,
+            Some("application/x-www-form-urlencoded"),
+            &format!("sql={}", url_encode(ENDLESS_QUERY)),
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"));
+        (status, v)
+    };
+    for (path, limit) in [
+        ("/v1/sql", "2s"),
+        ("/v1/sql?timeout=300ms", "300ms"),
+        ("/v1/sql?timeout=1h", "2s"),
+    ] {
+        let (status, v) = post(path);
+        assert_eq!(status, 504, "{path}: {v}");
+        assert_eq!(v["code"], json!(1008), "{v}");
+        let message = v["error"].as_str().unwrap();
+        assert!(
+            message.contains("timed out") && message.contains(&format!("longer than {limit}")),
+            "{path}: {message}"
+        );
+        assert!(v["execution_time_ms"].is_number(), "{v}");
+    }
+    assert!(
+        poll_until(Duration::from_secs(30), || running() == Some(0.0)),
+        "a statement that timed out still runs: {:?}",
+        running()
+    );
+    let (status, text) = s.http("POST", "/v1/sql?timeout=soon&sql=SELECT%201", None, "");
+    assert_eq!(status, 400, "{text}");
+    assert!(json_error(&text).contains("timeout"), "{text}");
+    // Still serving, and quick statements are unaffected.
+    let (status, v) = s.http_sql("SELECT 1 AS one");
+    assert_eq!(status, 200, "{v}");
+}
+
+// SIGTERM stops accepting but lets a request in flight finish: here one
+// whose body is still arriving when the signal comes.
+#[test]
+fn shutdown_finishes_requests_in_flight() {
+    let mut s = Server::start();
+    let body = format!("sql={}", url_encode("SELECT 41 + 1 AS answer"));
+    let (first, rest) = body.split_at(10);
+    let mut conn = TcpStream::connect(("127.0.0.1", s.http_port)).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let head = format!(
+        "POST /v1/sql HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{first}",
+        s.http_port,
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).unwrap();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &s.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    assert!(
+        poll_until(Duration::from_secs(30), || s
+            .logs()
+            .contains("shutting down")),
+        "{}",
+        s.logs()
+    );
+    conn.write_all(rest.as_bytes()).unwrap();
+    let (status, text) = sandflow_tests::harness::read_response(&mut conn).unwrap();
+    assert_eq!(status, 200, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["output"][0]["records"]["rows"], json!([[42]]), "{v}");
+    assert!(s.stop(), "not a clean exit:\n{}", s.logs());
 }

@@ -107,6 +107,16 @@ pub async fn start(
     let db = Database::open_with(&config.data_dir, flows)
         .await
         .map_err(|e| format!("cannot open database in {}: {e}", config.data_dir.display()))?;
+    let weak = Arc::downgrade(&db);
+    metrics::global().gauge_fn(
+        "sandflow_statements_running",
+        "Statements running now (one whose client went away or timed out no longer counts).",
+        &[],
+        move || {
+            weak.upgrade()
+                .map_or(0.0, |db| db.running_statements() as f64)
+        },
+    );
 
     let pg_listener = pg::bind(config.postgres_addr).await.map_err(|e| {
         format!(
@@ -126,9 +136,14 @@ pub async fn start(
     let (stop_tx, stop_rx) = watch::channel(false);
     let pg_task = tokio::spawn(pg::serve(pg_listener, handlers, stop_rx.clone()));
     let mut http_stop = stop_rx;
-    let http_task = tokio::spawn(http::serve(http_listener, db.clone(), async move {
-        let _ = http_stop.wait_for(|stop| *stop).await;
-    }));
+    let http_task = tokio::spawn(http::serve(
+        http_listener,
+        db.clone(),
+        http::Settings::from_config(&config),
+        async move {
+            let _ = http_stop.wait_for(|stop| *stop).await;
+        },
+    ));
     info!("PostgreSQL server listening on {pg_addr}");
     info!("HTTP server listening on {http_addr}");
 

@@ -1,13 +1,24 @@
-//! The HTTP front door (axum): `POST /v1/sql`, `POST /v1/influxdb/write`,
-//! `GET /health`, `GET /metrics`. Result JSON follows GreptimeDB's shape.
+//! The HTTP front door (axum on a hyper HTTP/1 server): `POST /v1/sql` (and
+//! `GET` for read-only statements), `POST /v1/influxdb/write`, `GET /health`,
+//! `GET /metrics`. Result JSON follows GreptimeDB's shape.
+//!
+//! What it does not let a client do:
+//! - hold more than `--max-connections` connections (the next one is answered
+//!   503 and closed), or keep one open without sending a complete request head
+//!   within `--http-header-read-timeout`;
+//! - run a `/v1/sql` request longer than `--http-timeout` (or its own
+//!   `timeout` parameter); a statement whose client goes away is stopped too,
+//!   as hyper drops the handler when the connection closes;
+//! - change anything with GET, or call the API from a web page on another
+//!   origin or through a DNS name the server does not know ([`origin`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::{Query, Request, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, HeaderName, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -21,30 +32,78 @@ use datafusion::arrow::datatypes::{
     TimestampNanosecondType, TimestampSecondType,
 };
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use serde_json::{json, Value};
-use tracing::debug;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
+use tracing::{debug, warn};
 
+use crate::config::Config;
 use crate::database::{Database, Output};
 use crate::error::Error;
 use crate::server::influx;
 use crate::server::metrics::{self, FrontDoor};
+use crate::server::origin::{self, AllowedHosts};
+
+/// What the HTTP front door allows its clients (see the module docs).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Host names browsers may use besides IP addresses and `localhost`.
+    pub allowed_hosts: AllowedHosts,
+    /// How long a client may take to send a complete request head.
+    pub header_read_timeout: Duration,
+    /// Longest a `/v1/sql` request may run; `None`: no limit.
+    pub timeout: Option<Duration>,
+    /// Connections open at once; the next one is answered 503.
+    pub max_connections: usize,
+}
+
+impl Settings {
+    pub fn from_config(config: &Config) -> Settings {
+        Settings {
+            allowed_hosts: AllowedHosts::new(config.http.allowed_hosts.iter().cloned()),
+            header_read_timeout: config.http.header_read_timeout,
+            timeout: config.http.timeout,
+            max_connections: config.max_connections,
+        }
+    }
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings::from_config(&Config::default())
+    }
+}
 
 #[derive(Clone)]
 struct AppState {
     db: Arc<Database>,
     metrics: FrontDoor,
+    settings: Arc<Settings>,
 }
 
 /// The router of the HTTP front door.
-pub fn router(db: Arc<Database>) -> Router {
+pub fn router(db: Arc<Database>, settings: Settings) -> Router {
     let state = AppState {
         db,
         metrics: FrontDoor::new("http"),
+        settings: Arc::new(settings),
     };
-    Router::new()
-        .route("/v1/sql", post(sql).get(sql))
+    // Everything that reads or changes data answers only non-browser
+    // clients and pages of the server's own origin.
+    let guarded = Router::new()
+        .route("/v1/sql", post(sql_post).get(sql_get))
         .route("/v1/influxdb/write", post(influx_write))
         .route("/v1/influxdb/api/v2/write", post(influx_write))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            same_origin_only,
+        ));
+    Router::new()
+        .merge(guarded)
         .route("/health", get(health))
         .route("/metrics", get(prometheus))
         .layer(middleware::from_fn_with_state(
@@ -61,6 +120,32 @@ async fn count_requests(State(state): State<AppState>, req: Request, next: Next)
         state.metrics.errors.inc();
     }
     resp
+}
+
+/// Refuses requests from web pages of other origins and requests that reach
+/// the server by a name it does not know (see [`origin`]).
+async fn same_origin_only(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let headers = req.headers();
+    // A header that is not text still counts as sent.
+    let text = |name: HeaderName| {
+        headers
+            .get(name)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+    };
+    let checked = origin::check(
+        text(header::ORIGIN).as_deref(),
+        text(HeaderName::from_static("sec-fetch-site")).as_deref(),
+        text(header::HOST).as_deref(),
+        &state.settings.allowed_hosts,
+    );
+    match checked {
+        Ok(()) => next.run(req).await,
+        Err(refusal) => {
+            debug!("refused {} {}: {refusal}", req.method(), req.uri().path());
+            error_response(StatusCode::FORBIDDEN, 7005, refusal.to_string(), started)
+        }
+    }
 }
 
 /// GreptimeDB-like numeric code for an error.
@@ -133,7 +218,24 @@ fn sql_params(
     params
 }
 
-async fn sql(
+/// The `sql` parameter, unless it is missing or blank.
+fn sql_text(params: &HashMap<String, String>) -> Option<&str> {
+    params
+        .get("sql")
+        .map(String::as_str)
+        .filter(|s| !s.trim().is_empty())
+}
+
+fn missing_sql(started: Instant) -> Response {
+    error_response(
+        StatusCode::BAD_REQUEST,
+        1004,
+        "missing parameter \"sql\" (query string or form field)".into(),
+        started,
+    )
+}
+
+async fn sql_post(
     State(state): State<AppState>,
     Query(query): Query<HashMap<String, String>>,
     headers: HeaderMap,
@@ -141,13 +243,118 @@ async fn sql(
 ) -> Response {
     let started = Instant::now();
     let params = sql_params(&query, &headers, &body);
-    let Some(sql) = params.get("sql").filter(|s| !s.trim().is_empty()) else {
-        return error_response(
-            StatusCode::BAD_REQUEST,
-            1004,
-            "missing parameter \"sql\" (query string or form field)".into(),
+    match sql_text(&params) {
+        Some(sql) => run_sql(&state, sql, &params, started).await,
+        None => missing_sql(started),
+    }
+}
+
+/// `GET /v1/sql` runs only statements that read: a link or an image on any
+/// web page can make a browser send a GET.
+async fn sql_get(
+    State(state): State<AppState>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let started = Instant::now();
+    let params = sql_params(&query, &headers, &body);
+    let Some(sql) = sql_text(&params) else {
+        return missing_sql(started);
+    };
+    let read_only = match state.db.is_read_only(sql).await {
+        Ok(read_only) => read_only,
+        // A text that does not parse runs nothing: if it is meant as a query,
+        // the usual path reports its syntax error.
+        Err(_) => matches!(
+            crate::server::sqltext::leading_words(sql, 1)
+                .first()
+                .map(String::as_str),
+            Some("SELECT" | "WITH" | "VALUES" | "TABLE" | "EXPLAIN" | "SHOW" | "DESC" | "DESCRIBE")
+        ),
+    };
+    if !read_only {
+        let mut refused = error_response(
+            StatusCode::METHOD_NOT_ALLOWED,
+            1001,
+            "GET /v1/sql runs only statements that read (SELECT, WITH, VALUES, EXPLAIN, SHOW, \
+             DESC); send this one with POST, e.g. curl -X POST \
+             http://HOST:PORT/v1/sql --data-urlencode 'sql=...'"
+                .into(),
             started,
         );
+        refused
+            .headers_mut()
+            .insert(header::ALLOW, header::HeaderValue::from_static("POST"));
+        return refused;
+    }
+    run_sql(&state, sql, &params, started).await
+}
+
+/// How long a request may run, and what set it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Limit {
+    /// `--http-timeout`.
+    Server(Duration),
+    /// The request's `timeout` parameter, below `--http-timeout` (if any).
+    Request(Duration),
+}
+
+/// How long the request may run: the server's `--http-timeout`, lowered by
+/// the request's `timeout` parameter; `Ok(None)`: no limit.
+fn request_timeout(
+    settings: &Settings,
+    params: &HashMap<String, String>,
+) -> Result<Option<Limit>, String> {
+    let server = settings.timeout.map(Limit::Server);
+    let Some(asked) = params.get("timeout").filter(|t| !t.trim().is_empty()) else {
+        return Ok(server);
+    };
+    let asked = crate::config::parse_duration("timeout", asked).map_err(|e| e.to_string())?;
+    if asked.is_zero() {
+        let message = "the timeout parameter must be more than 0; leave it out to use \
+                       the server's --http-timeout";
+        return Err(message.into());
+    }
+    Ok(match settings.timeout {
+        Some(limit) if limit <= asked => server,
+        _ => Some(Limit::Request(asked)),
+    })
+}
+
+/// The answer to a statement stopped at its time limit.
+fn timed_out(limit: Limit, settings: &Settings, started: Instant) -> Response {
+    let message = match limit {
+        Limit::Server(d) => format!(
+            "statement timed out: it ran longer than {d:?}, the server's --http-timeout, and \
+             was stopped (a write may still have been applied); narrow the statement, or \
+             start the server with a larger --http-timeout"
+        ),
+        Limit::Request(d) => {
+            let most = match settings.timeout {
+                Some(server) => format!("up to the server's --http-timeout of {server:?}"),
+                None => "or leave it out: the server sets no limit".to_string(),
+            };
+            format!(
+                "statement timed out: it ran longer than {d:?}, the request's timeout \
+                 parameter, and was stopped (a write may still have been applied); ask for \
+                 more time with timeout=..., {most}"
+            )
+        }
+    };
+    error_response(StatusCode::GATEWAY_TIMEOUT, 1008, message, started)
+}
+
+/// Runs `sql` within the request's timeout and answers with its outputs.
+async fn run_sql(
+    state: &AppState,
+    sql: &str,
+    params: &HashMap<String, String>,
+    started: Instant,
+) -> Response {
+    let limit = match request_timeout(&state.settings, params) {
+        Ok(limit) => limit,
+        Err(message) => return error_response(StatusCode::BAD_REQUEST, 1004, message, started),
     };
     debug!(db = params.get("db").map(String::as_str), "HTTP SQL: {sql}");
     if let Some(db) = params.get("db").filter(|d| !d.is_empty()) {
@@ -163,7 +370,19 @@ async fn sql(
             );
         }
     }
-    match state.db.execute(sql).await {
+    // Dropping the statement's future (timeout, or the client going away)
+    // stops it.
+    let execution = state.db.execute(sql);
+    let result = match limit {
+        None => execution.await,
+        Some(limit @ (Limit::Server(d) | Limit::Request(d))) => {
+            match tokio::time::timeout(d, execution).await {
+                Ok(result) => result,
+                Err(_) => return timed_out(limit, &state.settings, started),
+            }
+        }
+    };
+    match result {
         Ok(outputs) => {
             let output: Vec<Value> = outputs.into_iter().map(output_json).collect();
             Json(json!({
@@ -422,14 +641,155 @@ async fn prometheus() -> Response {
         .into_response()
 }
 
-/// Serves `router` on `listener` until `shutdown` resolves; requests in
-/// flight finish first.
+/// Over-the-limit connections answered at once; past it they are closed
+/// without an answer.
+const REFUSALS_AT_ONCE: usize = 64;
+
+/// Serves the HTTP front door on `listener` until `shutdown` resolves: then it
+/// stops accepting, closes idle connections and waits for the requests in
+/// flight.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     db: Arc<Database>,
+    settings: Settings,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(db))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let max_connections = settings.max_connections.max(1);
+    let mut http1 = hyper::server::conn::http1::Builder::new();
+    http1
+        .timer(TokioTimer::new())
+        .header_read_timeout(settings.header_read_timeout);
+    let app = router(db, settings);
+    let door = FrontDoor::new("http");
+    let refused = metrics::global().counter(
+        "sandflow_connections_refused_total",
+        "Connections refused because the front door had --max-connections open.",
+        &[("frontdoor", "http")],
+    );
+    let slots = Arc::new(Semaphore::new(max_connections));
+    let refusals = Arc::new(Semaphore::new(REFUSALS_AT_ONCE));
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors, or a connection reset before
+                    // it was accepted: wait a little rather than spin.
+                    warn!("cannot accept an HTTP connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            refused.inc();
+            match refusals.clone().try_acquire_owned() {
+                Ok(answering) => {
+                    tokio::spawn(async move {
+                        refuse(stream, max_connections).await;
+                        drop(answering);
+                    });
+                }
+                Err(_) => drop(stream),
+            }
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let conn =
+            http1.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+        let conn = graceful.watch(conn);
+        let connections = door.connections.clone();
+        connections.inc();
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                debug!("HTTP connection from {peer} ended: {e}");
+            }
+            // The slot first: a gauge that shows a connection gone means its
+            // slot is free.
+            drop(slot);
+            connections.dec();
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
+}
+
+/// Answers a connection past `--max-connections` with 503 and closes it.
+async fn refuse(mut stream: TcpStream, max_connections: usize) {
+    let body = json!({
+        "code": 6000,
+        "error": format!(
+            "too many connections: the HTTP front door already has {max_connections} open, \
+             its --max-connections (max_connections in the config file, \
+             SANDFLOW_MAX_CONNECTIONS); retry later, close idle connections, or raise the limit"
+        ),
+        "execution_time_ms": 0,
+    })
+    .to_string();
+    let answer = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\nretry-after: 1\r\n\r\n{body}",
+        body.len()
+    );
+    let answered = async {
+        stream.write_all(answer.as_bytes()).await?;
+        stream.shutdown().await?;
+        // Read what the client sends until it closes: closing a socket with
+        // unread input resets the connection, and the client could lose the
+        // answer.
+        let mut buf = [0u8; 4096];
+        let mut read = 0;
+        while read < 64 << 10 {
+            match stream.read(&mut buf).await? {
+                0 => break,
+                n => read += n,
+            }
+        }
+        std::io::Result::Ok(())
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(2), answered).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_timeout_may_only_lower_the_servers() {
+        let params = |t: &str| HashMap::from([("timeout".to_string(), t.to_string())]);
+        let none = HashMap::new();
+        let server = Settings {
+            timeout: Some(Duration::from_secs(2)),
+            ..Settings::default()
+        };
+        assert_eq!(
+            request_timeout(&server, &none),
+            Ok(Some(Limit::Server(Duration::from_secs(2))))
+        );
+        assert_eq!(
+            request_timeout(&server, &params("250ms")),
+            Ok(Some(Limit::Request(Duration::from_millis(250))))
+        );
+        assert_eq!(
+            request_timeout(&server, &params("1h")),
+            Ok(Some(Limit::Server(Duration::from_secs(2))))
+        );
+        assert!(request_timeout(&server, &params("0")).is_err());
+        assert!(request_timeout(&server, &params("soon"))
+            .unwrap_err()
+            .contains("timeout"));
+        let unlimited = Settings {
+            timeout: None,
+            ..Settings::default()
+        };
+        assert_eq!(request_timeout(&unlimited, &none), Ok(None));
+        assert_eq!(
+            request_timeout(&unlimited, &params("5s")),
+            Ok(Some(Limit::Request(Duration::from_secs(5))))
+        );
+    }
 }

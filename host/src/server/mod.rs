@@ -5,6 +5,7 @@ pub mod app;
 pub mod http;
 pub mod influx;
 pub mod metrics;
+pub mod origin;
 pub mod pg;
 pub mod pg_catalog;
 pub mod sqltext;

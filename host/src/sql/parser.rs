@@ -4,8 +4,11 @@
 //! Statements sandflow handles itself become [`Stmt`] variants; everything
 //! else stays a sqlparser [`Statement`] for DataFusion to plan.
 
+use std::ops::ControlFlow;
+
 use datafusion::sql::sqlparser::ast::{
-    ColumnOption, Expr, Ident, ObjectName, ObjectNamePart, ObjectType, SchemaName, Statement,
+    ColumnOption, Expr, Ident, ObjectName, ObjectNamePart, ObjectType, SchemaName, Select,
+    Statement, Visit, Visitor,
 };
 use datafusion::sql::sqlparser::dialect::{
     Dialect as SqlParserDialect, GenericDialect, PostgreSqlDialect,
@@ -113,6 +116,73 @@ pub enum Stmt {
     },
     /// Anything else: planned and run by DataFusion.
     Query(Box<Statement>),
+}
+
+impl Stmt {
+    /// Whether running the statement only reads: queries (`SELECT`, `WITH`,
+    /// `VALUES`, `TABLE`) without `SELECT ... INTO` and without data-modifying
+    /// parts, `EXPLAIN` of such a query (with or without `ANALYZE`), `SHOW ...`
+    /// and `DESC ...`. Everything else may change state: DDL, DML, flows,
+    /// `ADMIN`, `SET`, transactions, `COPY`, and `EXPLAIN` of a write (planning
+    /// a `DELETE` already deletes).
+    pub fn is_read_only(&self) -> bool {
+        match self {
+            Stmt::ShowTables { .. }
+            | Stmt::ShowDatabases { .. }
+            | Stmt::ShowCreateTable(_)
+            | Stmt::Describe(_)
+            | Stmt::ShowFlows { .. }
+            | Stmt::ShowCreateFlow(_) => true,
+            Stmt::CreateTable(_)
+            | Stmt::CreateDatabase { .. }
+            | Stmt::DropTable { .. }
+            | Stmt::DropDatabase { .. }
+            | Stmt::CreateFlow(_)
+            | Stmt::DropFlow { .. }
+            | Stmt::Admin { .. } => false,
+            Stmt::Query(stmt) => stmt.visit(&mut ReadOnly).is_continue(),
+        }
+    }
+}
+
+/// Walks a sqlparser statement and breaks at the first part that may write.
+struct ReadOnly;
+
+impl Visitor for ReadOnly {
+    type Break = ();
+
+    fn pre_visit_statement(&mut self, statement: &Statement) -> ControlFlow<()> {
+        // Every statement nested in another one is visited too (the statement
+        // of an EXPLAIN, an INSERT in a WITH).
+        match statement {
+            Statement::Query(_)
+            | Statement::Explain { .. }
+            | Statement::ExplainTable { .. }
+            | Statement::ShowFunctions { .. }
+            | Statement::ShowVariable { .. }
+            | Statement::ShowStatus { .. }
+            | Statement::ShowVariables { .. }
+            | Statement::ShowCreate { .. }
+            | Statement::ShowColumns { .. }
+            | Statement::ShowCatalogs { .. }
+            | Statement::ShowDatabases { .. }
+            | Statement::ShowSchemas { .. }
+            | Statement::ShowTables { .. }
+            | Statement::ShowViews { .. }
+            | Statement::ShowObjects(_)
+            | Statement::ShowCollation { .. }
+            | Statement::ShowCharset(_) => ControlFlow::Continue(()),
+            _ => ControlFlow::Break(()),
+        }
+    }
+
+    fn pre_visit_select(&mut self, select: &Select) -> ControlFlow<()> {
+        // `SELECT ... INTO t` creates a table.
+        match select.into {
+            Some(_) => ControlFlow::Break(()),
+            None => ControlFlow::Continue(()),
+        }
+    }
 }
 
 fn sql_err(e: ParserError) -> crate::error::Error {
@@ -1676,6 +1746,56 @@ mod tests {
         .is_ok());
         assert!(check_nesting(&format!("SELECT {}1", "CAST(".repeat(13))).is_err());
         assert!(check_nesting("SELECT 'unterminated").is_ok());
+    }
+
+    #[test]
+    fn read_only_statements() {
+        let read_only = |sql: &str| parse(sql).unwrap().iter().all(Stmt::is_read_only);
+        for sql in [
+            "SELECT 1",
+            "select * from t where x in (select y from u)",
+            "WITH a AS (SELECT 1 AS x) SELECT x FROM a",
+            "VALUES (1), (2)",
+            "SELECT 1 UNION ALL SELECT 2",
+            "EXPLAIN SELECT 1",
+            "EXPLAIN ANALYZE SELECT count(*) FROM t",
+            "SHOW TABLES",
+            "SHOW DATABASES",
+            "SHOW CREATE TABLE t",
+            "SHOW FLOWS",
+            "SHOW CREATE FLOW f",
+            "SHOW COLUMNS FROM t",
+            "SHOW ALL",
+            "DESC TABLE t",
+            "DESCRIBE t",
+            "SELECT 1; SHOW TABLES",
+        ] {
+            assert!(read_only(sql), "{sql}");
+        }
+        for sql in [
+            "INSERT INTO t VALUES (1)",
+            "DELETE FROM t",
+            "UPDATE t SET x = 1",
+            "DROP TABLE t",
+            "CREATE TABLE t (ts TIMESTAMP TIME INDEX)",
+            "CREATE DATABASE d",
+            "DROP DATABASE d",
+            "CREATE FLOW f SINK TO s AS SELECT 1",
+            "DROP FLOW f",
+            "ADMIN FLUSH_FLOW('f')",
+            "SET datafusion.execution.batch_size = 1",
+            "BEGIN",
+            "COPY t TO '/tmp/x.csv'",
+            "CREATE VIEW v AS SELECT 1",
+            "SELECT * INTO t2 FROM t",
+            "WITH a AS (SELECT 1) INSERT INTO t SELECT * FROM a",
+            "EXPLAIN DELETE FROM t",
+            "EXPLAIN ANALYZE INSERT INTO t VALUES (1)",
+            "EXPLAIN INSERT INTO t VALUES (1)",
+            "SELECT 1; DROP TABLE t",
+        ] {
+            assert!(!read_only(sql), "{sql}");
+        }
     }
 
     #[test]
