@@ -5,7 +5,9 @@
 //! data_dir = "/var/lib/sandflow"
 //! postgres_addr = "0.0.0.0:4003"
 //! http_addr = "0.0.0.0:4000"
-//! max_connections = 512         # open connections per front door; past it HTTP answers 503
+//! max_connections = 512         # open connections per front door; past it HTTP answers 503, PostgreSQL FATAL 53300
+//! startup_timeout = "60s"       # a PostgreSQL client must finish its startup within it
+//! statement_timeout = "0"       # statement_timeout of new PostgreSQL sessions (0: none)
 //!
 //! [http]
 //! allowed_hosts = ["db.example.com"]  # names browsers may use to reach the server (IPs and localhost always)
@@ -38,6 +40,8 @@ pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:4000";
 pub const DEFAULT_TICK_INTERVAL: Duration = Duration::from_millis(200);
 /// Open connections each front door accepts at once.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+/// A PostgreSQL client must complete its startup within this.
+pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long an HTTP client may take to send a complete request head.
 pub const DEFAULT_HTTP_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a `/v1/sql` request may run.
@@ -117,7 +121,8 @@ pub enum Command {
 #[derive(Debug, Clone, Default, Args)]
 pub struct StartArgs {
     /// TOML file with the settings below (keys data_dir, postgres_addr,
-    /// http_addr, max_connections, an [http] section with allowed_hosts,
+    /// http_addr, max_connections, startup_timeout, statement_timeout, an
+    /// [http] section with allowed_hosts,
     /// header_read_timeout and timeout, and a [flow] section with
     /// tick_interval = "1s").
     #[arg(
@@ -144,9 +149,22 @@ pub struct StartArgs {
     pub http_addr: Option<String>,
 
     /// Most connections each front door keeps open at once; past it the HTTP
-    /// front door answers 503 and closes the connection. [default: 512]
+    /// front door answers 503 and the PostgreSQL one FATAL 53300 ("too many
+    /// clients"), and closes the connection. [default: 512]
     #[arg(long, value_name = "N", env = "SANDFLOW_MAX_CONNECTIONS")]
     pub max_connections: Option<String>,
+
+    /// How long a PostgreSQL client may take to complete its startup (and
+    /// authentication) before its connection is closed. [default: 60s]
+    #[arg(long, value_name = "DURATION", env = "SANDFLOW_STARTUP_TIMEOUT")]
+    pub startup_timeout: Option<String>,
+
+    /// The statement_timeout new sessions start with (PostgreSQL
+    /// connections; each may SET its own), e.g. "30s"; "0" for none. A
+    /// statement running longer is stopped with SQLSTATE 57014 and writes
+    /// nothing. [default: 0]
+    #[arg(long, value_name = "DURATION", env = "SANDFLOW_STATEMENT_TIMEOUT")]
+    pub statement_timeout: Option<String>,
 
     /// Host names, comma-separated, by which web browsers may reach the HTTP
     /// front door (e.g. "db.example.com"). A request that carries an Origin or
@@ -278,6 +296,10 @@ pub struct Config {
     pub http_addr: SocketAddr,
     /// Open connections each front door accepts at once (at least 1).
     pub max_connections: usize,
+    /// A PostgreSQL client must complete its startup within this.
+    pub startup_timeout: Duration,
+    /// The statement_timeout sessions start with (`None`: none).
+    pub statement_timeout: Option<Duration>,
     pub http: HttpConfig,
     pub flow: FlowConfig,
 }
@@ -289,6 +311,8 @@ impl Default for Config {
             postgres_addr: DEFAULT_POSTGRES_ADDR.parse().expect("valid default"),
             http_addr: DEFAULT_HTTP_ADDR.parse().expect("valid default"),
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            startup_timeout: DEFAULT_STARTUP_TIMEOUT,
+            statement_timeout: None,
             http: HttpConfig::default(),
             flow: FlowConfig::default(),
         }
@@ -303,6 +327,8 @@ pub struct FileConfig {
     pub postgres_addr: Option<String>,
     pub http_addr: Option<String>,
     pub max_connections: Option<toml::Value>,
+    pub startup_timeout: Option<String>,
+    pub statement_timeout: Option<String>,
     #[serde(default)]
     pub http: FileHttpConfig,
     #[serde(default)]
@@ -533,11 +559,39 @@ impl Config {
             Some(s) => Some(parse_duration("http.timeout", s)?).filter(|d| !d.is_zero()),
             None => Some(DEFAULT_HTTP_TIMEOUT),
         };
+        let startup_timeout = match args
+            .startup_timeout
+            .as_deref()
+            .or(file.startup_timeout.as_deref())
+        {
+            Some(s) => {
+                let d = parse_duration("startup_timeout", s)?;
+                if d < Duration::from_millis(1) {
+                    return Err(ConfigError::InvalidDuration {
+                        what: "startup_timeout".into(),
+                        value: s.to_string(),
+                        message: "must be at least 1ms".into(),
+                    });
+                }
+                d
+            }
+            None => DEFAULT_STARTUP_TIMEOUT,
+        };
+        let statement_timeout = match args
+            .statement_timeout
+            .as_deref()
+            .or(file.statement_timeout.as_deref())
+        {
+            Some(s) => Some(parse_duration("statement_timeout", s)?).filter(|d| !d.is_zero()),
+            None => None,
+        };
         Ok(Config {
             data_dir,
             postgres_addr,
             http_addr,
             max_connections,
+            startup_timeout,
+            statement_timeout,
             http: HttpConfig {
                 allowed_hosts,
                 header_read_timeout,

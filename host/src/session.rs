@@ -127,25 +127,7 @@ impl Statement {
 
     /// Whether the statement only reads (a GET request may run it).
     pub fn is_read_only(&self) -> bool {
-        match &self.stmt {
-            Stmt::Query(q) => match q.as_ref() {
-                SqlStatement::Query(_)
-                | SqlStatement::ExplainTable { .. }
-                | SqlStatement::ShowVariable { .. } => true,
-                SqlStatement::Explain {
-                    statement, analyze, ..
-                } => !*analyze || matches!(statement.as_ref(), SqlStatement::Query(_)),
-                _ => false,
-            },
-            Stmt::ShowTables { .. }
-            | Stmt::ShowDatabases { .. }
-            | Stmt::ShowCreateTable(_)
-            | Stmt::Describe(_)
-            | Stmt::ShowFlows { .. }
-            | Stmt::ShowCreateFlow(_) => true,
-            Stmt::Admin { function, .. } => function == "flush_flow",
-            _ => false,
-        }
+        self.stmt.is_read_only()
     }
 
     /// Whether the statement changes the catalog (which transactions do not undo).
@@ -616,6 +598,9 @@ pub struct Session {
     values: BTreeMap<&'static str, String>,
     defaults: BTreeMap<&'static str, String>,
     block: Option<Block>,
+    /// When every statement of this session must have ended (see
+    /// [`Session::set_deadline`]).
+    deadline: Option<tokio::time::Instant>,
     notices: Vec<String>,
     /// Reported settings changed since the last `take_reported`.
     reported: Vec<(String, String)>,
@@ -659,6 +644,7 @@ impl Session {
             defaults: values.clone(),
             values,
             block: None,
+            deadline: None,
             notices: Vec::new(),
             reported: Vec::new(),
         }
@@ -939,6 +925,12 @@ impl Session {
         self.set_value(name, value, false)
     }
 
+    /// Stops any statement still running at `deadline` (as a statement
+    /// timeout does, SQLSTATE 57014): a limit for a whole request.
+    pub fn set_deadline(&mut self, deadline: Option<std::time::Instant>) {
+        self.deadline = deadline.map(tokio::time::Instant::from_std);
+    }
+
     /// The session's statement timeout, if it has one.
     pub fn statement_timeout(&self) -> Option<Duration> {
         let ms: u64 = self.values["statement_timeout"].parse().unwrap_or(0);
@@ -1103,8 +1095,14 @@ impl Session {
         }
         let run = self.core.executor.run(work);
         tokio::pin!(run);
-        let timeout = self.statement_timeout();
-        let sleep = tokio::time::sleep(timeout.unwrap_or(Duration::from_secs(86_400 * 365)));
+        let now = tokio::time::Instant::now();
+        let until = match (self.statement_timeout().map(|t| now + t), self.deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let timeout = until;
+        let sleep =
+            tokio::time::sleep_until(until.unwrap_or(now + Duration::from_secs(86_400 * 365)));
         tokio::pin!(sleep);
         let mut cancel = cancel;
         let mut waiting_for_commit = false;

@@ -958,3 +958,20 @@ async fn statement_timeout_stops_a_long_query() {
     assert_eq!(db.running_statements(), 0);
     s.execute("SELECT 1").await.unwrap();
 }
+
+/// EXPLAIN of a DELETE plans it and deletes nothing; the DELETE itself deletes.
+#[tokio::test]
+async fn explain_delete_deletes_nothing() {
+    let dir = TempDir::new();
+    let db = Database::open(&dir.0).await.unwrap();
+    run(&db, CPU).await;
+    run(&db, "INSERT INTO cpu VALUES ('a', 1, 0), ('b', 2, 0)").await;
+    let plan = query(&db, "EXPLAIN DELETE FROM cpu WHERE host = 'a'").await;
+    assert!(plan.contains("SandflowDelete"), "{plan}");
+    assert_eq!(scalar(&db, "SELECT count(*) FROM cpu").await, "2");
+    assert_eq!(
+        affected(&db, "DELETE FROM cpu WHERE host = 'a'").await,
+        ("DELETE".to_string(), 1)
+    );
+    assert_eq!(scalar(&db, "SELECT count(*) FROM cpu").await, "1");
+}

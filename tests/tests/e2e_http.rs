@@ -670,7 +670,24 @@ fn shutdown_finishes_requests_in_flight() {
         s.http_port,
         body.len()
     );
+    // The server must have read the head, so that the request is in flight
+    // (a connection that has sent no complete head counts as idle and is
+    // closed at shutdown): wait until the request counter shows it. Each
+    // read of /metrics counts itself too.
+    let requests = || {
+        s.metric("sandflow_requests_total{frontdoor=\"http\"}")
+            .unwrap_or(0.0)
+    };
+    let before = requests();
     conn.write_all(head.as_bytes()).unwrap();
+    let mut polls = 0.0;
+    assert!(
+        poll_until(Duration::from_secs(30), || {
+            polls += 1.0;
+            requests() >= before + polls + 1.0
+        }),
+        "the request never reached the server"
+    );
     let killed = std::process::Command::new("kill")
         .args(["-TERM", &s.pid().to_string()])
         .status()

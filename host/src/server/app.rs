@@ -131,7 +131,17 @@ pub async fn start(
     let http_addr = http_listener.local_addr().map_err(|e| e.to_string())?;
 
     let handlers = Arc::new(
-        pg::PgHandlers::new(db.clone(), pg::PgOptions::default()).map_err(|e| e.to_string())?,
+        pg::PgHandlers::new(
+            db.clone(),
+            pg::PgOptions {
+                max_connections: config.max_connections,
+                startup_timeout: config.startup_timeout,
+                session: crate::session::SessionDefaults {
+                    statement_timeout: config.statement_timeout,
+                },
+            },
+        )
+        .map_err(|e| e.to_string())?,
     );
     let (stop_tx, stop_rx) = watch::channel(false);
     let pg_task = tokio::spawn(pg::serve(pg_listener, handlers, stop_rx.clone()));

@@ -267,7 +267,7 @@ async fn sql_get(
         // A text that does not parse runs nothing: if it is meant as a query,
         // the usual path reports its syntax error.
         Err(_) => matches!(
-            crate::server::sqltext::leading_words(sql, 1)
+            crate::sql::parser::leading_keywords(sql, 1)
                 .first()
                 .map(String::as_str),
             Some("SELECT" | "WITH" | "VALUES" | "TABLE" | "EXPLAIN" | "SHOW" | "DESC" | "DESCRIBE")
@@ -327,7 +327,7 @@ fn timed_out(limit: Limit, settings: &Settings, started: Instant) -> Response {
     let message = match limit {
         Limit::Server(d) => format!(
             "statement timed out: it ran longer than {d:?}, the server's --http-timeout, and \
-             was stopped (a write may still have been applied); narrow the statement, or \
+             was stopped; nothing of the request was written; narrow the statement, or \
              start the server with a larger --http-timeout"
         ),
         Limit::Request(d) => {
@@ -337,7 +337,7 @@ fn timed_out(limit: Limit, settings: &Settings, started: Instant) -> Response {
             };
             format!(
                 "statement timed out: it ran longer than {d:?}, the request's timeout \
-                 parameter, and was stopped (a write may still have been applied); ask for \
+                 parameter, and was stopped; nothing of the request was written; ask for \
                  more time with timeout=..., {most}"
             )
         }
@@ -370,18 +370,18 @@ async fn run_sql(
             );
         }
     }
-    // Dropping the statement's future (timeout, or the client going away)
-    // stops it.
-    let execution = state.db.execute(sql);
-    let result = match limit {
-        None => execution.await,
-        Some(limit @ (Limit::Server(d) | Limit::Request(d))) => {
-            match tokio::time::timeout(d, execution).await {
-                Ok(result) => result,
-                Err(_) => return timed_out(limit, &state.settings, started),
-            }
-        }
-    };
+    // Each request is a session of its own (its own settings; its statements
+    // one transaction). The limit stops a statement through the session's
+    // commit gate, so a request that timed out has written nothing; dropping
+    // the request (the client going away) stops it too.
+    let mut session = state.db.session();
+    if let Some(Limit::Server(d) | Limit::Request(d)) = limit {
+        session.set_deadline(Some(started + d));
+    }
+    let result = session.execute(sql).await;
+    if let (Some(limit), Err(crate::Error::Cancelled { .. })) = (limit, &result) {
+        return timed_out(limit, &state.settings, started);
+    }
     match result {
         Ok(outputs) => {
             let output: Vec<Value> = outputs.into_iter().map(output_json).collect();

@@ -13,7 +13,7 @@ use datafusion::arrow::array::{BooleanArray, RecordBatch, UInt64Array};
 use datafusion::arrow::compute::and;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::{CatalogProvider, SchemaProvider, Session, TableProvider};
-use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{Column, DFSchema, DataFusionError};
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::datasource::sink::{DataSink, DataSinkExec};
@@ -193,21 +193,6 @@ fn nullable_schema(schema: &SchemaRef) -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
-fn count_plan(count: u64) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
-    let schema = Arc::new(Schema::new(vec![Field::new(
-        "count",
-        DataType::UInt64,
-        false,
-    )]));
-    let batch = RecordBatch::try_new(
-        schema.clone(),
-        vec![Arc::new(UInt64Array::from(vec![count]))],
-    )?;
-    let exec: Arc<dyn ExecutionPlan> =
-        MemorySourceConfig::try_new_exec(&[vec![batch]], schema, None)?;
-    Ok(exec)
-}
-
 #[async_trait]
 impl TableProvider for SandTable {
     fn schema(&self) -> SchemaRef {
@@ -297,54 +282,170 @@ impl TableProvider for SandTable {
                 .data;
             predicates.push(state.create_physical_expr(f, &df_schema)?);
         }
+        Ok(Arc::new(DeleteExec::new(
+            self.core.clone(),
+            self.table.clone(),
+            predicates,
+            state.config().get_extension::<SessionShared>(),
+        )))
+    }
+}
+
+/// `DELETE ... WHERE`: deletes when it runs, not when it is planned (so that
+/// `EXPLAIN DELETE` deletes nothing), and yields the number of rows deleted.
+#[derive(Debug)]
+struct DeleteExec {
+    core: Arc<Core>,
+    table: Arc<Table>,
+    predicates: Vec<Arc<dyn datafusion::physical_plan::PhysicalExpr>>,
+    shared: Option<Arc<SessionShared>>,
+    properties: Arc<datafusion::physical_plan::PlanProperties>,
+}
+
+impl DeleteExec {
+    fn new(
+        core: Arc<Core>,
+        table: Arc<Table>,
+        predicates: Vec<Arc<dyn datafusion::physical_plan::PhysicalExpr>>,
+        shared: Option<Arc<SessionShared>>,
+    ) -> DeleteExec {
+        use datafusion::physical_expr::EquivalenceProperties;
+        use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+        use datafusion::physical_plan::{Partitioning, PlanProperties};
+        let properties = PlanProperties::new(
+            EquivalenceProperties::new(count_schema()),
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        );
+        DeleteExec {
+            core,
+            table,
+            predicates,
+            shared,
+            properties: Arc::new(properties),
+        }
+    }
+}
+
+fn count_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![Field::new(
+        "count",
+        DataType::UInt64,
+        false,
+    )]))
+}
+
+impl DisplayAs for DeleteExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "SandflowDelete: table={}", self.table.qualified_name())
+    }
+}
+
+impl ExecutionPlan for DeleteExec {
+    fn name(&self) -> &str {
+        "SandflowDelete"
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(
+            &Arc<dyn datafusion::physical_plan::PhysicalExpr>,
+        ) -> datafusion::common::Result<TreeNodeRecursion>,
+    ) -> datafusion::common::Result<TreeNodeRecursion> {
+        for p in &self.predicates {
+            if f(p)? == TreeNodeRecursion::Stop {
+                return Ok(TreeNodeRecursion::Stop);
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn properties(&self) -> &Arc<datafusion::physical_plan::PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        Vec::new()
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        _children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn execute(
+        &self,
+        _partition: usize,
+        _context: Arc<TaskContext>,
+    ) -> datafusion::common::Result<SendableRecordBatchStream> {
         let core = self.core.clone();
         let table = self.table.clone();
-        let shared = state.config().get_extension::<SessionShared>();
-        let info = blocking(move || {
-            let mut predicate = |batch: &RecordBatch| -> crate::Result<BooleanArray> {
-                let mut mask: Option<BooleanArray> = None;
-                for p in &predicates {
-                    let value = p
-                        .evaluate(batch)
-                        .and_then(|v| v.into_array(batch.num_rows()))
-                        .map_err(|e| {
-                            InvalidDataSnafu {
-                                message: e.to_string(),
+        let predicates = self.predicates.clone();
+        let shared = self.shared.clone();
+        let rows = async move {
+            let deleted = blocking(move || {
+                let mut predicate = |batch: &RecordBatch| -> crate::Result<BooleanArray> {
+                    let mut mask: Option<BooleanArray> = None;
+                    for p in &predicates {
+                        let value = p
+                            .evaluate(batch)
+                            .and_then(|v| v.into_array(batch.num_rows()))
+                            .map_err(|e| {
+                                InvalidDataSnafu {
+                                    message: e.to_string(),
+                                }
+                                .build()
+                            })?;
+                        let Some(b) = value.as_any().downcast_ref::<BooleanArray>() else {
+                            return InvalidDataSnafu {
+                                message: "the DELETE condition is not a boolean expression",
                             }
-                            .build()
-                        })?;
-                    let Some(b) = value.as_any().downcast_ref::<BooleanArray>() else {
-                        return InvalidDataSnafu {
-                            message: "the DELETE condition is not a boolean expression",
+                            .fail();
+                        };
+                        mask = Some(match mask {
+                            None => b.clone(),
+                            Some(m) => and(&m, b).map_err(|e| {
+                                InvalidDataSnafu {
+                                    message: e.to_string(),
+                                }
+                                .build()
+                            })?,
+                        });
+                    }
+                    Ok(mask.unwrap_or_else(|| BooleanArray::from(vec![true; batch.num_rows()])))
+                };
+                let control = match &shared {
+                    Some(shared) => {
+                        let mut guard = shared.staged.lock().map_err(|_| poisoned())?;
+                        if let Some(staged) = guard.as_mut() {
+                            return core
+                                .store
+                                .stage_delete_where(staged, &table, &mut predicate);
                         }
-                        .fail();
-                    };
-                    mask = Some(match mask {
-                        None => b.clone(),
-                        Some(m) => and(&m, b).map_err(|e| {
-                            InvalidDataSnafu {
-                                message: e.to_string(),
-                            }
-                            .build()
-                        })?,
-                    });
-                }
-                Ok(mask.unwrap_or_else(|| BooleanArray::from(vec![true; batch.num_rows()])))
-            };
-            if let Some(shared) = &shared {
-                let mut guard = shared.staged.lock().map_err(|_| poisoned())?;
-                if let Some(staged) = guard.as_mut() {
-                    return core
-                        .store
-                        .stage_delete_where(staged, &table, &mut predicate);
-                }
-                shared.control().begin_commit()?;
-            }
-            Ok(core.store.delete_where(&table, &mut predicate)?.rows)
-        })
-        .await
-        .map_err(to_df)?;
-        count_plan(info)
+                        Some(shared.control())
+                    }
+                    None => None,
+                };
+                let gate = || control.as_ref().map_or(Ok(()), |c| c.begin_commit());
+                Ok(core.store.delete_where(&table, &mut predicate, &gate)?.rows)
+            })
+            .await
+            .map_err(to_df)?;
+            RecordBatch::try_new(
+                count_schema(),
+                vec![Arc::new(UInt64Array::from(vec![deleted]))],
+            )
+            .map_err(DataFusionError::from)
+        };
+        Ok(Box::pin(
+            datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(
+                count_schema(),
+                futures::stream::once(rows),
+            ),
+        ))
     }
 }
 

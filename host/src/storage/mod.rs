@@ -380,24 +380,24 @@ impl Store {
 
     /// Deletes, in one transaction, every row for which `predicate` is true
     /// (NULL counts as false). `predicate` sees rows in the table schema.
+    ///
+    /// The rows are found in a read transaction, so writers do not wait for
+    /// the scan; only deleting them takes the commit lock. A row changed
+    /// since it was read is left alone (the delete happened before that
+    /// change). `gate` runs right before anything is written and may refuse
+    /// (a statement that was stopped).
     pub fn delete_where(
         &self,
         table: &Arc<Table>,
         predicate: &mut dyn FnMut(&RecordBatch) -> Result<BooleanArray>,
+        gate: &dyn Fn() -> Result<()>,
     ) -> Result<CommitInfo> {
-        let mut state = self.state.lock().map_err(|_| poisoned())?;
-        let seq = state.last_seq + 1;
-        let logged = state.logged.contains(&table.id());
-        let watched = state.subscribers.contains_key(&table.id()) || logged;
-        let mut txn = self.kv.begin_write()?;
-        let mut out: Changes = Vec::new();
-        let mut rows = 0u64;
-        txn.space(Space::Table(table.id()), &mut |space| {
-            // Collect matching keys chunk by chunk, then delete them.
-            let mut doomed: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        let mut doomed: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        {
+            let txn = self.kv.begin_read()?;
             let mut chunk: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-            let mut flush = |chunk: &mut Vec<(Vec<u8>, Vec<u8>)>,
-                             doomed: &mut Vec<(Vec<u8>, Vec<u8>)>|
+            let mut take = |chunk: &mut Vec<(Vec<u8>, Vec<u8>)>,
+                            doomed: &mut Vec<(Vec<u8>, Vec<u8>)>|
              -> Result<()> {
                 if chunk.is_empty() {
                     return Ok(());
@@ -415,10 +415,10 @@ impl Store {
                 Ok(())
             };
             let mut failure = None;
-            space.scan(&[], &mut |k, v| {
+            txn.scan(Space::Table(table.id()), &[], &mut |k, v| {
                 chunk.push((k.to_vec(), v.to_vec()));
                 if chunk.len() >= SCAN_BATCH_ROWS {
-                    if let Err(e) = flush(&mut chunk, &mut doomed) {
+                    if let Err(e) = take(&mut chunk, &mut doomed) {
                         failure = Some(e);
                         return Ok(false);
                     }
@@ -428,16 +428,41 @@ impl Store {
             if let Some(e) = failure {
                 return Err(e);
             }
-            flush(&mut chunk, &mut doomed)?;
-            for (k, v) in doomed {
-                space.delete(&k)?;
+            take(&mut chunk, &mut doomed)?;
+        }
+        let mut state = self.state.lock().map_err(|_| poisoned())?;
+        if doomed.is_empty() {
+            return Ok(CommitInfo {
+                seq: state.last_seq,
+                rows: 0,
+            });
+        }
+        gate()?;
+        let seq = state.last_seq + 1;
+        let logged = state.logged.contains(&table.id());
+        let watched = state.subscribers.contains_key(&table.id()) || logged;
+        let mut txn = self.kv.begin_write()?;
+        let mut out: Changes = Vec::new();
+        let mut rows = 0u64;
+        txn.space(Space::Table(table.id()), &mut |space| {
+            for (k, v) in &doomed {
+                if space.get(k)?.as_deref() != Some(v.as_slice()) {
+                    continue;
+                }
+                space.delete(k)?;
                 rows += 1;
                 if watched {
-                    out.push((k, v, -1));
+                    out.push((k.clone(), v.clone(), -1));
                 }
             }
             Ok(())
         })?;
+        if rows == 0 {
+            return Ok(CommitInfo {
+                seq: state.last_seq,
+                rows: 0,
+            });
+        }
         if logged && !out.is_empty() {
             let bytes = encode_log(&out);
             txn.space(Space::Log(table.id()), &mut |space| {
