@@ -5,3 +5,4 @@
 pub mod db;
 pub mod engine;
 pub mod harness;
+pub mod pgraw;

@@ -1,7 +1,10 @@
 //! End-to-end: the real binary over the PostgreSQL wire protocol with psql
 //! (simple query protocol).
 
-use sandflow_tests::harness::{lines, Server};
+use std::time::{Duration, Instant};
+
+use sandflow_tests::harness::{lines, poll_until, temp_data_dir, Options, Server};
+use sandflow_tests::pgraw::{error_codes, first_value, Raw};
 
 const CREATE: &str = "CREATE TABLE cpu (host STRING, region STRING, usage DOUBLE, \
                       ts TIMESTAMP TIME INDEX, PRIMARY KEY (host, region))";
@@ -166,4 +169,389 @@ fn connecting_to_another_database_is_refused_by_name() {
         "1"
     );
     assert_eq!(s.sql("SELECT 1"), "1");
+}
+
+// ---- Hardening: nothing a client sends crashes the server, touches its disk
+// or leaks into another session.
+
+fn client(s: &Server) -> postgres::Client {
+    postgres::Client::connect(
+        &format!(
+            "host=127.0.0.1 port={} user=sandflow dbname=public connect_timeout=10",
+            s.pg_port
+        ),
+        postgres::NoTls,
+    )
+    .expect("connect")
+}
+
+fn code(e: &postgres::Error) -> String {
+    e.code().map(|c| c.code().to_string()).unwrap_or_default()
+}
+
+/// A statement as long or as deep as an attacker likes is answered with
+/// SQLSTATE 54001 and the server goes on; one at the limit runs.
+#[test]
+fn long_operator_chains_are_refused_and_the_server_keeps_serving() {
+    let s = Server::start();
+    s.sql(CREATE);
+    let verbose = |sql: &str| {
+        s.psql_args(&["-v", "VERBOSITY=verbose", "-c", sql])
+            .expect_err("should fail")
+    };
+    for sql in [
+        format!("SELECT {}", vec!["1"; 1900].join("+")),
+        format!("SELECT 1 WHERE {}", vec!["true"; 1900].join(" OR ")),
+        format!("SELECT {}", vec!["'a'"; 1900].join(" || ")),
+        vec!["SELECT 1"; 2200].join(" UNION ALL "),
+    ] {
+        let e = verbose(&sql);
+        assert!(e.contains("54001") && e.contains("too complex"), "{e}");
+        assert_eq!(s.sql("SELECT 1"), "1");
+    }
+    // CREATE FLOW: the flow limit names itself.
+    let e = verbose(&format!(
+        "CREATE FLOW f SINK TO s AS SELECT host, sum({}) AS x FROM cpu GROUP BY host",
+        vec!["usage"; 705].join(" + ")
+    ));
+    assert!(
+        e.contains("54001") && e.contains("flows accept at most"),
+        "{e}"
+    );
+    // The same over HTTP.
+    let (status, v) = s.http_sql(&format!("SELECT {}", vec!["1"; 1900].join("+")));
+    assert_eq!(status, 400, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("too complex"), "{v}");
+    // Accepted sizes run.
+    assert_eq!(
+        s.sql(&format!("SELECT {}", vec!["1"; 900].join("+"))),
+        "900"
+    );
+    assert_eq!(s.sql("SELECT 2"), "2");
+}
+
+/// No statement reads or writes a file of the server's.
+#[test]
+fn nothing_touches_the_servers_files() {
+    let s = Server::start();
+    s.sql(CREATE);
+    let dir = temp_data_dir();
+    for ext in ["csv", "json", "parquet"] {
+        let path = dir.path().join(format!("out.{ext}"));
+        let e = s
+            .psql(&format!("COPY (SELECT 1 AS x) TO '{}'", path.display()))
+            .expect_err("COPY TO a file");
+        assert!(e.contains("not allowed"), "{e}");
+        let e = s
+            .psql(&format!("COPY cpu TO '{}'", path.display()))
+            .expect_err("COPY TO a file");
+        assert!(e.contains("not allowed"), "{e}");
+        assert!(!path.exists(), "{} was written", path.display());
+    }
+    let e = s
+        .psql("CREATE EXTERNAL TABLE leak STORED AS CSV LOCATION '/etc/passwd'")
+        .expect_err("external table");
+    assert!(e.contains("ERROR"), "{e}");
+    assert!(!s.sql("SHOW TABLES").contains("leak"));
+    // What datafusion-postgres once ran whole: now three statements, each
+    // routed by the same tokenizer that parses it. The view is refused.
+    let e = s
+        .psql("SELECT 1 AS a$$b$; CREATE SCHEMA x; CREATE VIEW x.v AS SELECT 1; --$b$")
+        .expect_err("CREATE VIEW");
+    assert!(e.contains("not supported"), "{e}");
+    assert!(s.psql("SELECT * FROM x.v").is_err());
+    // COPY through the protocol works, both ways.
+    let out = s
+        .psql_args(&["-c", "\\copy (SELECT 1 AS a, 'x' AS b) TO STDOUT"])
+        .unwrap();
+    assert_eq!(out.trim(), "1\tx");
+}
+
+/// BEGIN ... ROLLBACK keeps nothing, BEGIN ... COMMIT keeps everything, and a
+/// Query of several statements that fails keeps nothing.
+#[test]
+fn transactions_are_honest() {
+    let s = Server::start();
+    s.sql(CREATE);
+    let row = |h: &str| format!("INSERT INTO cpu VALUES ('{h}', 'eu', 1.0, '2024-01-01T00:00:00')");
+    s.psql(&format!("BEGIN; {}; ROLLBACK", row("a"))).unwrap();
+    assert_eq!(s.sql("SELECT count(*) FROM cpu"), "0");
+    s.psql(&format!("BEGIN; {}; COMMIT", row("b"))).unwrap();
+    assert_eq!(s.sql("SELECT count(*) FROM cpu"), "1");
+    let e = s
+        .psql(&format!("{}; {}; SELECT * FROM nope", row("c"), row("d")))
+        .expect_err("third statement fails");
+    assert!(e.contains("nope"), "{e}");
+    assert_eq!(s.sql("SELECT count(*) FROM cpu"), "1");
+
+    // Across messages of one connection, with a driver.
+    let mut c = client(&s);
+    c.batch_execute("BEGIN").unwrap();
+    c.execute(&row("e"), &[]).unwrap();
+    let n: i64 = c.query_one("SELECT count(*) FROM cpu", &[]).unwrap().get(0);
+    assert_eq!(n, 2, "the transaction sees its own row");
+    assert_eq!(s.sql("SELECT count(*) FROM cpu"), "1", "others do not");
+    c.batch_execute("ROLLBACK").unwrap();
+    assert_eq!(s.sql("SELECT count(*) FROM cpu"), "1");
+    let mut t = c.transaction().unwrap();
+    t.execute(&row("f"), &[]).unwrap();
+    assert!(t.execute("SELECT * FROM nope", &[]).is_err());
+    let e = t.execute(&row("g"), &[]).unwrap_err();
+    assert_eq!(code(&e), "25P02", "{e}");
+    drop(t);
+    assert_eq!(s.sql("SELECT count(*) FROM cpu"), "1");
+}
+
+/// SET changes only its own connection; DataFusion's settings and unknown
+/// names are refused.
+#[test]
+fn settings_stay_in_their_session() {
+    let s = Server::start();
+    let mut a = client(&s);
+    let mut b = client(&s);
+    a.batch_execute("SET statement_timeout = '5s'; SET TIME ZONE 'Europe/Berlin'")
+        .unwrap();
+    let show = |c: &mut postgres::Client, name: &str| -> String {
+        let msgs = c.simple_query(&format!("SHOW {name}")).unwrap();
+        msgs.iter()
+            .find_map(|m| match m {
+                postgres::SimpleQueryMessage::Row(r) => r.get(0).map(String::from),
+                _ => None,
+            })
+            .unwrap()
+    };
+    assert_eq!(show(&mut a, "statement_timeout"), "5s");
+    assert_eq!(show(&mut b, "statement_timeout"), "0");
+    assert_eq!(show(&mut a, "TimeZone"), "Europe/Berlin");
+    assert_eq!(show(&mut b, "TimeZone"), "UTC");
+    let e = a
+        .batch_execute("SET datafusion.execution.batch_size = 1")
+        .unwrap_err();
+    assert_eq!(code(&e), "0A000", "{e}");
+    let e = a.batch_execute("SET no_such_setting = 1").unwrap_err();
+    assert_eq!(code(&e), "42704", "{e}");
+    let e = a
+        .batch_execute("SET parse_float_as_decimal = true")
+        .unwrap_err();
+    assert_eq!(code(&e), "42704", "{e}");
+    // b's queries are unaffected.
+    let n: i64 = b.query_one("SELECT 21 * 2", &[]).unwrap().get(0);
+    assert_eq!(n, 42);
+}
+
+/// A cancel request and statement_timeout stop a running query with 57014;
+/// the connection goes on, and no statement keeps running.
+#[test]
+fn cancel_and_statement_timeout_stop_a_query() {
+    let s = Server::start();
+    const LONG: &str = "SELECT count(*) FROM range(1000000000000)";
+    let mut c = client(&s);
+    let token = c.cancel_token();
+    let canceller = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(500));
+        let at = Instant::now();
+        token.cancel_query(postgres::NoTls).unwrap();
+        at
+    });
+    let e = c.simple_query(LONG).unwrap_err();
+    let stopped = Instant::now();
+    let sent = canceller.join().unwrap();
+    assert_eq!(code(&e), "57014", "{e}");
+    let cancel_ms = stopped.duration_since(sent).as_millis();
+    println!("cancel request to error: {cancel_ms} ms");
+    assert!(cancel_ms < 10_000, "{cancel_ms} ms");
+
+    c.batch_execute("SET statement_timeout = 300").unwrap();
+    let started = Instant::now();
+    let e = c.simple_query(LONG).unwrap_err();
+    assert_eq!(code(&e), "57014", "{e}");
+    let over_ms = started.elapsed().as_millis().saturating_sub(300);
+    println!("statement_timeout overshoot: {over_ms} ms");
+    assert!(over_ms < 10_000, "{over_ms} ms");
+    let n: i64 = c.query_one("SELECT 7", &[]).unwrap().get(0);
+    assert_eq!(n, 7);
+    assert!(poll_until(Duration::from_secs(30), || s
+        .metric("sandflow_statements_running")
+        == Some(0.0)));
+}
+
+/// A query whose client went away stops.
+#[test]
+fn a_query_whose_client_left_stops() {
+    let s = Server::start();
+    let mut raw = Raw::connect(s.pg_port);
+    let mut body = b"SELECT count(*) FROM range(1000000000000)".to_vec();
+    body.push(0);
+    raw.send(b'Q', &body);
+    assert!(poll_until(Duration::from_secs(30), || s
+        .metric("sandflow_statements_running")
+        == Some(1.0)));
+    raw.close();
+    assert!(
+        poll_until(Duration::from_secs(30), || s
+            .metric("sandflow_statements_running")
+            == Some(0.0)),
+        "the statement kept running"
+    );
+}
+
+/// Past --max-connections the next client gets FATAL 53300; a silent client
+/// is dropped after --startup-timeout.
+#[test]
+fn connection_cap_and_startup_timeout() {
+    let s = Server::start_with(
+        temp_data_dir(),
+        Options {
+            args: vec![
+                "--max-connections".into(),
+                "3".into(),
+                "--startup-timeout".into(),
+                "1s".into(),
+            ],
+            ..Default::default()
+        },
+    );
+    let held: Vec<postgres::Client> = (0..3).map(|_| client(&s)).collect();
+    let e = postgres::Client::connect(
+        &format!(
+            "host=127.0.0.1 port={} user=sandflow dbname=public connect_timeout=10",
+            s.pg_port
+        ),
+        postgres::NoTls,
+    )
+    .err()
+    .expect("the fourth connection is refused");
+    assert_eq!(code(&e), "53300", "{e}");
+    let message = e
+        .as_db_error()
+        .map(|d| d.message().to_string())
+        .unwrap_or_default();
+    assert!(message.contains("max-connections"), "{message}");
+    drop(held);
+    assert!(poll_until(Duration::from_secs(30), || {
+        postgres::Client::connect(
+            &format!(
+                "host=127.0.0.1 port={} user=sandflow dbname=public connect_timeout=10",
+                s.pg_port
+            ),
+            postgres::NoTls,
+        )
+        .is_ok()
+    }));
+    // A client that connects and says nothing is dropped.
+    let mut silent = Raw::connect_bare(s.pg_port);
+    let started = Instant::now();
+    assert!(silent.closed_by_server());
+    assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+/// Text that is not UTF-8, NUL in text, and malformed protocol messages are
+/// refused, not altered; the connection goes on.
+#[test]
+fn bad_input_is_refused_not_altered() {
+    let s = Server::start();
+    s.sql(CREATE);
+    let mut raw = Raw::connect(s.pg_port);
+    let msgs = raw.query(b"INSERT INTO cpu VALUES ('\xff\xfe', 'eu', 1.0, '2024-01-01T00:00:00')");
+    assert_eq!(error_codes(&msgs), vec!["22021"], "{msgs:?}");
+    assert_eq!(first_value(&raw.query(b"SELECT 1")).as_deref(), Some("1"));
+    let msgs = raw
+        .query(b"INSERT INTO cpu VALUES ('a' || chr(0) || 'b', 'eu', 1.0, '2024-01-01T00:00:00')");
+    assert_eq!(error_codes(&msgs), vec!["22021"], "{msgs:?}");
+    let msgs = raw.query(b"INSERT INTO cpu VALUES (E'a\\000b', 'eu', 1.0, '2024-01-01T00:00:00')");
+    assert_eq!(error_codes(&msgs).len(), 1, "{msgs:?}");
+    assert_eq!(s.sql("SELECT count(*) FROM cpu"), "0");
+
+    // Malformed Bind messages: 08P01, and the connection is usable after Sync.
+    raw.parse("SELECT $1::BIGINT");
+    raw.bind(&[0], &[(1, b"1"), (1, b"2")], &[]);
+    let msgs = raw.execute_sync();
+    assert_eq!(
+        error_codes(&msgs),
+        vec!["08P01"],
+        "extra parameter: {msgs:?}"
+    );
+    raw.parse("SELECT $1::BIGINT");
+    raw.bind(&[7], &[(1, b"1")], &[]);
+    let msgs = raw.execute_sync();
+    assert_eq!(error_codes(&msgs), vec!["08P01"], "format code 7: {msgs:?}");
+    raw.parse("SELECT $1::BIGINT");
+    raw.bind(&[0], &[(-5, b"")], &[]);
+    let msgs = raw.execute_sync();
+    assert_eq!(error_codes(&msgs), vec!["08P01"], "length -5: {msgs:?}");
+    raw.parse("SELECT $1::BIGINT");
+    raw.bind(&[0], &[(1, b"5")], &[]);
+    let msgs = raw.execute_sync();
+    assert!(error_codes(&msgs).is_empty(), "{msgs:?}");
+    assert_eq!(first_value(&msgs).as_deref(), Some("5"));
+
+    // A text parameter with NUL in it, through a driver.
+    let mut c = client(&s);
+    let e = c
+        .execute(
+            "INSERT INTO cpu VALUES ($1, 'eu', 1.0, '2024-01-01T00:00:00')",
+            &[&"a\0b"],
+        )
+        .unwrap_err();
+    assert_eq!(code(&e), "22021", "{e}");
+    assert_eq!(s.sql("SELECT count(*) FROM cpu"), "0");
+}
+
+/// psql's \copy in and out, text and CSV, through COPY FROM STDIN / TO STDOUT.
+#[test]
+fn copy_in_and_out_through_the_protocol() {
+    let s = Server::start();
+    s.sql(CREATE);
+    let dir = temp_data_dir();
+    let text = dir.path().join("in.txt");
+    std::fs::write(
+        &text,
+        "a\teu\t0.5\t2024-01-01 00:00:00\nb\tus\t\\N\t2024-01-01 00:01:00\n",
+    )
+    .unwrap();
+    let out = s
+        .psql_args(&["-c", &format!("\\copy cpu FROM '{}'", text.display())])
+        .unwrap();
+    assert!(out.contains("COPY 2"), "{out}");
+    let csv = dir.path().join("in.csv");
+    std::fs::write(
+        &csv,
+        "host,region,usage,ts\n\"c,d\",eu,1.5,2024-01-01T00:02:00\n",
+    )
+    .unwrap();
+    s.psql_args(&[
+        "-c",
+        &format!(
+            "\\copy cpu FROM '{}' WITH (FORMAT csv, HEADER true)",
+            csv.display()
+        ),
+    ])
+    .unwrap();
+    assert_eq!(
+        s.sql("SELECT host, usage FROM cpu ORDER BY host"),
+        "a|0.5\nb|\nc,d|1.5"
+    );
+    let back = dir.path().join("out.csv");
+    s.psql_args(&[
+        "-c",
+        &format!(
+            "\\copy (SELECT host, usage FROM cpu ORDER BY host) TO '{}' WITH (FORMAT csv)",
+            back.display()
+        ),
+    ])
+    .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(&back).unwrap(),
+        "a,0.5\nb,\n\"c,d\",1.5\n"
+    );
+    // A bad value fails the whole COPY.
+    std::fs::write(
+        &text,
+        "x\teu\t1.0\t2024-01-01 00:00:00\ny\teu\tnot-a-number\t2024-01-01 00:00:00\n",
+    )
+    .unwrap();
+    assert!(s
+        .psql_args(&["-c", &format!("\\copy cpu FROM '{}'", text.display())])
+        .is_err());
+    assert_eq!(s.sql("SELECT count(*) FROM cpu"), "3");
 }

@@ -5,7 +5,8 @@
 //!   arbitrary and valid batches, ticked, snapshotted and restored from
 //!   arbitrary or corrupted snapshot bytes;
 //! - the host side: `flow::arrow::{batch_to_arrow, batch_from_arrow}`;
-//! - the SQL front door: `sql::parser::parse`, `server::sqltext`,
+//! - the SQL front door: `sql::parser::parse`, the PostgreSQL door's splitter
+//!   against sqlparser's own statement boundaries,
 //!   `flow::options`, and a few dozen generated statements through
 //!   `Database::execute`.
 //!
@@ -37,6 +38,7 @@ use rand::SeedableRng;
 use sandflow::flow::arrow::{batch_from_arrow, batch_to_arrow, fields_from_arrow};
 use sandflow::flow::options::{format_interval, parse_interval, parse_options, parse_size};
 use sandflow::server::sqltext;
+use sandflow::sql::parser::Dialect;
 use sandflow::Database;
 use sandflow_guest::types::{validate_batch, Batch, Column, DataType, Field, SourceSchema, Value};
 use sandflow_guest::{Flow, OPTION_EXPIRE_AFTER_MS};
@@ -1418,6 +1420,79 @@ fn parse_on_worker_stack(sql: String) -> Result<(), String> {
     }
 }
 
+/// See `splitter_agrees_with_the_parser`.
+fn splitter_matches_parser(sql: &str) -> Result<(), String> {
+    use datafusion::sql::sqlparser::ast::Statement;
+    use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
+    use datafusion::sql::sqlparser::parser::Parser;
+    use datafusion::sql::sqlparser::tokenizer::Tokenizer;
+    let dialect = PostgreSqlDialect {};
+    let tokens_ok = Tokenizer::new(&dialect, sql).tokenize().is_ok();
+    let pieces = match sandflow::sql::parser::split(sql, Dialect::Postgres) {
+        Ok(p) if tokens_ok => p,
+        Ok(_) => {
+            return Err(format!(
+                "split accepted what the tokenizer refuses: {sql:?}"
+            ))
+        }
+        Err(_) if tokens_ok => {
+            return Err(format!("split refused what the tokenizer accepts: {sql:?}"))
+        }
+        Err(_) => return Ok(()),
+    };
+    if pieces.iter().any(|p| p.trim().is_empty()) {
+        return Err(format!("an empty statement in {pieces:?}"));
+    }
+    // Only texts the parser reads in linear time (the door refuses the rest).
+    if sandflow::sql::parser::check_nesting(sql).is_err() {
+        return Ok(());
+    }
+    let Ok(whole) = Parser::parse_sql(&dialect, sql) else {
+        return Ok(());
+    };
+    // COPY FROM STDIN reads the text after its ';' as data.
+    if whole.iter().any(|s| matches!(s, Statement::Copy { .. })) {
+        return Ok(());
+    }
+    if whole.len() != pieces.len() {
+        return Err(format!(
+            "{} statements but {} pieces in {sql:?}: {pieces:?}",
+            whole.len(),
+            pieces.len()
+        ));
+    }
+    for (stmt, piece) in whole.iter().zip(&pieces) {
+        match Parser::parse_sql(&dialect, piece) {
+            Ok(one) if one.len() == 1 && &one[0] == stmt => {}
+            other => {
+                return Err(format!(
+                    "piece {piece:?} of {sql:?} parses to {other:?}, not {stmt:?}"
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Texts where a hand-written splitter and the parser disagreed.
+#[test]
+fn splitter_agrees_on_known_cases() {
+    for sql in [
+        "SELECT 1 AS a$$b$; CREATE SCHEMA x; CREATE VIEW x.v AS SELECT 1; --$b$",
+        "SELECT $$a;b$$; SELECT 'c;d'; SELECT \"e;f\"; /* g; */ SELECT 2 -- h;",
+        "SELECT $tag$ $x$ ; $tag$; SELECT E'\\';', 1",
+        "SELECT 1;;; ;",
+    ] {
+        splitter_matches_parser(sql).unwrap();
+    }
+    let pieces = sandflow::sql::parser::split(
+        "SELECT 1 AS a$$b$; CREATE SCHEMA x; CREATE VIEW x.v AS SELECT 1; --$b$",
+        Dialect::Postgres,
+    )
+    .unwrap();
+    assert_eq!(pieces.len(), 3, "{pieces:?}");
+}
+
 fn parser_config() -> ProptestConfig {
     ProptestConfig {
         // Shrinking a hang costs PARSE_BUDGET per step.
@@ -1459,36 +1534,40 @@ fn parse_unclosed_nesting_is_exponential_regression() {
 proptest! {
     #![proptest_config(config())]
 
+    /// The PostgreSQL door's splitter cuts a text exactly where sqlparser's
+    /// own parser (PostgreSQL dialect) separates statements, and each piece
+    /// parses to the same statement; both fail on the same inputs.
     #[test]
-    fn sqltext_never_panics(
+    fn splitter_agrees_with_the_parser(
         sql in any_sql(),
         literals in prop::collection::vec(prop_oneof![Just("NULL".to_string()), any::<String>()], 0..4),
     ) {
-        let parts = sqltext::split_statements(&sql);
-        for p in &parts {
-            prop_assert!(!p.is_empty(), "split_statements returned an empty statement");
-            let _ = sqltext::route(p);
+        splitter_matches_parser(&sql).map_err(TestCaseError::fail)?;
+        for p in sandflow::sql::parser::split(&sql, Dialect::Postgres).unwrap_or_default() {
+            let n = sandflow::sql::parser::param_count(&p, Dialect::Postgres);
+            let _ = sandflow::sql::parser::bind_params(&p, &literals, Dialect::Postgres);
+            if n > 0 && n <= 8 {
+                let all: Vec<String> = (0..n).map(|i| i.to_string()).collect();
+                // Every $1..$n binds; only $0, which is no parameter, fails.
+                let bound = sandflow::sql::parser::bind_params(&p, &all, Dialect::Postgres);
+                prop_assert!(
+                    bound.as_ref().map_or_else(|e| e.to_string().contains("parameter $0"), |_| true),
+                    "binding {} parameters of {:?}: {:?}", n, p, bound
+                );
+            }
         }
-        let n = sqltext::param_count(&sql);
-        let _ = sqltext::bind_params(&sql, &literals);
-        let quoted: Vec<String> = literals.iter().map(|l| sqltext::quote_literal(l)).collect();
-        let _ = sqltext::bind_params(&sql, &quoted);
-        if n > 0 && n <= 8 {
-            let all: Vec<String> = (0..n).map(|i| i.to_string()).collect();
-            let _ = sqltext::bind_params(&sql, &all);
-        }
-        let _ = sqltext::route(&sql);
-        let _ = sqltext::leading_words(&sql, 3);
-        let _ = sqltext::is_query(&sql);
-        let _ = sqltext::is_session_statement(&sql);
         let _ = sqltext::quote_ident(&sql);
     }
 
     /// A quoted literal binds as one string literal that the parser reads back.
     #[test]
     fn quoted_literals_parse_back(s in "[^\u{0}]{0,20}") {
-        let sql = sqltext::bind_params("SELECT $1", &[sqltext::quote_literal(&s)])
-            .map_err(TestCaseError::fail)?;
+        let sql = sandflow::sql::parser::bind_params(
+            "SELECT $1",
+            &[sqltext::quote_literal(&s)],
+            Dialect::Generic,
+        )
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
         let parsed = sandflow::sql::parser::parse(&sql);
         prop_assert!(parsed.is_ok(), "{:?} does not parse: {:?}", sql, parsed.err());
     }
