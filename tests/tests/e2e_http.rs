@@ -707,3 +707,28 @@ fn shutdown_finishes_requests_in_flight() {
     assert_eq!(v["output"][0]["records"]["rows"], json!([[42]]), "{v}");
     assert!(s.stop(), "not a clean exit:\n{}", s.logs());
 }
+
+// Text that is not UTF-8 is refused, not stored as U+FFFD; NUL in text too.
+#[test]
+fn invalid_text_is_refused_not_altered() {
+    let s = Server::start();
+    let (status, v) =
+        s.http_sql("CREATE TABLE t (k STRING, ts TIMESTAMP TIME INDEX, PRIMARY KEY (k))");
+    assert_eq!(status, 200, "{v}");
+    let body = "sql=INSERT%20INTO%20t%20VALUES%20(%27%FF%FE%27,%200)";
+    let (status, text) = s.http(
+        "POST",
+        "/v1/sql",
+        Some("application/x-www-form-urlencoded"),
+        body,
+    );
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("UTF8"), "{text}");
+    let (status, text) = s.http("GET", "/v1/sql?sql=SELECT%20%27%FF%27", None, "");
+    assert_eq!(status, 400, "{text}");
+    let (status, v) = s.http_sql("INSERT INTO t VALUES ('a' || chr(0) || 'b', 0)");
+    assert_eq!(status, 400, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("0x00"), "{v}");
+    let (_, v) = s.http_sql("SELECT count(*) FROM t");
+    assert_eq!(v["output"][0]["records"]["rows"][0][0], 0, "{v}");
+}

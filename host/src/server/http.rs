@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
-use axum::extract::{Query, Request, State};
+use axum::extract::{Query, RawQuery, Request, State};
 use axum::http::{header, HeaderMap, HeaderName, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -156,7 +156,10 @@ pub fn error_code(e: &Error) -> u32 {
         Error::TooComplex { .. } => 2000,
         Error::NotFound { .. } => 4001,
         Error::Unsupported { .. } => 1001,
-        Error::InvalidData { .. } => 1004,
+        Error::InvalidData { .. } | Error::InvalidEncoding { .. } => 1004,
+        // GreptimeDB's Cancelled and DeadlineExceeded.
+        Error::Cancelled { .. } => 1008,
+        Error::Transaction { .. } => 1004,
         Error::Storage { .. } => 5000,
         Error::Flow { .. } => 1003,
         Error::Internal { .. } => 1003,
@@ -171,7 +174,10 @@ pub fn error_status(e: &Error) -> StatusCode {
         Error::Sql { .. }
         | Error::TooComplex { .. }
         | Error::InvalidData { .. }
+        | Error::InvalidEncoding { .. }
+        | Error::Transaction { .. }
         | Error::Unsupported { .. } => StatusCode::BAD_REQUEST,
+        Error::Cancelled { .. } => StatusCode::GATEWAY_TIMEOUT,
         Error::NotFound { .. } => StatusCode::NOT_FOUND,
         Error::Storage { .. } | Error::Flow { .. } | Error::Internal { .. } => {
             StatusCode::INTERNAL_SERVER_ERROR
@@ -196,26 +202,55 @@ fn db_error_response(e: Error, started: Instant) -> Response {
     error_response(error_status(&e), error_code(&e), e.to_string(), started)
 }
 
+/// `k=v&k2=v2` (query string or form body), decoded strictly: a value whose
+/// bytes are not UTF-8 is refused, not altered (form decoders replace such
+/// bytes with U+FFFD, which would store text the client never sent).
+fn parse_form(bytes: &[u8]) -> Result<Vec<(String, String)>, String> {
+    let mut out = Vec::new();
+    for pair in bytes.split(|&b| b == b'&').filter(|p| !p.is_empty()) {
+        let (k, v) = match pair.iter().position(|&b| b == b'=') {
+            Some(i) => (&pair[..i], &pair[i + 1..]),
+            None => (pair, &pair[..0]),
+        };
+        let decode = |raw: &[u8]| -> Result<String, String> {
+            let plus: Vec<u8> = raw
+                .iter()
+                .map(|&b| if b == b'+' { b' ' } else { b })
+                .collect();
+            let bytes: Vec<u8> = percent_encoding::percent_decode(&plus).collect();
+            String::from_utf8(bytes).map_err(|e| {
+                format!(
+                    "invalid byte sequence for encoding \"UTF8\" at byte {} of a parameter; \
+                     send text as UTF-8",
+                    e.utf8_error().valid_up_to()
+                )
+            })
+        };
+        out.push((decode(k)?, decode(v)?));
+    }
+    Ok(out)
+}
+
 /// Query string and form fields of `/v1/sql`.
 fn sql_params(
-    query: &HashMap<String, String>,
+    query: Option<&str>,
     headers: &HeaderMap,
     body: &Bytes,
-) -> HashMap<String, String> {
-    let mut params = query.clone();
+) -> Result<HashMap<String, String>, String> {
+    let mut params: HashMap<String, String> = parse_form(query.unwrap_or_default().as_bytes())?
+        .into_iter()
+        .collect();
     let is_form = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .map(|v| v.starts_with("application/x-www-form-urlencoded"))
         .unwrap_or(false);
     if is_form || (!body.is_empty() && !params.contains_key("sql")) {
-        if let Ok(form) = serde_urlencoded::from_bytes::<Vec<(String, String)>>(body) {
-            for (k, v) in form {
-                params.insert(k, v);
-            }
+        for (k, v) in parse_form(body)? {
+            params.insert(k, v);
         }
     }
-    params
+    Ok(params)
 }
 
 /// The `sql` parameter, unless it is missing or blank.
@@ -237,12 +272,15 @@ fn missing_sql(started: Instant) -> Response {
 
 async fn sql_post(
     State(state): State<AppState>,
-    Query(query): Query<HashMap<String, String>>,
+    RawQuery(query): RawQuery,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
     let started = Instant::now();
-    let params = sql_params(&query, &headers, &body);
+    let params = match sql_params(query.as_deref(), &headers, &body) {
+        Ok(p) => p,
+        Err(message) => return error_response(StatusCode::BAD_REQUEST, 1004, message, started),
+    };
     match sql_text(&params) {
         Some(sql) => run_sql(&state, sql, &params, started).await,
         None => missing_sql(started),
@@ -253,12 +291,15 @@ async fn sql_post(
 /// web page can make a browser send a GET.
 async fn sql_get(
     State(state): State<AppState>,
-    Query(query): Query<HashMap<String, String>>,
+    RawQuery(query): RawQuery,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
     let started = Instant::now();
-    let params = sql_params(&query, &headers, &body);
+    let params = match sql_params(query.as_deref(), &headers, &body) {
+        Ok(p) => p,
+        Err(message) => return error_response(StatusCode::BAD_REQUEST, 1004, message, started),
+    };
     let Some(sql) = sql_text(&params) else {
         return missing_sql(started);
     };
