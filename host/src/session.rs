@@ -1025,7 +1025,15 @@ impl Session {
         match self.block.as_mut() {
             Some(b) if b.explicit => b.failed = true,
             Some(_) => {
-                self.end_block();
+                if let Some(b) = self.end_block() {
+                    if !b.ddl.is_empty() {
+                        self.notices.push(format!(
+                            "WARNING: nothing this query wrote was kept, but {} took effect \
+                             when it ran and stays (sandflow's DDL is not transactional)",
+                            b.ddl.join(", ")
+                        ));
+                    }
+                }
             }
             None => {}
         }
@@ -1042,9 +1050,6 @@ impl Session {
             if let Some(def) = setting_def(name) {
                 let _ = self.apply(def, old.clone());
             }
-        }
-        if !block.ddl.is_empty() && (block.failed || !block.explicit) {
-            // Only reached when the block's writes were dropped.
         }
         Some(block)
     }
