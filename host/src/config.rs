@@ -22,6 +22,8 @@
 //! state_size_limit = "1GiB"     # default per flow (WITH overrides); unset: only memory_limit bounds it
 //! max_restarts = 10             # automatic restarts after a transient failure (0: never)
 //! restart_backoff = "1s"        # first wait before an automatic restart; doubles, at most 60s
+//! max_flows = 10000             # flows the server runs at most
+//! sleep_after = "60s"           # an idle flow's sandbox is released after this ("0": never)
 //! ```
 
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -230,6 +232,17 @@ pub struct StartArgs {
     /// up to 60s. [default: 1s]
     #[arg(long, value_name = "DURATION", env = "SANDFLOW_FLOW_RESTART_BACKOFF")]
     pub flow_restart_backoff: Option<String>,
+
+    /// Most flows the server runs; CREATE FLOW past it is refused naming this
+    /// setting. [default: 10000]
+    #[arg(long, value_name = "N", env = "SANDFLOW_MAX_FLOWS")]
+    pub max_flows: Option<String>,
+
+    /// How long a flow with nothing to do keeps its sandbox; then it sleeps
+    /// (state kept as a snapshot, memory released) until input arrives; "0"
+    /// never sleeps. [default: 60s]
+    #[arg(long, value_name = "DURATION", env = "SANDFLOW_FLOW_SLEEP_AFTER")]
+    pub flow_sleep_after: Option<String>,
 }
 
 /// The `[flow]` section.
@@ -249,6 +262,10 @@ pub struct FlowConfig {
     pub max_restarts: u32,
     /// First wait before an automatic restart.
     pub restart_backoff: Duration,
+    /// Most flows the server runs.
+    pub max_flows: usize,
+    /// Idle time after which a flow sleeps (`None`: never).
+    pub sleep_after: Option<Duration>,
 }
 
 impl Default for FlowConfig {
@@ -262,6 +279,8 @@ impl Default for FlowConfig {
             state_size_limit: limits.state_size,
             max_restarts: crate::flow::DEFAULT_MAX_RESTARTS,
             restart_backoff: crate::flow::DEFAULT_RESTART_BACKOFF,
+            max_flows: crate::flow::DEFAULT_MAX_FLOWS,
+            sleep_after: Some(crate::flow::DEFAULT_SLEEP_AFTER),
         }
     }
 }
@@ -354,6 +373,8 @@ pub struct FileFlowConfig {
     pub state_size_limit: Option<String>,
     pub max_restarts: Option<toml::Value>,
     pub restart_backoff: Option<String>,
+    pub max_flows: Option<toml::Value>,
+    pub sleep_after: Option<String>,
 }
 
 impl FileConfig {
@@ -490,6 +511,31 @@ impl Config {
             Some(s) => parse_duration("flow.restart_backoff", s)?,
             None => defaults.restart_backoff,
         };
+        let max_flows = match args
+            .max_flows
+            .clone()
+            .or(file.flow.max_flows.map(toml_text))
+        {
+            Some(s) => match s.trim().parse::<usize>() {
+                Ok(n) if n >= 1 => n,
+                _ => {
+                    return Err(ConfigError::InvalidNumber {
+                        what: "flow.max_flows".into(),
+                        value: s,
+                        message: "use a whole number of at least 1".into(),
+                    })
+                }
+            },
+            None => defaults.max_flows,
+        };
+        let sleep_after = match args
+            .flow_sleep_after
+            .as_deref()
+            .or(file.flow.sleep_after.as_deref())
+        {
+            Some(s) => Some(parse_duration("flow.sleep_after", s)?).filter(|d| !d.is_zero()),
+            None => defaults.sleep_after,
+        };
         let max_connections = match args
             .max_connections
             .clone()
@@ -605,6 +651,8 @@ impl Config {
                 state_size_limit,
                 max_restarts,
                 restart_backoff,
+                max_flows,
+                sleep_after,
             },
         })
     }

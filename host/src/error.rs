@@ -33,6 +33,9 @@ pub enum Error {
     /// Text that is not valid UTF-8, or holds a NUL character (SQLSTATE 22021).
     #[snafu(display("{message}"))]
     InvalidEncoding { message: String },
+    /// A server-wide limit that a setting raises (SQLSTATE 53400).
+    #[snafu(display("{message}"))]
+    LimitExceeded { message: String },
     /// Storage or I/O failure.
     #[snafu(display("storage error: {message}"))]
     Storage { message: String },
@@ -71,6 +74,9 @@ impl Error {
                 message: message.clone(),
             },
             Error::InvalidEncoding { message } => Error::InvalidEncoding {
+                message: message.clone(),
+            },
+            Error::LimitExceeded { message } => Error::LimitExceeded {
                 message: message.clone(),
             },
             Error::Storage { message } => Error::Storage {

@@ -118,7 +118,7 @@ fn main() {
     // (e.g. one built with different flags) instead of the embedded one.
     // One instance is alive at a time; a small pool also fits in valgrind's address space.
     let config = RuntimeConfig {
-        max_instances: 2,
+        pool: Some(2),
         ..RuntimeConfig::default()
     };
     let runtime = match std::env::var_os("SANDFLOW_BENCH_GUEST") {

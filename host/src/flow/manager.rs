@@ -62,6 +62,13 @@ pub struct FlowSettings {
     /// Wait before the first automatic restart; doubles with each attempt
     /// up to [`MAX_RESTART_BACKOFF`].
     pub restart_backoff: Duration,
+    /// How many flows the database runs at most; CREATE FLOW past it is
+    /// refused naming the setting.
+    pub max_flows: usize,
+    /// How long a flow with nothing to do keeps its sandbox; then it sleeps
+    /// (its state kept as a snapshot, its memory released) until input
+    /// arrives. `None`: never.
+    pub sleep_after: Option<Duration>,
     /// Only for tests of the sandbox through the whole database: flows this
     /// selects run another guest component instead of sandflow's own. The
     /// server never sets it; nothing in SQL, flags or files can.
@@ -101,10 +108,17 @@ impl Default for FlowSettings {
             snapshot_interval: Duration::from_secs(10),
             max_restarts: DEFAULT_MAX_RESTARTS,
             restart_backoff: DEFAULT_RESTART_BACKOFF,
+            max_flows: DEFAULT_MAX_FLOWS,
+            sleep_after: Some(DEFAULT_SLEEP_AFTER),
             untrusted_guest: None,
         }
     }
 }
+
+/// Default of [`FlowSettings::max_flows`].
+pub const DEFAULT_MAX_FLOWS: usize = 10_000;
+/// Default of [`FlowSettings::sleep_after`].
+pub const DEFAULT_SLEEP_AFTER: Duration = Duration::from_secs(60);
 
 /// Everything persisted about a flow.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -549,6 +563,19 @@ impl FlowManager {
         }
         let _ddl = self.ddl.lock().await;
         let old = self.get(&stmt.name);
+        if old.is_none() {
+            let running = self.flows.read().map(|f| f.len()).unwrap_or(0);
+            if running >= self.settings.max_flows {
+                return crate::error::LimitExceededSnafu {
+                    message: format!(
+                        "cannot create flow '{}': the server runs at most {} flows \
+                         (--max-flows, [flow] max_flows); drop a flow or raise the setting",
+                        stmt.name, self.settings.max_flows
+                    ),
+                }
+                .fail();
+            }
+        }
         if old.is_some() {
             if stmt.if_not_exists {
                 return Ok(false);
@@ -940,6 +967,7 @@ impl FlowManager {
         let schemas: Vec<_> = compiled.sources.iter().map(|s| s.schema.clone()).collect();
         let name = def.name.clone();
         let state = recovery.map(|r| r.state.clone());
+        let guest_runtime = runtime.clone();
         let instance = tokio::task::spawn_blocking(move || match state {
             Some(state) => runtime.restore_flow(&state, limits).map_err(|e| {
                 flow_err(format!(
@@ -975,6 +1003,7 @@ impl FlowManager {
         let mapping = sink::fit(&sink, &output).map_err(|message| SqlSnafu { message }.build())?;
         Ok(Prepared {
             instance,
+            runtime: guest_runtime,
             output,
             sources,
             source_fields: compiled
@@ -1097,6 +1126,9 @@ impl FlowManager {
             core: core.clone(),
             limits: p.instance.limits(),
             instance: Some(p.instance),
+            runtime: p.runtime,
+            asleep: None,
+            sleep_after: self.settings.sleep_after,
             output: p.output,
             source_fields: p.source_fields,
             sink: p.sink.clone(),
@@ -1262,6 +1294,7 @@ fn load_recovery(core: &Core, name: &str) -> Result<Option<Recovery>> {
 
 struct Prepared {
     instance: FlowInstance,
+    runtime: Arc<Runtime>,
     output: Vec<crate::runtime::Field>,
     sources: Vec<Arc<Table>>,
     source_fields: Vec<Vec<crate::runtime::Field>>,

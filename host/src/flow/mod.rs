@@ -20,7 +20,7 @@ pub use compile::{FLOW_MAX_EXPRESSION_DEPTH, FLOW_MAX_PLAN_DEPTH};
 #[doc(hidden)]
 pub use manager::UntrustedGuest;
 pub use manager::{
-    FlowDef, FlowInfo, FlowManager, FlowSettings, DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_BACKOFF,
-    MAX_RESTART_BACKOFF,
+    FlowDef, FlowInfo, FlowManager, FlowSettings, DEFAULT_MAX_FLOWS, DEFAULT_MAX_RESTARTS,
+    DEFAULT_RESTART_BACKOFF, DEFAULT_SLEEP_AFTER, MAX_RESTART_BACKOFF,
 };
 pub use worker::FlowStatus;

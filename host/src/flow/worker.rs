@@ -22,7 +22,7 @@ use super::arrow::{batch_from_arrow, batch_to_arrow, schema_from_fields};
 use super::sink::{self, SinkColumn};
 use crate::catalog::Table;
 use crate::database::Core;
-use crate::runtime::{Batch, Field, FlowInstance, FlowLimits, RuntimeError};
+use crate::runtime::{Batch, Field, FlowInstance, FlowLimits, Runtime, RuntimeError};
 use crate::storage::{ChangeBatch, WriteSet};
 
 /// What a flow's thread is asked to do.
@@ -52,6 +52,9 @@ pub struct FlowStatus {
     pub rows_written: u64,
     /// `rows_written` at the last flush.
     pub rows_at_flush: u64,
+    /// Whether the flow is asleep: idle for a while, its state kept as a
+    /// snapshot and its sandbox released until input arrives.
+    pub asleep: bool,
     /// Times the flow failed since the server started.
     pub failures: u64,
     /// Times the flow was restarted (automatically or by `ADMIN
@@ -150,8 +153,16 @@ impl Clock {
 pub(crate) struct Worker {
     pub name: String,
     pub core: Arc<Core>,
-    /// The flow's sandbox; dropped (its memory returned) when the flow fails.
+    /// The flow's sandbox; dropped (its memory returned) when the flow fails
+    /// or falls asleep.
     pub instance: Option<FlowInstance>,
+    /// Where the sandbox comes from when a sleeping flow wakes up.
+    pub runtime: Arc<Runtime>,
+    /// The state of a sleeping flow (see [`Worker::sleep`]).
+    pub asleep: Option<Vec<u8>>,
+    /// How long a flow with nothing to do keeps its sandbox before it falls
+    /// asleep; `None`: never.
+    pub sleep_after: Option<Duration>,
     /// The limits it runs under.
     pub limits: FlowLimits,
     pub output: Vec<Field>,
@@ -237,9 +248,20 @@ impl Worker {
                     Err(RecvTimeoutError::Timeout) => None,
                     Err(RecvTimeoutError::Disconnected) => return,
                 },
-                None => match rx.recv() {
-                    Ok(m) => Some(m),
-                    Err(_) => return,
+                // Nothing to do: after a while, give the sandbox back.
+                None => match self.sleep_after.filter(|_| self.instance.is_some()) {
+                    Some(after) => match rx.recv_timeout(after) {
+                        Ok(m) => Some(m),
+                        Err(RecvTimeoutError::Timeout) => {
+                            self.sleep();
+                            continue;
+                        }
+                        Err(RecvTimeoutError::Disconnected) => return,
+                    },
+                    None => match rx.recv() {
+                        Ok(m) => Some(m),
+                        Err(_) => return,
+                    },
                 },
             };
             match msg {
@@ -314,16 +336,54 @@ impl Worker {
         self.status.lock().ok().and_then(|s| s.error.clone())
     }
 
-    /// The live guest (a failed flow has none).
+    /// The live guest (a failed flow has none); a sleeping flow wakes up.
     fn guest(&mut self) -> Result<&mut FlowInstance, Failure> {
+        if self.instance.is_none() {
+            if let Some(state) = self.asleep.take() {
+                let instance = self.runtime.restore_flow(&state, self.limits)?;
+                self.instance = Some(instance);
+                if let Ok(mut s) = self.status.lock() {
+                    s.asleep = false;
+                }
+                debug!(flow = %self.name, "flow woke up");
+            }
+        }
         self.instance
             .as_mut()
             .ok_or_else(|| Failure::permanent("the flow's guest is gone after a failure"))
     }
 
+    /// Keeps the state as a snapshot and releases the sandbox (its memory).
+    /// Only between ticks: nothing is pending, everything is written back.
+    fn sleep(&mut self) {
+        if self.failed().is_some() {
+            return;
+        }
+        let Some(mut instance) = self.instance.take() else {
+            return;
+        };
+        match instance.snapshot() {
+            Ok(state) => {
+                self.asleep = Some(state);
+                if let Ok(mut s) = self.status.lock() {
+                    s.asleep = true;
+                }
+                debug!(flow = %self.name, "flow fell asleep");
+            }
+            Err(e) => {
+                self.instance = Some(instance);
+                self.fail(e.into());
+            }
+        }
+    }
+
     fn fail(&mut self, failure: Failure) {
-        // A failed flow holds no sandbox: its memory and pool slot go back now.
+        // A failed flow holds no sandbox: its memory goes back now.
         self.instance = None;
+        self.asleep = None;
+        if let Ok(mut s) = self.status.lock() {
+            s.asleep = false;
+        }
         warn!(flow = %self.name, transient = failure.transient, "flow failed: {}", failure.message);
         let attempts = {
             let mut s = self.status.lock().unwrap_or_else(|p| p.into_inner());

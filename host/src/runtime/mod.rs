@@ -1,6 +1,7 @@
 //! The wasm runtime that hosts flow guests.
 //!
-//! One wasmtime [`Engine`] per process (component model, pooling allocator),
+//! One wasmtime [`Engine`] per process (component model, instances allocated
+//! on demand so that the number of flows is bounded by memory, not a pool),
 //! the guest component compiled once and cached on disk, one `InstancePre`,
 //! and one [`Store`] per flow with its own memory cap and CPU budget per call.
 //! WASI is reduced to nothing: no files, network, environment or arguments;
@@ -68,8 +69,10 @@ pub enum RuntimeError {
 pub struct RuntimeConfig {
     /// Where compiled components are cached; `None` compiles in memory each start.
     pub cache_dir: Option<PathBuf>,
-    /// How many flow instances may be alive at once.
-    pub max_instances: u32,
+    /// How instances get their memory: on demand (the default: any number,
+    /// each mapping what it uses), or from a pool of this many slots set up
+    /// once (faster to instantiate; for benchmarks).
+    pub pool: Option<u32>,
     /// The largest memory limit any flow may ask for.
     pub max_memory_limit: usize,
 }
@@ -78,7 +81,7 @@ impl Default for RuntimeConfig {
     fn default() -> Self {
         RuntimeConfig {
             cache_dir: None,
-            max_instances: 256,
+            pool: None,
             max_memory_limit: 4 << 30,
         }
     }
@@ -268,17 +271,23 @@ fn budget_ticks(budget: Duration) -> u64 {
 }
 
 fn make_engine(config: &RuntimeConfig) -> Result<Engine, RuntimeError> {
-    let mut pool = wasmtime::PoolingAllocationConfig::default();
-    pool.total_component_instances(config.max_instances)
-        .total_core_instances(config.max_instances.saturating_mul(4))
-        .total_memories(config.max_instances)
-        .total_tables(config.max_instances.saturating_mul(4))
-        .total_stacks(config.max_instances)
-        .max_memory_size(config.max_memory_limit);
+    let strategy = match config.pool {
+        Some(slots) => {
+            let mut pool = wasmtime::PoolingAllocationConfig::default();
+            pool.total_component_instances(slots)
+                .total_core_instances(slots.saturating_mul(4))
+                .total_memories(slots)
+                .total_tables(slots.saturating_mul(4))
+                .total_stacks(slots)
+                .max_memory_size(config.max_memory_limit);
+            wasmtime::InstanceAllocationStrategy::Pooling(pool)
+        }
+        None => wasmtime::InstanceAllocationStrategy::OnDemand,
+    };
     let mut wasm = Config::new();
     wasm.wasm_component_model(true)
         .epoch_interruption(true)
-        .allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool))
+        .allocation_strategy(strategy)
         // Deep recursion in a guest ends in a trap, not in the host's stack.
         .max_wasm_stack(1 << 20)
         .cranelift_opt_level(wasmtime::OptLevel::Speed);

@@ -104,6 +104,8 @@ pub async fn start(
     flows.default_limits.state_size = config.flow.state_size_limit;
     flows.max_restarts = config.flow.max_restarts;
     flows.restart_backoff = config.flow.restart_backoff;
+    flows.max_flows = config.flow.max_flows;
+    flows.sleep_after = config.flow.sleep_after;
     let db = Database::open_with(&config.data_dir, flows)
         .await
         .map_err(|e| format!("cannot open database in {}: {e}", config.data_dir.display()))?;

@@ -159,6 +159,8 @@ pub fn error_code(e: &Error) -> u32 {
         Error::InvalidData { .. } | Error::InvalidEncoding { .. } => 1004,
         // GreptimeDB's Cancelled and DeadlineExceeded.
         Error::Cancelled { .. } => 1008,
+        // GreptimeDB's RuntimeResourcesExhausted.
+        Error::LimitExceeded { .. } => 6000,
         Error::Transaction { .. } => 1004,
         Error::Storage { .. } => 5000,
         Error::Flow { .. } => 1003,
@@ -178,6 +180,7 @@ pub fn error_status(e: &Error) -> StatusCode {
         | Error::Transaction { .. }
         | Error::Unsupported { .. } => StatusCode::BAD_REQUEST,
         Error::Cancelled { .. } => StatusCode::GATEWAY_TIMEOUT,
+        Error::LimitExceeded { .. } => StatusCode::SERVICE_UNAVAILABLE,
         Error::NotFound { .. } => StatusCode::NOT_FOUND,
         Error::Storage { .. } | Error::Flow { .. } | Error::Internal { .. } => {
             StatusCode::INTERNAL_SERVER_ERROR

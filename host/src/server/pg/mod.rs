@@ -146,6 +146,8 @@ pub fn sqlstate(e: &Error) -> &'static str {
             }
         }
         Error::InvalidEncoding { .. } => "22021",
+        // configuration_limit_exceeded
+        Error::LimitExceeded { .. } => "53400",
         Error::InvalidData { .. } => {
             if msg.contains("null") && !msg.contains("0x00") {
                 "23502"
