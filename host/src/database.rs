@@ -153,6 +153,36 @@ impl Core {
         map
     }
 
+    /// Adds DEFAULT columns missing from `batch`.
+    pub(crate) fn fill_defaults(&self, table: &Table, batch: RecordBatch) -> Result<RecordBatch> {
+        let input = batch.schema();
+        let mut fields: Vec<Field> = input.fields().iter().map(|f| f.as_ref().clone()).collect();
+        let mut columns = batch.columns().to_vec();
+        for col in &table.schema().columns {
+            if input.index_of(&col.name).is_ok() {
+                continue;
+            }
+            if let Some(array) = self.eval_default(col, batch.num_rows())? {
+                fields.push(Field::new(&col.name, array.data_type().clone(), true));
+                columns.push(array);
+            }
+        }
+        if columns.len() == batch.num_columns() {
+            return Ok(batch);
+        }
+        RecordBatch::try_new_with_options(
+            Arc::new(Schema::new(fields)),
+            columns,
+            &RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
+        )
+        .map_err(|e| {
+            InvalidDataSnafu {
+                message: format!("cannot add default columns: {e}"),
+            }
+            .build()
+        })
+    }
+
     pub(crate) fn forget_defaults(&self, id: TableId) {
         if let Ok(mut cache) = self.defaults.write() {
             cache.remove(&id);
@@ -312,6 +342,11 @@ impl Database {
             .await
     }
 
+    /// The shared core, for the crate's own front doors (line protocol).
+    pub(crate) fn core(&self) -> &Arc<Core> {
+        &self.core
+    }
+
     /// How many statements are running now (a statement whose client went
     /// away or was cancelled no longer counts).
     pub fn running_statements(&self) -> usize {
@@ -384,7 +419,7 @@ impl Database {
     /// Returns the number of rows written.
     pub async fn insert_batch(&self, table: &str, batch: RecordBatch) -> Result<u64> {
         let table = self.core.resolve(table)?;
-        let batch = self.fill_defaults(&table, batch)?;
+        let batch = self.core.fill_defaults(&table, batch)?;
         let mut set = WriteSet::new();
         set.upsert(table, batch);
         Ok(self.commit(set).await?.rows)
@@ -444,35 +479,5 @@ impl Database {
     /// The sequence number of the last durable commit.
     pub fn last_seq(&self) -> Result<u64> {
         self.core.store.last_seq()
-    }
-
-    /// Adds DEFAULT columns missing from `batch`.
-    fn fill_defaults(&self, table: &Table, batch: RecordBatch) -> Result<RecordBatch> {
-        let input = batch.schema();
-        let mut fields: Vec<Field> = input.fields().iter().map(|f| f.as_ref().clone()).collect();
-        let mut columns = batch.columns().to_vec();
-        for col in &table.schema().columns {
-            if input.index_of(&col.name).is_ok() {
-                continue;
-            }
-            if let Some(array) = self.core.eval_default(col, batch.num_rows())? {
-                fields.push(Field::new(&col.name, array.data_type().clone(), true));
-                columns.push(array);
-            }
-        }
-        if columns.len() == batch.num_columns() {
-            return Ok(batch);
-        }
-        RecordBatch::try_new_with_options(
-            Arc::new(Schema::new(fields)),
-            columns,
-            &RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
-        )
-        .map_err(|e| {
-            InvalidDataSnafu {
-                message: format!("cannot add default columns: {e}"),
-            }
-            .build()
-        })
     }
 }
