@@ -379,6 +379,11 @@ impl Database {
             .await
     }
 
+    /// The shared core, for the crate's own front doors (line protocol).
+    pub(crate) fn core(&self) -> &Arc<Core> {
+        &self.core
+    }
+
     /// How many statements are running now (a statement whose client went
     /// away or was cancelled no longer counts).
     pub fn running_statements(&self) -> usize {

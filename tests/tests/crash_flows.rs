@@ -822,3 +822,254 @@ fn flows_recover_exactly_after_kill9_at_random_moments() {
         model.present().len()
     );
 }
+
+/// Column 0 of every row of `sql` (simple query).
+fn first_column(c: &mut Client, sql: &str) -> Result<Vec<String>, postgres::Error> {
+    Ok(c.simple_query(sql)?
+        .into_iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+            _ => None,
+        })
+        .collect())
+}
+
+/// One DDL statement of [`create_flow_is_atomic_across_kill9`].
+#[derive(Debug, Clone)]
+struct FlowDdl {
+    flow: String,
+    sink: String,
+    replace: bool,
+}
+
+impl FlowDdl {
+    fn sql(&self) -> String {
+        format!(
+            "CREATE {}FLOW {} SINK TO {} AS SELECT host, count(*) AS n, sum(bytes) AS b \
+             FROM ev GROUP BY host",
+            if self.replace { "OR REPLACE " } else { "" },
+            self.flow,
+            self.sink
+        )
+    }
+}
+
+/// Sends CREATE [OR REPLACE] FLOW statements, each with a sink table of its
+/// own that the flow creates, until the server goes away. Returns the
+/// acknowledged statements and the one in flight.
+fn create_flows_until_gone(
+    pg_port: u16,
+    round: usize,
+    rng: &mut StdRng,
+) -> (Vec<FlowDdl>, Option<(FlowDdl, String)>) {
+    let mut acked: Vec<FlowDdl> = Vec::new();
+    let mut pg = match pg_connect(pg_port) {
+        Ok(c) => c,
+        Err(_) => return (acked, None),
+    };
+    for i in 0.. {
+        let sink = format!("s{round}_{i}");
+        // Now and then replace an acknowledged flow, moving it to a new sink.
+        let replace = !acked.is_empty() && rng.random_range(0..4) == 0;
+        let flow = if replace {
+            acked[rng.random_range(0..acked.len())].flow.clone()
+        } else {
+            format!("f{round}_{i}")
+        };
+        let ddl = FlowDdl {
+            flow,
+            sink,
+            replace,
+        };
+        match pg.simple_query(&ddl.sql()) {
+            Ok(_) => acked.push(ddl),
+            Err(e) => return (acked, Some((ddl, e.to_string()))),
+        }
+    }
+    unreachable!()
+}
+
+/// CREATE FLOW commits its auto-created sink table and its definition in
+/// one transaction: the server is killed with SIGKILL at a random moment
+/// while CREATE [OR REPLACE] FLOW statements follow each other, round after
+/// round, and after every restart
+/// * every acknowledged flow exists (with the sink of its last acknowledged
+///   statement, or of the one in flight when that replaced it) and runs;
+/// * every flow's sink table exists;
+/// * a sink table exists only if a flow writes into it or the statement
+///   that created it was acknowledged: the statement in flight left either
+///   its flow and its sink, or neither.
+///
+/// Rounds: 24 by default, `SANDFLOW_CRASH_DDL_ROUNDS=N` for more; seed as
+/// for the test above (`SANDFLOW_CRASH_SEED`).
+#[test]
+fn create_flow_is_atomic_across_kill9() {
+    let rounds = env_u64("SANDFLOW_CRASH_DDL_ROUNDS").unwrap_or(24) as usize;
+    let seed = env_u64("SANDFLOW_CRASH_SEED").unwrap_or_else(|| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0)
+    });
+    eprintln!(
+        "create_flow_is_atomic_across_kill9: seed {seed} (SANDFLOW_CRASH_SEED={seed} to repeat), \
+         {rounds} rounds"
+    );
+    let mut rng = StdRng::seed_from_u64(seed);
+    let started = Instant::now();
+    let dir = temp_data_dir();
+    let opts = Options::default();
+    let mut s = Server::start_with(dir.clone(), opts.clone());
+    s.sql(EV);
+    s.sql("INSERT INTO ev VALUES (1, 'a', 200, 1.5, 0), (2, 'b', 500, 2.5, 0)");
+    // A flow that stays: every start loads the guest, so that a CREATE FLOW
+    // in a round costs only itself.
+    s.sql("CREATE FLOW keep SINK TO keep_sink AS SELECT host, count(*) AS n FROM ev GROUP BY host");
+    let (mut flows_made, mut kills_in_flight) = (0usize, 0usize);
+    for round in 0..rounds {
+        let pause = Duration::from_millis(rng.random_range(20..=400));
+        let writer_seed: u64 = rng.random();
+        let pg_port = s.pg_port;
+        let writer = std::thread::spawn(move || {
+            let mut rng = StdRng::seed_from_u64(writer_seed);
+            create_flows_until_gone(pg_port, round, &mut rng)
+        });
+        std::thread::sleep(pause);
+        s.kill9();
+        let (acked, in_flight) = writer.join().expect("writer thread panicked");
+        let killed_log = s.logs();
+        let writer_summary = format!(
+            "{} statements acknowledged: {:?}; in flight at the kill: {:?}",
+            acked.len(),
+            acked.iter().map(FlowDdl::sql).collect::<Vec<_>>(),
+            in_flight
+        );
+        let how = format!("SIGKILL after {} ms", pause.as_millis());
+        let ctx = Ctx {
+            seed,
+            round,
+            how: &how,
+            killed_log: &killed_log,
+            writer: &writer_summary,
+        };
+        let (dir, o) = (dir.clone(), opts.clone());
+        s = match catch_unwind(AssertUnwindSafe(move || Server::start_with(dir, o))) {
+            Ok(s) => s,
+            Err(_) => ctx.fail(None, "the server did not come back"),
+        };
+        let mut pg = pg_connect(s.pg_port)
+            .unwrap_or_else(|e| ctx.fail(Some(&s), &format!("cannot connect: {e}")));
+        let flows: BTreeMap<String, (String, String)> = pg
+            .simple_query("SELECT flow_name, sink_table_name, status FROM information_schema.flows")
+            .unwrap_or_else(|e| ctx.fail(Some(&s), &format!("information_schema.flows: {e}")))
+            .into_iter()
+            .filter_map(|m| match m {
+                SimpleQueryMessage::Row(r) => Some((
+                    r.get(0).unwrap_or("").to_string(),
+                    (
+                        r.get(1).unwrap_or("").to_string(),
+                        r.get(2).unwrap_or("").to_string(),
+                    ),
+                )),
+                _ => None,
+            })
+            .collect();
+        let shown: BTreeSet<String> = first_column(&mut pg, "SHOW FLOWS")
+            .unwrap_or_else(|e| ctx.fail(Some(&s), &format!("SHOW FLOWS: {e}")))
+            .into_iter()
+            .collect();
+        let tables: BTreeSet<String> = first_column(&mut pg, "SHOW TABLES")
+            .unwrap_or_else(|e| ctx.fail(Some(&s), &format!("SHOW TABLES: {e}")))
+            .into_iter()
+            .collect();
+        let mut problems = Vec::new();
+        if shown != flows.keys().cloned().collect::<BTreeSet<_>>() {
+            problems.push(format!(
+                "SHOW FLOWS {shown:?} != information_schema.flows {flows:?}"
+            ));
+        }
+        for (flow, (sink, status)) in &flows {
+            if !tables.contains(sink) {
+                problems.push(format!("flow {flow} exists, its sink {sink} does not"));
+            }
+            if status != "running" {
+                problems.push(format!("flow {flow} is {status}"));
+            }
+        }
+        // The sink each acknowledged flow must have (its last acknowledged statement).
+        let mut want: BTreeMap<&str, &str> = BTreeMap::new();
+        for d in &acked {
+            want.insert(&d.flow, &d.sink);
+        }
+        for (flow, sink) in &want {
+            let may_be_replaced = in_flight
+                .as_ref()
+                .is_some_and(|(d, _)| d.replace && d.flow == *flow);
+            match flows.get(*flow) {
+                None => problems.push(format!("acknowledged flow {flow} is gone")),
+                Some((got, _)) if got == sink => {}
+                Some((got, _))
+                    if may_be_replaced && Some(got) == in_flight.as_ref().map(|(d, _)| &d.sink) => {
+                }
+                Some((got, _)) => {
+                    problems.push(format!("flow {flow} writes into {got}, expected {sink}"))
+                }
+            }
+        }
+        let acked_sinks: BTreeSet<&str> = acked.iter().map(|d| d.sink.as_str()).collect();
+        let flow_sinks: BTreeSet<&str> = flows.values().map(|(t, _)| t.as_str()).collect();
+        for t in tables
+            .iter()
+            .filter(|t| t.starts_with(&format!("s{round}_")))
+        {
+            if !acked_sinks.contains(t.as_str()) && !flow_sinks.contains(t.as_str()) {
+                problems.push(format!(
+                    "table {t} exists without its flow: an auto-created sink whose CREATE FLOW \
+                     was not acknowledged and did not commit"
+                ));
+            }
+        }
+        if !problems.is_empty() {
+            ctx.fail(Some(&s), &problems.join("\n"));
+        }
+        if let Some((d, _)) = &in_flight {
+            if flows.get(&d.flow).is_some_and(|(t, _)| *t == d.sink) {
+                kills_in_flight += 1;
+            }
+        }
+        flows_made += acked.len();
+        // Start the next round from `keep` alone.
+        for flow in flows.keys().filter(|f| *f != "keep") {
+            ctx.sql(&s, &format!("DROP FLOW {flow}"));
+        }
+        for t in tables
+            .iter()
+            .filter(|t| t.starts_with(&format!("s{round}_")))
+        {
+            ctx.sql(&s, &format!("DROP TABLE {t}"));
+        }
+        eprintln!(
+            "round {round}: {how}, {} statements acknowledged, in flight: {} ({:.1} s in all)",
+            acked.len(),
+            in_flight
+                .as_ref()
+                .map(
+                    |(d, _)| if flows.get(&d.flow).is_some_and(|(t, _)| *t == d.sink) {
+                        "committed"
+                    } else {
+                        "not committed"
+                    }
+                )
+                .unwrap_or("none"),
+            started.elapsed().as_secs_f64()
+        );
+    }
+    eprintln!(
+        "create_flow_is_atomic_across_kill9: {flows_made} statements acknowledged, \
+         {kills_in_flight} in-flight statements committed before the kill"
+    );
+    assert!(
+        flows_made > rounds,
+        "barely any CREATE FLOW ran: {flows_made}"
+    );
+}

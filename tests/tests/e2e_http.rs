@@ -228,6 +228,70 @@ fn influx_malformed_writes_nothing() {
     assert_eq!(s.sql("SELECT 1"), "1");
 }
 
+// A line-protocol request is one commit: refused as a whole (400 naming the
+// column and both types) when any line conflicts, with nothing written and no
+// table created; accepted as a whole otherwise.
+#[test]
+fn influx_request_is_all_or_nothing() {
+    let s = Server::start();
+    let write = |body: &str| s.http("POST", "/v1/influxdb/write?precision=s", None, body);
+    let (status, text) = write("cpu,host=h1 usage=0.5 1\nzz_mem,host=h1 free=1i 1\n");
+    assert_eq!(status, 204, "{text}");
+    let tables = || s.sql("SHOW TABLES");
+    let count = |t: &str| s.sql(&format!("SELECT count(*) FROM {t}"));
+
+    // The last line's string does not fit the BIGINT column (a new table and
+    // a good line come first).
+    let (status, text) =
+        write("a_new,k=a x=1i 2\ncpu,host=h2 usage=0.75 2\nzz_mem,host=h2 free=\"lots\" 2\n");
+    assert_eq!(status, 400, "{text}");
+    for needle in ["free", "BIGINT", "STRING", "zz_mem"] {
+        assert!(text.contains(needle), "{needle} missing from {text}");
+    }
+    // An integer is refused for a DOUBLE field, as in InfluxDB.
+    let (status, text) = write("b_new,k=a x=1i 2\ncpu,host=h3 usage=1i 3\n");
+    assert_eq!(status, 400, "{text}");
+    for needle in ["usage", "DOUBLE", "BIGINT", "1i"] {
+        assert!(text.contains(needle), "{needle} missing from {text}");
+    }
+    // Two lines of one request disagree.
+    let (status, text) = write("c_new,k=a x=1i 2\nm2 v=1.5 1\nm2 v=2i 2\n");
+    assert_eq!(status, 400, "{text}");
+    for needle in ["\\\"v\\\"", "DOUBLE", "BIGINT", "line 2", "line 3"] {
+        assert!(text.contains(needle), "{needle} missing from {text}");
+    }
+    // A field the table does not have.
+    let (status, text) = write("d_new,k=a x=1i 2\ncpu,host=h4 usage=0.1,temp=3 4\n");
+    assert_eq!(status, 400, "{text}");
+    assert!(
+        text.contains("temp") && text.contains("cannot add columns"),
+        "{text}"
+    );
+    // None of them wrote anything or created a table.
+    assert_eq!(count("cpu"), "1");
+    assert_eq!(count("zz_mem"), "1");
+    let t = tables();
+    for name in ["a_new", "b_new", "c_new", "d_new", "m2"] {
+        assert!(!t.lines().any(|l| l == name), "{name} was created:\n{t}");
+    }
+
+    // A good request over several measurements, new and old: all visible.
+    let (status, text) = write(
+        "cpu,host=h2 usage=0.75 2\nzz_mem,host=h2 free=5i 2\nc_new,k=z v=true 2\n\
+         cpu,host=h3 usage=1 3\n",
+    );
+    assert_eq!(status, 204, "{text}");
+    assert_eq!(
+        s.sql("SELECT host, usage FROM cpu ORDER BY host"),
+        "h1|0.5\nh2|0.75\nh3|1.0"
+    );
+    assert_eq!(
+        s.sql("SELECT host, free FROM zz_mem ORDER BY host"),
+        "h1|1\nh2|5"
+    );
+    assert_eq!(s.sql("SELECT k, v FROM c_new"), "z|t");
+}
+
 // Flows are declared, flushed and inspected over /v1/sql like any statement.
 #[test]
 fn flows_over_http() {

@@ -5,13 +5,13 @@
 mod types;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, MutexGuard, RwLock};
 
 use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{InternalSnafu, InvalidDataSnafu, NotFoundSnafu, Result, SqlSnafu};
-use crate::storage::{MetaWrite, Store};
+use crate::storage::{CommitInfo, MetaWrite, Store, WriteSet};
 
 pub use types::ColumnType;
 
@@ -397,8 +397,8 @@ impl Catalog {
 
     /// Returns whether it was created (false: it existed and `if_not_exists`).
     pub fn create_database(&self, store: &Store, name: &str, if_not_exists: bool) -> Result<bool> {
-        let _ddl = self.ddl.lock().map_err(|_| poisoned())?;
-        if self.database_exists(name)? {
+        let mut ddl = self.begin_ddl()?;
+        if ddl.database_exists(name)? {
             if if_not_exists {
                 return Ok(false);
             }
@@ -407,13 +407,24 @@ impl Catalog {
             }
             .fail();
         }
-        store.commit_meta(vec![MetaWrite::Put(database_meta_key(name), Vec::new())])?;
-        self.state
-            .write()
-            .map_err(|_| poisoned())?
-            .databases
-            .insert(name.to_string(), BTreeMap::new());
+        ddl.create_database(name)?;
+        ddl.commit(store, WriteSet::new())?;
         Ok(true)
+    }
+
+    /// Takes the DDL lock and starts a batch of DDL that commits together
+    /// with other writes (see [`DdlBatch`]).
+    pub fn begin_ddl(&self) -> Result<DdlBatch<'_>> {
+        let guard = self.ddl.lock().map_err(|_| poisoned())?;
+        let next_table_id = self.state.read().map_err(|_| poisoned())?.next_table_id;
+        Ok(DdlBatch {
+            catalog: self,
+            _ddl: guard,
+            next_table_id,
+            databases: Vec::new(),
+            tables: Vec::new(),
+            meta: Vec::new(),
+        })
     }
 
     /// Drops a database and every table in it. Returns the dropped tables.
@@ -469,57 +480,15 @@ impl Catalog {
         if_not_exists: bool,
     ) -> Result<(Arc<Table>, bool)> {
         schema.validate()?;
-        let _ddl = self.ddl.lock().map_err(|_| poisoned())?;
-        if !self.database_exists(database)? {
-            return NotFoundSnafu {
-                message: format!(
-                    "database '{database}' does not exist; create it with CREATE DATABASE {database}"
-                ),
-            }
-            .fail();
-        }
-        if let Some(existing) = self.table(database, name)? {
+        let mut ddl = self.begin_ddl()?;
+        ddl.require_database(database)?;
+        if let Some(existing) = ddl.table(database, name)? {
             if if_not_exists {
                 return Ok((existing, false));
             }
-            return SqlSnafu {
-                message: format!(
-                    "table '{}' already exists; use CREATE TABLE IF NOT EXISTS or DROP TABLE first",
-                    display_name(database, name)
-                ),
-            }
-            .fail();
         }
-        let id = self.state.read().map_err(|_| poisoned())?.next_table_id;
-        let info = TableInfo {
-            id,
-            database: database.to_string(),
-            name: name.to_string(),
-            schema,
-            options,
-        };
-        let json = serde_json::to_vec(&info).map_err(|e| {
-            InternalSnafu {
-                message: format!("cannot encode table metadata: {e}"),
-            }
-            .build()
-        })?;
-        store.commit_meta(vec![
-            MetaWrite::Put(table_meta_key(id), json),
-            MetaWrite::Put(
-                NEXT_TABLE_ID_KEY.to_string(),
-                (id + 1).to_be_bytes().to_vec(),
-            ),
-            MetaWrite::CreateTable(id),
-        ])?;
-        let table = Table::new(info);
-        let mut state = self.state.write().map_err(|_| poisoned())?;
-        state.next_table_id = id + 1;
-        state
-            .databases
-            .entry(database.to_string())
-            .or_default()
-            .insert(name.to_string(), table.clone());
+        let table = ddl.create_table(database, name, schema, options)?;
+        ddl.commit(store, WriteSet::new())?;
         Ok((table, true))
     }
 
@@ -552,6 +521,138 @@ impl Catalog {
         }
         store.table_dropped(table.id());
         Ok(Some(table))
+    }
+}
+
+/// DDL staged under the catalog's DDL lock, committed in ONE storage
+/// transaction together with other writes (rows, flow definitions): a
+/// line-protocol request creates its tables in the commit that writes its
+/// rows, CREATE FLOW its sink in the commit that stores the flow. The
+/// in-memory catalog changes only after that commit succeeded; a batch
+/// dropped without [`DdlBatch::commit`] changes nothing. It holds the DDL
+/// lock (no other DDL can interleave), so keep it on one thread and briefly.
+pub struct DdlBatch<'a> {
+    catalog: &'a Catalog,
+    _ddl: MutexGuard<'a, ()>,
+    next_table_id: TableId,
+    databases: Vec<String>,
+    tables: Vec<Arc<Table>>,
+    meta: Vec<MetaWrite>,
+}
+
+impl DdlBatch<'_> {
+    /// Whether the database exists or is created by this batch.
+    pub fn database_exists(&self, name: &str) -> Result<bool> {
+        Ok(self.databases.iter().any(|d| d == name) || self.catalog.database_exists(name)?)
+    }
+
+    /// A table as it will be after the batch: an existing one or one this
+    /// batch creates.
+    pub fn table(&self, database: &str, name: &str) -> Result<Option<Arc<Table>>> {
+        if let Some(t) = self
+            .tables
+            .iter()
+            .find(|t| t.info.database == database && t.info.name == name)
+        {
+            return Ok(Some(t.clone()));
+        }
+        self.catalog.table(database, name)
+    }
+
+    fn require_database(&self, database: &str) -> Result<()> {
+        if self.database_exists(database)? {
+            return Ok(());
+        }
+        NotFoundSnafu {
+            message: format!(
+                "database '{database}' does not exist; create it with CREATE DATABASE {database}"
+            ),
+        }
+        .fail()
+    }
+
+    /// Stages a database unless it exists; returns whether it is new.
+    pub fn create_database(&mut self, name: &str) -> Result<bool> {
+        if self.database_exists(name)? {
+            return Ok(false);
+        }
+        self.meta
+            .push(MetaWrite::Put(database_meta_key(name), Vec::new()));
+        self.databases.push(name.to_string());
+        Ok(true)
+    }
+
+    /// Stages a new table (its id is reserved now) and returns it; refuses
+    /// a name that exists or is staged already.
+    pub fn create_table(
+        &mut self,
+        database: &str,
+        name: &str,
+        schema: TableSchema,
+        options: BTreeMap<String, String>,
+    ) -> Result<Arc<Table>> {
+        schema.validate()?;
+        self.require_database(database)?;
+        if self.table(database, name)?.is_some() {
+            return SqlSnafu {
+                message: format!(
+                    "table '{}' already exists; use CREATE TABLE IF NOT EXISTS or DROP TABLE first",
+                    display_name(database, name)
+                ),
+            }
+            .fail();
+        }
+        let id = self.next_table_id;
+        let info = TableInfo {
+            id,
+            database: database.to_string(),
+            name: name.to_string(),
+            schema,
+            options,
+        };
+        let json = serde_json::to_vec(&info).map_err(|e| {
+            InternalSnafu {
+                message: format!("cannot encode table metadata: {e}"),
+            }
+            .build()
+        })?;
+        self.meta.push(MetaWrite::Put(table_meta_key(id), json));
+        self.meta.push(MetaWrite::CreateTable(id));
+        self.next_table_id = id + 1;
+        let table = Table::new(info);
+        self.tables.push(table.clone());
+        Ok(table)
+    }
+
+    /// Commits the staged DDL and `set` as one storage transaction, then
+    /// shows the new databases and tables in the catalog.
+    pub fn commit(self, store: &Store, mut set: WriteSet) -> Result<CommitInfo> {
+        let created_tables = !self.tables.is_empty();
+        for w in self.meta {
+            set.push_meta(w);
+        }
+        if created_tables {
+            set.push_meta(MetaWrite::Put(
+                NEXT_TABLE_ID_KEY.to_string(),
+                self.next_table_id.to_be_bytes().to_vec(),
+            ));
+        }
+        let info = store.commit(set)?;
+        let mut state = self.catalog.state.write().map_err(|_| poisoned())?;
+        for d in self.databases {
+            state.databases.entry(d).or_default();
+        }
+        if created_tables {
+            state.next_table_id = self.next_table_id;
+        }
+        for t in self.tables {
+            state
+                .databases
+                .entry(t.info.database.clone())
+                .or_default()
+                .insert(t.info.name.clone(), t);
+        }
+        Ok(info)
     }
 }
 

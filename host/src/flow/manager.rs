@@ -2,11 +2,14 @@
 //! metadata), CREATE / DROP / FLUSH, and the threads that run flows.
 //!
 //! Creating a flow: compile its SQL to Substrait (`compile`), instantiate its
-//! guest (which accepts or rejects the plan), find or create the sink and
-//! check that it fits (`sink`), persist the definition, then subscribe to
-//! the sources (with a snapshot for the back-fill) and start its thread
-//! (`worker`). Every step that can fail runs before the old flow of an
-//! `OR REPLACE` is stopped, so a failed replacement leaves it running.
+//! guest (which accepts or rejects the plan), find the sink and check that it
+//! fits, or derive the schema of the sink to create (`sink`), then commit the
+//! definition together with the sink it creates in ONE storage transaction
+//! (a crash leaves both or neither), then subscribe to the sources (with a
+//! snapshot for the back-fill) and start its thread (`worker`). Every check
+//! runs before the old flow of an `OR REPLACE` is stopped, and should the
+//! commit still fail, the old flow is started again: a failed replacement
+//! leaves it running.
 //!
 //! At start every persisted flow is rebuilt from its sources (the back-fill
 //! recomputes its state; durable snapshots are a later step).
@@ -31,7 +34,7 @@ use super::sink;
 use super::worker::{
     failure_message, pos_key, state_key, wall_ms, FlowStatus, Msg, SharedStatus, Worker,
 };
-use crate::catalog::{display_name, Table, DEFAULT_DATABASE};
+use crate::catalog::{display_name, Table, TableInfo, TableSchema, DEFAULT_DATABASE};
 use crate::database::Core;
 use crate::error::{
     FlowSnafu, InternalSnafu, NotFoundSnafu, Result, SqlSnafu, TooComplexSnafu, UnsupportedSnafu,
@@ -39,7 +42,7 @@ use crate::error::{
 use crate::runtime::{FlowInstance, FlowLimits, Runtime, RuntimeConfig, RuntimeError};
 use crate::sql::parser::CreateFlow;
 use crate::sql::provider::blocking;
-use crate::storage::{MetaWrite, Subscriber};
+use crate::storage::{MetaWrite, Subscriber, WriteSet};
 
 const DEF_PREFIX: &str = "flow/def/";
 const NEXT_ID_KEY: &str = "flow/next_id";
@@ -137,6 +140,11 @@ pub struct FlowDef {
     pub sources: Vec<(String, String)>,
     pub created_ms: i64,
     pub updated_ms: i64,
+    /// Whether this flow created its sink table, in the transaction that
+    /// stored this definition (false: the table existed, or the flow was
+    /// defined by a version that did not record it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sink_created: bool,
 }
 
 impl FlowDef {
@@ -475,6 +483,15 @@ impl FlowManager {
 
     /// Restarts every persisted flow (at database open). A flow that cannot
     /// start is listed as failed with the reason.
+    ///
+    /// A flow and the sink it creates are committed together, so no sink
+    /// can be left without its flow. Versions before that committed the sink
+    /// first: a crash in between left a sink table without a flow. Nothing
+    /// recorded which tables a flow created then (`FlowDef::sink_created`
+    /// does now), and such a table cannot be told from one a user made with
+    /// the same columns, so it stays as an ordinary table: the same CREATE
+    /// FLOW adopts it, or DROP TABLE removes it. Dropping it here could
+    /// destroy a user's data.
     pub(crate) async fn start_all(&self, core: &Arc<Core>, ctx: &SessionContext) -> Result<()> {
         let defs = core.store.scan_meta(DEF_PREFIX)?;
         // Every flow subscribes (and so turns on the change logs of its
@@ -493,8 +510,15 @@ impl FlowManager {
             };
             let name = def.name.clone();
             let recovery = load_recovery(core, &name)?;
-            let handle = match self.prepare(core, ctx, &def, recovery.as_ref()).await {
-                Ok(prepared) => {
+            let prepared = match self.prepare(core, ctx, &def, recovery.as_ref()).await {
+                Ok(p) => self
+                    .ensure_sink(core, &def, &p.sink)
+                    .await
+                    .map(|sink| (p, sink)),
+                Err(e) => Err(e),
+            };
+            let handle = match prepared {
+                Ok((prepared, sink)) => {
                     match &recovery {
                         Some(r) => info!(
                             flow = %name,
@@ -509,6 +533,7 @@ impl FlowManager {
                         core,
                         def.clone(),
                         prepared,
+                        sink,
                         recovery,
                         Some(gate.clone()),
                         FlowStatus::default(),
@@ -609,7 +634,7 @@ impl FlowManager {
             Some(h) => h.def.id,
             None => self.next_id(core)?,
         };
-        let def = FlowDef {
+        let mut def = FlowDef {
             name: stmt.name.clone(),
             id,
             sink_database: stmt.sink.database.clone(),
@@ -621,44 +646,89 @@ impl FlowManager {
             sources,
             created_ms: old.as_ref().map_or(now, |h| h.def.created_ms),
             updated_ms: now,
+            sink_created: false,
         };
         self.check_graph(&def)?;
+        // Checks everything and derives the sink to create, but writes nothing.
         let prepared = self.prepare(core, ctx, &def, None).await?;
-        // Persist, then swap: from here on nothing fails but storage.
+        def.sink_created = matches!(prepared.sink, SinkPlan::Create(_));
         let json = serde_json::to_vec(&def).map_err(|e| {
             InternalSnafu {
                 message: format!("cannot encode flow definition: {e}"),
             }
             .build()
         })?;
-        if let Some(old) = old {
+        let next = (id + 1).max(self.peek_next_id(core)?);
+        if let Some(old) = &old {
             // The old flow's state must not outlive its definition.
+            let old = old.clone();
             blocking(move || {
                 old.stop();
                 Ok(())
             })
             .await?;
         }
-        let c = core.clone();
-        let key = format!("{DEF_PREFIX}{}", def.name);
-        let next = (id + 1).max(self.peek_next_id(core)?);
-        let name = def.name.clone();
-        blocking(move || {
-            c.store.commit_meta(vec![
-                MetaWrite::Put(key, json),
-                MetaWrite::Put(NEXT_ID_KEY.into(), next.to_be_bytes().to_vec()),
-                MetaWrite::Delete(state_key(&name)),
-                MetaWrite::Delete(pos_key(&name)),
-            ])
-        })
-        .await?;
-        let handle = self.launch(core, def, prepared, None, None, FlowStatus::default())?;
+        let (c, committed_def, plan) = (core.clone(), def.clone(), prepared.sink.clone());
+        let committed =
+            blocking(move || commit_definition(&c, &committed_def, json, next, plan)).await;
+        let sink = match committed {
+            Ok(sink) => sink,
+            Err(e) => {
+                if let Some(old) = old {
+                    self.revive(core, ctx, old, &e).await;
+                }
+                return Err(e);
+            }
+        };
+        let handle = self.launch(core, def, prepared, sink, None, None, FlowStatus::default())?;
         if let Ok(mut f) = self.flows.write() {
             f.insert(stmt.name.clone(), handle);
         }
         self.retain_logs(core)?;
         info!(flow = %stmt.name, "flow created");
         Ok(true)
+    }
+
+    /// A replacement failed after the old flow was stopped (its definition
+    /// could not be committed): starts the old flow again from its last
+    /// snapshot and the log since, as `ADMIN RESUME_FLOW` would.
+    async fn revive(
+        &self,
+        core: &Arc<Core>,
+        ctx: &SessionContext,
+        old: Arc<FlowHandle>,
+        why: &crate::error::Error,
+    ) {
+        let def = old.def.clone();
+        let carried = old
+            .status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .carried();
+        let started = async {
+            let recovery = load_recovery(core, &def.name)?;
+            let prepared = self.prepare(core, ctx, &def, recovery.as_ref()).await?;
+            let sink = self.ensure_sink(core, &def, &prepared.sink).await?;
+            self.launch(core, def.clone(), prepared, sink, recovery, None, carried)
+        }
+        .await;
+        match started {
+            Ok(handle) => {
+                if let Ok(mut f) = self.flows.write() {
+                    f.insert(def.name.clone(), handle);
+                }
+                info!(flow = %def.name, "replacement failed ({why}); the flow runs on as it was");
+            }
+            Err(e) => {
+                warn!(flow = %def.name, "replacement failed ({why}) and the flow cannot start again: {e}");
+                let mut s = old.status.lock().unwrap_or_else(|p| p.into_inner());
+                s.error = Some(format!(
+                    "stopped for CREATE OR REPLACE FLOW, which failed ({why}), and cannot start \
+                     again: {e}; run ADMIN RESUME_FLOW('{}') once the cause is fixed",
+                    def.name
+                ));
+            }
+        }
     }
 
     /// `DROP FLOW [IF EXISTS] name`: stops it and forgets it; its sink stays.
@@ -778,13 +848,14 @@ impl FlowManager {
         let def = handle.def.clone();
         let recovery = load_recovery(core, &def.name)?;
         let prepared = self.prepare(core, ctx, &def, recovery.as_ref()).await?;
+        let sink = self.ensure_sink(core, &def, &prepared.sink).await?;
         let old = handle.clone();
         blocking(move || {
             old.stop();
             Ok(())
         })
         .await?;
-        let new = self.launch(core, def.clone(), prepared, recovery, None, carried)?;
+        let new = self.launch(core, def.clone(), prepared, sink, recovery, None, carried)?;
         if let Ok(mut f) = self.flows.write() {
             f.insert(def.name.clone(), new.clone());
         }
@@ -982,25 +1053,34 @@ impl FlowManager {
         .await
         .map_err(|e| flow_err(format!("flow setup task failed: {e}")))??;
         let output = instance.output_schema().to_vec();
-        let sink = match core.catalog.table(&def.sink_database, &def.sink_table)? {
-            Some(t) => t,
+        // Nothing is created here: a new sink commits with the definition.
+        let (sink, fitting) = match core.catalog.table(&def.sink_database, &def.sink_table)? {
+            Some(t) => (SinkPlan::Existing(t.clone()), t),
             None => {
+                if !core.catalog.database_exists(&def.sink_database)? {
+                    return NotFoundSnafu {
+                        message: format!(
+                            "database '{0}' does not exist; create it with CREATE DATABASE {0}",
+                            def.sink_database
+                        ),
+                    }
+                    .fail();
+                }
                 let schema =
                     sink::derive_schema(&output, &compiled.group_keys, compiled.aggregates)
                         .map_err(|message| SqlSnafu { message }.build())?;
-                crate::sql::create_table(
-                    core,
-                    &def.sink_database,
-                    &def.sink_table,
-                    schema,
-                    Default::default(),
-                    true,
-                )
-                .await?
-                .0
+                let draft = Table::new(TableInfo {
+                    id: 0,
+                    database: def.sink_database.clone(),
+                    name: def.sink_table.clone(),
+                    schema: schema.clone(),
+                    options: Default::default(),
+                });
+                (SinkPlan::Create(schema), draft)
             }
         };
-        let mapping = sink::fit(&sink, &output).map_err(|message| SqlSnafu { message }.build())?;
+        let mapping =
+            sink::fit(&fitting, &output).map_err(|message| SqlSnafu { message }.build())?;
         Ok(Prepared {
             instance,
             runtime: guest_runtime,
@@ -1015,6 +1095,44 @@ impl FlowManager {
             mapping,
             options,
         })
+    }
+
+    /// The sink of a flow whose definition is already stored (a restart):
+    /// the table, created now if it is missing (it was dropped while the
+    /// flow could not run).
+    async fn ensure_sink(
+        &self,
+        core: &Arc<Core>,
+        def: &FlowDef,
+        plan: &SinkPlan,
+    ) -> Result<Arc<Table>> {
+        match plan {
+            SinkPlan::Existing(t) => Ok(t.clone()),
+            SinkPlan::Create(schema) => {
+                let (table, _) = crate::sql::create_table(
+                    core,
+                    &def.sink_database,
+                    &def.sink_table,
+                    schema.clone(),
+                    Default::default(),
+                    true,
+                )
+                .await?;
+                if table.schema() != schema {
+                    return SqlSnafu {
+                        message: format!(
+                            "sink table '{}' of flow '{}' was created meanwhile with other \
+                             columns; run ADMIN RESUME_FLOW('{}') again",
+                            def.sink_name(),
+                            def.name,
+                            def.name
+                        ),
+                    }
+                    .fail();
+                }
+                Ok(table)
+            }
+        }
     }
 
     async fn untrusted_runtime(&self, component: Arc<Vec<u8>>) -> Result<Arc<Runtime>> {
@@ -1059,11 +1177,13 @@ impl FlowManager {
     /// Subscribes the flow to its sources and starts its thread. A new flow
     /// gets the sources' rows as back-fill; a restored one the logged
     /// changes after its snapshot (those up to its last sink write silently).
+    #[allow(clippy::too_many_arguments)]
     fn launch(
         &self,
         core: &Arc<Core>,
         def: FlowDef,
         p: Prepared,
+        sink: Arc<Table>,
         recovery: Option<Recovery>,
         gate: Option<Arc<Gate>>,
         status: FlowStatus,
@@ -1131,7 +1251,7 @@ impl FlowManager {
             sleep_after: self.settings.sleep_after,
             output: p.output,
             source_fields: p.source_fields,
-            sink: p.sink.clone(),
+            sink: sink.clone(),
             mapping: p.mapping,
             tick_interval: self.settings.tick_interval,
             status: status.clone(),
@@ -1155,7 +1275,7 @@ impl FlowManager {
         register_metrics(&def.name, &status);
         Ok(Arc::new(FlowHandle {
             source_ids,
-            sink_id: Some(p.sink.id()),
+            sink_id: Some(sink.id()),
             status,
             tx: Some(tx),
             snap_pos,
@@ -1298,9 +1418,61 @@ struct Prepared {
     output: Vec<crate::runtime::Field>,
     sources: Vec<Arc<Table>>,
     source_fields: Vec<Vec<crate::runtime::Field>>,
-    sink: Arc<Table>,
+    sink: SinkPlan,
     mapping: Vec<sink::SinkColumn>,
     options: FlowOptions,
+}
+
+/// The sink a prepared flow writes into.
+#[derive(Debug, Clone)]
+enum SinkPlan {
+    /// The table exists and fits the flow's output.
+    Existing(Arc<Table>),
+    /// No such table: the flow creates it with this schema, in the commit
+    /// that stores its definition.
+    Create(TableSchema),
+}
+
+/// Commits a flow's definition (with its id counter, and without a
+/// position or snapshot of an earlier flow of that name) and, when it
+/// creates one, its sink, in ONE storage transaction under the catalog's
+/// DDL lock. Refuses a sink that changed since the flow was prepared.
+fn commit_definition(
+    core: &Core,
+    def: &FlowDef,
+    json: Vec<u8>,
+    next_id: u32,
+    plan: SinkPlan,
+) -> Result<Arc<Table>> {
+    let mut ddl = core.catalog.begin_ddl()?;
+    let current = ddl.table(&def.sink_database, &def.sink_table)?;
+    let sink = match (plan, current) {
+        (SinkPlan::Existing(t), Some(now)) if now.id() == t.id() => now,
+        (SinkPlan::Create(schema), None) => ddl.create_table(
+            &def.sink_database,
+            &def.sink_table,
+            schema,
+            Default::default(),
+        )?,
+        _ => {
+            return SqlSnafu {
+                message: format!(
+                    "sink table '{}' was created, dropped or replaced while flow '{}' was being \
+                     created; run the statement again",
+                    def.sink_name(),
+                    def.name
+                ),
+            }
+            .fail()
+        }
+    };
+    let mut set = WriteSet::new();
+    set.put_meta(format!("{DEF_PREFIX}{}", def.name), json)
+        .put_meta(NEXT_ID_KEY, next_id.to_be_bytes().to_vec())
+        .delete_meta(state_key(&def.name))
+        .delete_meta(pos_key(&def.name));
+    ddl.commit(&core.store, set)?;
+    Ok(sink)
 }
 
 fn limits(defaults: &FlowLimits, options: &FlowOptions) -> FlowLimits {

@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::{Query, RawQuery, Request, State};
@@ -613,60 +613,18 @@ async fn influx_write(
             started,
         );
     };
-    let points = match influx::parse(text) {
-        Ok(p) => p,
-        Err(e) => {
-            return error_response(
-                StatusCode::BAD_REQUEST,
-                1004,
-                format!("invalid line protocol: {e}"),
-                started,
-            )
-        }
+    let database = query.get("db").map_or("", String::as_str);
+    let points = match influx::write(&state.db, database, text, precision).await {
+        Ok(n) => n,
+        Err(e) => return db_error_response(e, started),
     };
-    if points.is_empty() {
-        return StatusCode::NO_CONTENT.into_response();
-    }
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0);
-    let database = query
-        .get("db")
-        .map(String::as_str)
-        .filter(|d| !d.is_empty())
-        .unwrap_or(crate::catalog::DEFAULT_DATABASE);
-    let tables = state.db.tables(database).unwrap_or_default();
-    let columns = |measurement: &str| {
-        tables.iter().find(|t| t.info.name == measurement).map(|t| {
-            t.schema()
-                .columns
-                .iter()
-                .map(|c| c.name.clone())
-                .collect::<Vec<_>>()
-        })
-    };
-    if let Err(e) = influx::check_columns(&points, columns) {
-        return error_response(StatusCode::BAD_REQUEST, 1004, e, started);
-    }
-    let statements =
-        match influx::to_sql(&points, precision, now, query.get("db").map(String::as_str)) {
-            Ok(s) => s,
-            Err(e) => return error_response(StatusCode::BAD_REQUEST, 1004, e, started),
-        };
-    for stmt in statements {
-        if let Err(e) = state.db.execute(&stmt).await {
-            debug!("influx write failed on {stmt:?}: {e}");
-            return db_error_response(e, started);
-        }
-    }
     metrics::global()
         .counter(
             "sandflow_influx_points_total",
             "Points written through the InfluxDB line protocol.",
             &[],
         )
-        .add(points.len() as u64);
+        .add(points);
     StatusCode::NO_CONTENT.into_response()
 }
 

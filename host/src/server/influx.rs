@@ -1,14 +1,38 @@
-//! InfluxDB line protocol: parsing and translation into sandflow SQL.
+//! InfluxDB line protocol: parsing, and writing a request as ONE commit.
 //!
 //! `measurement[,tag=v...] field=v[,field=v...] [timestamp]`; tags become
 //! STRING primary-key columns, fields typed columns (`1i` BIGINT, `1u` BIGINT
 //! UNSIGNED, `1.5` DOUBLE, `"s"` STRING, `t`/`false` BOOLEAN) and the
-//! timestamp the `ts` time index.
+//! timestamp the time index (`ts` in the tables a write creates).
+//!
+//! A request is checked whole before anything is written: per measurement,
+//! the columns its lines bring and their types must agree across its lines
+//! and with the existing table. Field types are never converted, as in
+//! InfluxDB and GreptimeDB: an integer (`1i`) is refused for a DOUBLE column
+//! rather than silently written as 1.0, so a client that sends both learns
+//! of it at once. Tables cannot gain columns yet. Then the rows are built as
+//! Arrow batches and committed, with the database and tables the request
+//! creates, in one storage transaction: all of it or none of it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::sync::Arc;
 
-use crate::server::sqltext::{quote_ident, quote_literal};
+use datafusion::arrow::array::{
+    Array, ArrayRef, BooleanArray, Float64Array, Int64Array, StringArray,
+    TimestampMicrosecondArray, TimestampMillisecondArray, TimestampNanosecondArray,
+    TimestampSecondArray, UInt64Array,
+};
+use datafusion::arrow::datatypes::{Field, Schema};
+use datafusion::arrow::record_batch::RecordBatch;
+
+use crate::catalog::{
+    display_name, ColumnSchema, ColumnType, Table, TableSchema, DEFAULT_DATABASE,
+};
+use crate::database::{Core, Database};
+use crate::error::{InvalidDataSnafu, Result};
+use crate::sql::provider::blocking;
+use crate::storage::WriteSet;
 
 /// The name of the time-index column of auto-created tables.
 pub const TIME_INDEX: &str = "ts";
@@ -33,12 +57,21 @@ impl Precision {
     }
 
     /// The time-index type of a table created by a write at this precision.
-    pub fn sql_type(self) -> &'static str {
+    pub fn column_type(self) -> ColumnType {
         match self {
-            Precision::Nanos => "TIMESTAMP(9)",
-            Precision::Micros => "TIMESTAMP(6)",
-            Precision::Millis => "TIMESTAMP(3)",
-            Precision::Seconds => "TIMESTAMP(0)",
+            Precision::Nanos => ColumnType::TimestampNanosecond,
+            Precision::Micros => ColumnType::TimestampMicrosecond,
+            Precision::Millis => ColumnType::TimestampMillisecond,
+            Precision::Seconds => ColumnType::TimestampSecond,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Precision::Nanos => "ns",
+            Precision::Micros => "us",
+            Precision::Millis => "ms",
+            Precision::Seconds => "s",
         }
     }
 
@@ -62,30 +95,63 @@ pub enum FieldValue {
 }
 
 impl FieldValue {
-    fn sql_type(&self) -> &'static str {
+    /// The type of the column that stores the value: the one a new table
+    /// gets, and the only one an existing table may have for it.
+    pub fn column_type(&self) -> ColumnType {
         match self {
-            FieldValue::Int(_) => "BIGINT",
-            FieldValue::UInt(_) => "BIGINT UNSIGNED",
-            FieldValue::Float(_) => "DOUBLE",
-            FieldValue::Str(_) => "STRING",
-            FieldValue::Bool(_) => "BOOLEAN",
+            FieldValue::Int(_) => ColumnType::Int64,
+            FieldValue::UInt(_) => ColumnType::UInt64,
+            FieldValue::Float(_) => ColumnType::Float64,
+            FieldValue::Str(_) => ColumnType::String,
+            FieldValue::Bool(_) => ColumnType::Boolean,
         }
     }
 
-    fn literal(&self) -> String {
+    fn kind(&self) -> &'static str {
         match self {
-            FieldValue::Int(v) => v.to_string(),
-            FieldValue::UInt(v) => v.to_string(),
-            FieldValue::Float(v) => format!("{v:?}"),
-            FieldValue::Str(s) => quote_literal(s),
-            FieldValue::Bool(b) => if *b { "TRUE" } else { "FALSE" }.to_string(),
+            FieldValue::Int(_) => "an integer",
+            FieldValue::UInt(_) => "an unsigned integer",
+            FieldValue::Float(_) => "a float",
+            FieldValue::Str(_) => "a string",
+            FieldValue::Bool(_) => "a boolean",
         }
     }
+}
+
+/// The value as line protocol spells it (strings cut at 40 characters).
+impl fmt::Display for FieldValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FieldValue::Int(v) => write!(f, "{v}i"),
+            FieldValue::UInt(v) => write!(f, "{v}u"),
+            FieldValue::Float(v) => write!(f, "{v:?}"),
+            FieldValue::Bool(b) => write!(f, "{b}"),
+            FieldValue::Str(s) => {
+                let cut: String = s.chars().take(40).collect();
+                let more = if cut.len() < s.len() { "..." } else { "" };
+                write!(f, "\"{}{more}\"", cut.replace('"', "\\\""))
+            }
+        }
+    }
+}
+
+/// How to write a value for a column of type `t`, if line protocol can.
+fn how_to_write(t: ColumnType) -> Option<&'static str> {
+    Some(match t {
+        ColumnType::Float64 => "a float, such as 1.5 or 1 (no suffix)",
+        ColumnType::Int64 => "an integer with the i suffix, such as 1i",
+        ColumnType::UInt64 => "an unsigned integer with the u suffix, such as 1u",
+        ColumnType::String => "a double-quoted string, such as \"on\"",
+        ColumnType::Boolean => "a boolean: t, f, true or false",
+        _ => return None,
+    })
 }
 
 /// One parsed line.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Point {
+    /// The line of the body it came from (1-based).
+    pub line: usize,
     pub measurement: String,
     pub tags: Vec<(String, String)>,
     pub fields: Vec<(String, FieldValue)>,
@@ -113,10 +179,12 @@ pub fn parse(body: &str) -> Result<Vec<Point>, LineError> {
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        points.push(parse_line(line).map_err(|message| LineError {
+        let mut point = parse_line(line).map_err(|message| LineError {
             line: i + 1,
             message,
-        })?);
+        })?;
+        point.line = i + 1;
+        points.push(point);
     }
     Ok(points)
 }
@@ -266,6 +334,7 @@ fn parse_line(line: &str) -> Result<Point, String> {
         ),
     };
     Ok(Point {
+        line: 0,
         measurement,
         tags,
         fields: out_fields,
@@ -312,42 +381,198 @@ fn parse_field_value(v: &str) -> Result<FieldValue, String> {
     }
 }
 
-/// Renders nanoseconds since the epoch as an ISO-8601 UTC literal (readable
-/// into a time index of any precision).
-fn ts_literal(nanos: i64) -> Result<String, String> {
-    let secs = nanos.div_euclid(1_000_000_000);
-    let sub = nanos.rem_euclid(1_000_000_000) as u32;
-    let dt = chrono::DateTime::from_timestamp(secs, sub).ok_or("timestamp out of range")?;
-    Ok(quote_literal(
-        &dt.naive_utc().format("%Y-%m-%dT%H:%M:%S%.9f").to_string(),
-    ))
+/// Writes a line-protocol `body` into `database` (`""`: `public`; created
+/// if missing) as ONE commit: every point, with the database and the tables
+/// the points need, or nothing at all. `precision` is the unit of the
+/// timestamps; a point without one gets the time of the request. Returns
+/// the number of points written.
+pub async fn write(db: &Database, database: &str, body: &str, precision: Precision) -> Result<u64> {
+    let core = db.core().clone();
+    let database = if database.is_empty() {
+        DEFAULT_DATABASE.to_string()
+    } else {
+        database.to_string()
+    };
+    let body = body.to_string();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64);
+    blocking(move || {
+        let points = parse(&body).map_err(|e| invalid(format!("invalid line protocol: {e}")))?;
+        write_points(&core, &database, &points, precision, now)
+    })
+    .await
 }
 
-/// Refuses a write that names a tag or field its measurement's existing table
-/// lacks (`columns` gives an existing table's column names): tables cannot
-/// gain columns yet, and the INSERT would fail with a bare schema error.
-pub fn check_columns(
+fn invalid(message: String) -> crate::error::Error {
+    InvalidDataSnafu { message }.build()
+}
+
+/// Checks every point against the request and the catalog, then commits
+/// them (see [`write`]); `now_nanos` stamps points without a timestamp.
+pub(crate) fn write_points(
+    core: &Core,
+    database: &str,
     points: &[Point],
-    columns: impl Fn(&str) -> Option<Vec<String>>,
-) -> Result<(), String> {
-    let mut seen: BTreeMap<&str, Option<Vec<String>>> = BTreeMap::new();
+    precision: Precision,
+    now_nanos: i64,
+) -> Result<u64> {
+    if points.is_empty() {
+        return Ok(0);
+    }
+    let shapes = shapes(points)?;
+    // Under the DDL lock from the first look at the catalog to the commit:
+    // no table can appear, change or go in between.
+    let mut ddl = core.catalog.begin_ddl()?;
+    ddl.create_database(database)?;
+    let mut set = WriteSet::new();
+    for shape in &shapes {
+        let table = match ddl.table(database, shape.measurement)? {
+            Some(table) => {
+                shape.check_fits(&table)?;
+                table
+            }
+            None => ddl.create_table(
+                database,
+                shape.measurement,
+                shape.schema(precision)?,
+                BTreeMap::new(),
+            )?,
+        };
+        let batch = shape.batch(&table, precision, now_nanos)?;
+        let batch = core.fill_defaults(&table, batch)?;
+        set.upsert(table, batch);
+    }
+    ddl.commit(&core.store, set)?;
+    Ok(points.len() as u64)
+}
+
+/// What the lines of one measurement bring: tags and fields in order of
+/// first appearance (with the line that brought each; a field's first value
+/// gives its type) and the points themselves.
+struct Shape<'a> {
+    measurement: &'a str,
+    tags: Vec<(&'a str, usize)>,
+    fields: Vec<(&'a str, &'a FieldValue, usize)>,
+    points: Vec<&'a Point>,
+}
+
+/// Groups the points by measurement and refuses what no table could hold:
+/// a field with two types, a name that is a tag in one line and a field in
+/// another.
+fn shapes(points: &[Point]) -> Result<Vec<Shape<'_>>> {
+    let mut shapes: Vec<Shape> = Vec::new();
+    let mut index: HashMap<&str, usize> = HashMap::new();
     for p in points {
-        let existing = seen
-            .entry(p.measurement.as_str())
-            .or_insert_with(|| columns(&p.measurement));
-        let Some(existing) = existing else { continue };
-        let names = p
+        let i = *index.entry(p.measurement.as_str()).or_insert_with(|| {
+            shapes.push(Shape {
+                measurement: &p.measurement,
+                tags: Vec::new(),
+                fields: Vec::new(),
+                points: Vec::new(),
+            });
+            shapes.len() - 1
+        });
+        let shape = &mut shapes[i];
+        for (k, _) in &p.tags {
+            if !shape.tags.iter().any(|(t, _)| t == k) {
+                shape.tags.push((k, p.line));
+            }
+        }
+        for (k, v) in &p.fields {
+            match shape.fields.iter().find(|(f, _, _)| f == k) {
+                Some((_, first, line)) if first.column_type() != v.column_type() => {
+                    return Err(invalid(format!(
+                        "field {k:?} of measurement {:?} is {} ({}) on line {line} but {} ({}, \
+                         {v}) on line {}; a field has one type: write all its values the same \
+                         way (floats as 1.5 or 1, integers as 1i)",
+                        p.measurement,
+                        first.kind(),
+                        first.column_type().sql_name(),
+                        v.kind(),
+                        v.column_type().sql_name(),
+                        p.line
+                    )))
+                }
+                Some(_) => {}
+                None => shape.fields.push((k, v, p.line)),
+            }
+        }
+        shape.points.push(p);
+    }
+    for s in &shapes {
+        for (k, tag_line) in &s.tags {
+            if let Some((_, _, field_line)) = s.fields.iter().find(|(f, _, _)| f == k) {
+                return Err(invalid(format!(
+                    "{k:?} is both a tag (line {tag_line}) and a field (line {field_line}) of \
+                     measurement {:?}; a column is one or the other: rename one of them",
+                    s.measurement
+                )));
+            }
+        }
+    }
+    Ok(shapes)
+}
+
+impl Shape<'_> {
+    fn names(&self) -> impl Iterator<Item = (&str, &'static str, usize)> + '_ {
+        self.tags
+            .iter()
+            .map(|(k, line)| (*k, "tag", *line))
+            .chain(self.fields.iter().map(|(k, _, line)| (*k, "field", *line)))
+    }
+
+    /// The schema of the table a write creates: tags (STRING, the primary
+    /// key), then fields, then `ts` at the request's precision.
+    fn schema(&self, precision: Precision) -> Result<TableSchema> {
+        if let Some((k, what, line)) = self.names().find(|(k, _, _)| *k == TIME_INDEX) {
+            return Err(invalid(format!(
+                "{what} {k:?} of measurement {:?} (line {line}): the name {TIME_INDEX:?} is \
+                 reserved for the time index of the tables line protocol creates; rename the {what}",
+                self.measurement
+            )));
+        }
+        let mut columns: Vec<ColumnSchema> = self
             .tags
             .iter()
-            .map(|(k, _)| k)
-            .chain(p.fields.iter().map(|(k, _)| k));
-        let missing: Vec<&String> = names.filter(|k| !existing.contains(k)).collect();
+            .map(|(k, _)| ColumnSchema::new(*k, ColumnType::String, true))
+            .collect();
+        columns.extend(
+            self.fields
+                .iter()
+                .map(|(k, v, _)| ColumnSchema::new(*k, v.column_type(), true)),
+        );
+        columns.push(ColumnSchema::new(
+            TIME_INDEX,
+            precision.column_type(),
+            false,
+        ));
+        let pk: Vec<&str> = self.tags.iter().map(|(k, _)| *k).collect();
+        TableSchema::new(columns, TIME_INDEX, &pk, false)
+    }
+
+    /// Refuses points an existing table cannot take as they are: a tag or
+    /// field it lacks, one that names its time index, a value of another type.
+    fn check_fits(&self, table: &Table) -> Result<()> {
+        let schema = table.schema();
+        let name = display_name(&table.info.database, &table.info.name);
+        let time_index = &schema.time_index_column().name;
+        if let Some((k, what, line)) = self.names().find(|(k, _, _)| k == time_index) {
+            return Err(invalid(format!(
+                "{what} {k:?} (line {line}) is the time index of table {name:?}, which takes \
+                 the line's timestamp; rename the {what}"
+            )));
+        }
+        let missing: Vec<&str> = self
+            .names()
+            .map(|(k, _, _)| k)
+            .filter(|k| schema.column_index(k).is_none())
+            .collect();
         if !missing.is_empty() {
-            return Err(format!(
-                "table {:?} has no column{} {}; sandflow cannot add columns to an existing \
-                 table yet (its columns: {}). Write the point without {}, or to a new \
-                 measurement",
-                p.measurement,
+            let existing: Vec<&str> = schema.columns.iter().map(|c| c.name.as_str()).collect();
+            return Err(invalid(format!(
+                "table {name:?} has no column{} {}; sandflow cannot add columns to an existing \
+                 table yet (its columns: {}). Write the point without {}, or to a new measurement",
                 if missing.len() == 1 { "" } else { "s" },
                 missing
                     .iter()
@@ -356,145 +581,160 @@ pub fn check_columns(
                     .join(", "),
                 existing.join(", "),
                 if missing.len() == 1 { "it" } else { "them" }
-            ));
+            )));
         }
+        let column_type = |k: &str| {
+            let i = schema.column_index(k).unwrap_or(schema.time_index);
+            schema.columns[i].data_type
+        };
+        for (k, line) in &self.tags {
+            let t = column_type(k);
+            if t != ColumnType::String {
+                return Err(invalid(format!(
+                    "tag {k:?} (line {line}) is a string, but column {k:?} of table {name:?} is {}; \
+                     tag values are always strings: send {k:?} as a field of that type instead",
+                    t.sql_name()
+                )));
+            }
+        }
+        for (k, v, line) in &self.fields {
+            let t = column_type(k);
+            if t != v.column_type() {
+                let fix = match how_to_write(t) {
+                    Some(how) => format!("write it as {how}"),
+                    None => format!(
+                        "line protocol cannot write a {} column: write {k:?} with SQL INSERT",
+                        t.sql_name()
+                    ),
+                };
+                return Err(invalid(format!(
+                    "field type conflict: field {k:?} is {} in table {name:?}, but line {line} \
+                     has {} ({v}, {}); line protocol does not convert between types: {fix}",
+                    t.sql_name(),
+                    v.kind(),
+                    v.column_type().sql_name()
+                )));
+            }
+        }
+        Ok(())
     }
-    Ok(())
+
+    /// The points as rows of `table` (which fits them): the tags and fields
+    /// they bring, NULL where a point lacks one, and the time index in the
+    /// table's unit.
+    fn batch(&self, table: &Table, precision: Precision, now_nanos: i64) -> Result<RecordBatch> {
+        let mut fields = Vec::with_capacity(self.tags.len() + self.fields.len() + 1);
+        let mut columns: Vec<ArrayRef> = Vec::with_capacity(fields.capacity());
+        for (k, _) in &self.tags {
+            let values: StringArray = self
+                .points
+                .iter()
+                .map(|p| p.tags.iter().find(|(t, _)| t == k).map(|(_, v)| v.as_str()))
+                .collect();
+            fields.push(Field::new(*k, values.data_type().clone(), true));
+            columns.push(Arc::new(values));
+        }
+        for (k, first, _) in &self.fields {
+            let values = || {
+                self.points
+                    .iter()
+                    .map(|p| p.fields.iter().find(|(f, _)| f == k).map(|(_, v)| v))
+            };
+            // Every value of the field has the type of the first (see `shapes`).
+            let array: ArrayRef = match first {
+                FieldValue::Int(_) => Arc::new(Int64Array::from_iter(values().map(|v| match v {
+                    Some(FieldValue::Int(i)) => Some(*i),
+                    _ => None,
+                }))),
+                FieldValue::UInt(_) => {
+                    Arc::new(UInt64Array::from_iter(values().map(|v| match v {
+                        Some(FieldValue::UInt(u)) => Some(*u),
+                        _ => None,
+                    })))
+                }
+                FieldValue::Float(_) => {
+                    Arc::new(Float64Array::from_iter(values().map(|v| match v {
+                        Some(FieldValue::Float(f)) => Some(*f),
+                        _ => None,
+                    })))
+                }
+                FieldValue::Str(_) => Arc::new(StringArray::from_iter(values().map(|v| match v {
+                    Some(FieldValue::Str(s)) => Some(s.as_str()),
+                    _ => None,
+                }))),
+                FieldValue::Bool(_) => {
+                    Arc::new(BooleanArray::from_iter(values().map(|v| match v {
+                        Some(FieldValue::Bool(b)) => Some(*b),
+                        _ => None,
+                    })))
+                }
+            };
+            fields.push(Field::new(*k, array.data_type().clone(), true));
+            columns.push(array);
+        }
+        let ts = table.schema().time_index_column();
+        let unit = unit_nanos(ts.data_type).ok_or_else(|| {
+            invalid(format!(
+                "the time index {:?} of table {:?} is {}, which line protocol cannot write",
+                ts.name,
+                table.info.name,
+                ts.data_type.sql_name()
+            ))
+        })?;
+        let mut times = Vec::with_capacity(self.points.len());
+        for p in &self.points {
+            let t = match p.timestamp {
+                Some(t) => convert_time(t, precision.nanos_per_unit(), unit),
+                None => convert_time(now_nanos, 1, unit),
+            };
+            times.push(t.ok_or_else(|| {
+                invalid(format!(
+                    "timestamp {} on line {} is out of range for the time index {:?} ({}) at \
+                     precision {}; check the precision parameter",
+                    p.timestamp.unwrap_or(now_nanos),
+                    p.line,
+                    ts.name,
+                    ts.data_type.sql_name(),
+                    precision.name()
+                ))
+            })?);
+        }
+        let times: ArrayRef = match ts.data_type {
+            ColumnType::TimestampSecond => Arc::new(TimestampSecondArray::from(times)),
+            ColumnType::TimestampMillisecond => Arc::new(TimestampMillisecondArray::from(times)),
+            ColumnType::TimestampMicrosecond => Arc::new(TimestampMicrosecondArray::from(times)),
+            _ => Arc::new(TimestampNanosecondArray::from(times)),
+        };
+        fields.push(Field::new(&ts.name, times.data_type().clone(), false));
+        columns.push(times);
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(|e| {
+            invalid(format!(
+                "cannot build the rows of measurement {:?}: {e}",
+                self.measurement
+            ))
+        })
+    }
 }
 
-/// The SQL for a write: per measurement one `CREATE TABLE IF NOT EXISTS` and
-/// one multi-row `INSERT`. `now_nanos` stamps points without a timestamp.
-/// With a `database` other than `public`, that database is created if needed
-/// and the tables live in it.
-pub fn to_sql(
-    points: &[Point],
-    precision: Precision,
-    now_nanos: i64,
-    database: Option<&str>,
-) -> Result<Vec<String>, String> {
-    let database = database.filter(|d| !d.is_empty() && *d != "public");
-    let table_name = |name: &str| match database {
-        Some(db) => format!("{}.{}", quote_ident(db), quote_ident(name)),
-        None => quote_ident(name),
-    };
-    struct Table<'a> {
-        tags: Vec<&'a str>,
-        fields: BTreeMap<&'a str, &'static str>,
-        field_order: Vec<&'a str>,
-        points: Vec<&'a Point>,
-    }
-    let mut tables: BTreeMap<&str, Table> = BTreeMap::new();
-    for p in points {
-        let t = tables
-            .entry(p.measurement.as_str())
-            .or_insert_with(|| Table {
-                tags: Vec::new(),
-                fields: BTreeMap::new(),
-                field_order: Vec::new(),
-                points: Vec::new(),
-            });
-        for (k, _) in &p.tags {
-            if k == TIME_INDEX {
-                return Err(format!(
-                    "tag name {TIME_INDEX:?} is reserved for the time index"
-                ));
-            }
-            if !t.tags.contains(&k.as_str()) {
-                t.tags.push(k);
-            }
-        }
-        for (k, v) in &p.fields {
-            if k == TIME_INDEX {
-                return Err(format!(
-                    "field name {TIME_INDEX:?} is reserved for the time index"
-                ));
-            }
-            match t.fields.get(k.as_str()) {
-                Some(ty) if *ty != v.sql_type() => {
-                    return Err(format!(
-                        "field {k:?} of {:?} has type {} in one line and {} in another",
-                        p.measurement,
-                        ty,
-                        v.sql_type()
-                    ))
-                }
-                Some(_) => {}
-                None => {
-                    t.fields.insert(k, v.sql_type());
-                    t.field_order.push(k);
-                }
-            }
-        }
-        t.points.push(p);
-    }
-    let mut sql = Vec::new();
-    if let Some(db) = database {
-        sql.push(format!("CREATE DATABASE IF NOT EXISTS {}", quote_ident(db)));
-    }
-    for (name, t) in &tables {
-        if let Some(dup) = t.tags.iter().find(|k| t.fields.contains_key(**k)) {
-            return Err(format!("{dup:?} is both a tag and a field of {name:?}"));
-        }
-        let mut cols: Vec<String> = t
-            .tags
-            .iter()
-            .map(|k| format!("{} STRING", quote_ident(k)))
-            .collect();
-        cols.extend(
-            t.field_order
-                .iter()
-                .map(|k| format!("{} {}", quote_ident(k), t.fields[k])),
-        );
-        cols.push(format!(
-            "{} {} TIME INDEX",
-            quote_ident(TIME_INDEX),
-            precision.sql_type()
-        ));
-        if !t.tags.is_empty() {
-            let pk: Vec<String> = t.tags.iter().map(|k| quote_ident(k)).collect();
-            cols.push(format!("PRIMARY KEY ({})", pk.join(", ")));
-        }
-        sql.push(format!(
-            "CREATE TABLE IF NOT EXISTS {} ({})",
-            table_name(name),
-            cols.join(", ")
-        ));
+/// Nanoseconds per unit of a timestamp column type.
+fn unit_nanos(t: ColumnType) -> Option<i64> {
+    Some(match t {
+        ColumnType::TimestampSecond => 1_000_000_000,
+        ColumnType::TimestampMillisecond => 1_000_000,
+        ColumnType::TimestampMicrosecond => 1_000,
+        ColumnType::TimestampNanosecond => 1,
+        _ => return None,
+    })
+}
 
-        let mut names: Vec<String> = t.tags.iter().map(|k| quote_ident(k)).collect();
-        names.extend(t.field_order.iter().map(|k| quote_ident(k)));
-        names.push(quote_ident(TIME_INDEX));
-        let mut rows = Vec::with_capacity(t.points.len());
-        for p in &t.points {
-            let mut vals: Vec<String> = Vec::with_capacity(names.len());
-            for k in &t.tags {
-                vals.push(match p.tags.iter().find(|(n, _)| n == k) {
-                    Some((_, v)) => quote_literal(v),
-                    None => "NULL".into(),
-                });
-            }
-            for k in &t.field_order {
-                vals.push(match p.fields.iter().find(|(n, _)| n == k) {
-                    Some((_, v)) => v.literal(),
-                    None => "NULL".into(),
-                });
-            }
-            let nanos = match p.timestamp {
-                Some(ts) => ts
-                    .checked_mul(precision.nanos_per_unit())
-                    .ok_or_else(|| format!("timestamp {ts} out of range"))?,
-                None => now_nanos,
-            };
-            vals.push(ts_literal(nanos)?);
-            rows.push(format!("({})", vals.join(", ")));
-        }
-        sql.push(format!(
-            "INSERT INTO {} ({}) VALUES {}",
-            table_name(name),
-            names.join(", "),
-            rows.join(", ")
-        ));
+/// `value` units of `from_nanos` ns as units of `to_nanos` ns (rounded
+/// down when the target unit is coarser); `None` when it overflows.
+fn convert_time(value: i64, from_nanos: i64, to_nanos: i64) -> Option<i64> {
+    if from_nanos >= to_nanos {
+        value.checked_mul(from_nanos / to_nanos)
+    } else {
+        Some(value.div_euclid(to_nanos / from_nanos))
     }
-    Ok(sql)
 }
 
 #[cfg(test)]
@@ -548,53 +788,157 @@ mod tests {
         assert_eq!(parse("ok v=1\nbad").unwrap_err().line, 2);
     }
 
-    #[test]
-    fn builds_sql() {
-        let pts = parse("m,host=h\"1 v=1i,s=\"it's\" 5\nm v=2i 6").unwrap();
-        let sql = to_sql(&pts, Precision::Seconds, 0, None).unwrap();
-        assert_eq!(
-            sql[0],
-            "CREATE TABLE IF NOT EXISTS \"m\" (\"host\" STRING, \"v\" BIGINT, \"s\" STRING, \"ts\" TIMESTAMP(0) TIME INDEX, PRIMARY KEY (\"host\"))"
-        );
-        assert_eq!(
-            sql[1],
-            "INSERT INTO \"m\" (\"host\", \"v\", \"s\", \"ts\") VALUES ('h\"1', 1, 'it''s', '1970-01-01T00:00:05.000000000'), (NULL, 2, NULL, '1970-01-01T00:00:06.000000000')"
-        );
-        let conflict = parse("m v=1i\nm v=1.5").unwrap();
-        assert!(to_sql(&conflict, Precision::Nanos, 0, None).is_err());
+    fn table(sql_columns: &[(&str, ColumnType)], time_index: &str, pk: &[&str]) -> Arc<Table> {
+        let columns = sql_columns
+            .iter()
+            .map(|(n, t)| ColumnSchema::new(*n, *t, true))
+            .collect();
+        Table::new(crate::catalog::TableInfo {
+            id: 1,
+            database: "public".into(),
+            name: "cpu".into(),
+            schema: TableSchema::new(columns, time_index, pk, false).unwrap(),
+            options: BTreeMap::new(),
+        })
     }
 
     #[test]
-    fn a_database_other_than_public_qualifies_the_tables() {
-        let pts = parse("m v=1i 5").unwrap();
-        let sql = to_sql(&pts, Precision::Seconds, 0, Some("metrics")).unwrap();
-        assert_eq!(sql[0], "CREATE DATABASE IF NOT EXISTS \"metrics\"");
-        assert!(
-            sql[1].starts_with("CREATE TABLE IF NOT EXISTS \"metrics\".\"m\" ("),
-            "{}",
-            sql[1]
+    fn a_new_table_gets_tags_fields_and_ts_and_rows_get_nulls_where_lines_lack_a_value() {
+        let pts = parse("m,host=h\"1 v=1i,s=\"it's\" 5\nm v=2i 6\nm v=3i").unwrap();
+        let shapes = shapes(&pts).unwrap();
+        assert_eq!(shapes.len(), 1);
+        let schema = shapes[0].schema(Precision::Seconds).unwrap();
+        let cols: Vec<String> = schema
+            .columns
+            .iter()
+            .map(|c| format!("{} {}", c.name, c.data_type.sql_name()))
+            .collect();
+        assert_eq!(
+            cols,
+            ["host STRING", "v BIGINT", "s STRING", "ts TIMESTAMP(0)"]
         );
-        assert!(
-            sql[2].starts_with("INSERT INTO \"metrics\".\"m\" ("),
-            "{}",
-            sql[2]
+        assert_eq!(schema.primary_key_names(), ["host"]);
+        assert_eq!(schema.time_index_column().name, "ts");
+        let t = Table::new(crate::catalog::TableInfo {
+            id: 1,
+            database: "public".into(),
+            name: "m".into(),
+            schema,
+            options: BTreeMap::new(),
+        });
+        let batch = shapes[0]
+            .batch(&t, Precision::Seconds, 7_500_000_000)
+            .unwrap();
+        let text = datafusion::arrow::util::pretty::pretty_format_batches(&[batch])
+            .unwrap()
+            .to_string();
+        let rows: Vec<&str> = text
+            .lines()
+            .skip(3)
+            .filter(|l| l.starts_with('|'))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                "| h\"1  | 1 | it's | 1970-01-01T00:00:05 |",
+                "|      | 2 |      | 1970-01-01T00:00:06 |",
+                "|      | 3 |      | 1970-01-01T00:00:07 |",
+            ],
+            "{text}"
         );
-        let public = to_sql(&pts, Precision::Seconds, 0, Some("public")).unwrap();
-        assert_eq!(public.len(), 2);
-        assert!(public[0].starts_with("CREATE TABLE IF NOT EXISTS \"m\""));
     }
 
     #[test]
-    fn new_tags_or_fields_of_an_existing_table_are_refused_by_name() {
-        let columns = |m: &str| (m == "cpu").then(|| vec!["host".into(), "v".into(), "ts".into()]);
-        let ok = parse("cpu,host=a v=1 5\nnew,x=1 y=2 5").unwrap();
-        assert_eq!(check_columns(&ok, columns), Ok(()));
-        let e =
-            check_columns(&parse("cpu,host=a,rack=r v=1,w=2i 5").unwrap(), columns).unwrap_err();
+    fn conflicts_within_a_request_are_refused_by_name_and_line() {
+        let e = shapes(&parse("m v=1.5 1\nother x=1i\nm v=2i 2").unwrap())
+            .err()
+            .unwrap()
+            .to_string();
         assert!(
-            e.contains("\"rack\", \"w\"") && e.contains("host, v, ts"),
+            e.contains("\"v\"") && e.contains("DOUBLE") && e.contains("BIGINT"),
+            "{e}"
+        );
+        assert!(e.contains("line 1") && e.contains("line 3"), "{e}");
+        let e = shapes(&parse("m,x=a v=1\nm x=2").unwrap())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("both a tag (line 1) and a field (line 2)"),
+            "{e}"
+        );
+        let e = shapes(&parse("m ts=1i 5").unwrap()).unwrap()[0]
+            .schema(Precision::Nanos)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("reserved for the time index"), "{e}");
+    }
+
+    #[test]
+    fn an_existing_table_refuses_missing_columns_and_other_types_by_name() {
+        let cpu = table(
+            &[
+                ("host", ColumnType::String),
+                ("v", ColumnType::Float64),
+                ("n", ColumnType::Int32),
+                ("ts", ColumnType::TimestampMillisecond),
+            ],
+            "ts",
+            &["host"],
+        );
+        let fits = |body: &str| shapes(&parse(body).unwrap()).unwrap()[0].check_fits(&cpu);
+        assert!(fits("cpu,host=a v=1 5").is_ok());
+        let e = fits("cpu,host=a,rack=r v=1,w=2i 5")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"rack\", \"w\"") && e.contains("host, v, n, ts"),
             "{e}"
         );
         assert!(e.contains("cannot add columns"), "{e}");
+        // An integer is not written into a DOUBLE column (InfluxDB: "field type conflict").
+        let e = fits("\ncpu,host=b v=1i").unwrap_err().to_string();
+        for needle in ["\"v\"", "DOUBLE", "BIGINT", "1i", "line 2", "1.5 or 1"] {
+            assert!(e.contains(needle), "{needle} missing: {e}");
+        }
+        let e = fits("cpu,host=a n=1i").unwrap_err().to_string();
+        assert!(e.contains("INT") && e.contains("SQL INSERT"), "{e}");
+        let e = fits("cpu host=1i,v=2").unwrap_err();
+        assert!(e.to_string().contains("STRING"), "{e}");
+        let e = fits("cpu,host=a ts=1i").unwrap_err().to_string();
+        assert!(e.contains("time index"), "{e}");
+        let tagged = fits("cpu,v=x host=\"a\"").unwrap_err().to_string();
+        assert!(
+            tagged.contains("tag \"v\"") && tagged.contains("DOUBLE"),
+            "{tagged}"
+        );
+    }
+
+    #[test]
+    fn timestamps_take_the_unit_of_the_time_index() {
+        let cpu = table(
+            &[
+                ("v", ColumnType::Float64),
+                ("ts", ColumnType::TimestampMillisecond),
+            ],
+            "ts",
+            &[],
+        );
+        let pts = parse("cpu v=1 1700000000123456789\ncpu v=2 -1\ncpu v=3").unwrap();
+        let batch = shapes(&pts).unwrap()[0]
+            .batch(&cpu, Precision::Nanos, 42_000_000)
+            .unwrap();
+        let ts = batch
+            .column(1)
+            .as_any()
+            .downcast_ref::<TimestampMillisecondArray>()
+            .unwrap();
+        assert_eq!(ts.values().to_vec(), [1_700_000_000_123, -1, 42]);
+        let pts = parse("cpu v=1 9223372036854775807").unwrap();
+        let e = shapes(&pts).unwrap()[0]
+            .batch(&cpu, Precision::Seconds, 0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("out of range") && e.contains("line 1"), "{e}");
     }
 }

@@ -135,6 +135,13 @@ impl WriteSet {
         self
     }
 
+    /// Adds any metadata change, table creation included: the catalog's
+    /// staged DDL (`catalog::DdlBatch`) commits with the rows it makes room for.
+    pub(crate) fn push_meta(&mut self, write: MetaWrite) -> &mut Self {
+        self.meta.push(write);
+        self
+    }
+
     pub fn is_empty(&self) -> bool {
         self.rows.is_empty() && self.meta.is_empty()
     }
