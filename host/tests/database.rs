@@ -1034,3 +1034,60 @@ async fn explain_delete_deletes_nothing() {
     );
     assert_eq!(scalar(&db, "SELECT count(*) FROM cpu").await, "1");
 }
+
+/// An idle flow sleeps (state kept, sandbox released) and wakes up on input
+/// with its state intact; --max-flows bounds the flows, naming the setting.
+#[tokio::test]
+async fn idle_flows_sleep_and_wake_and_max_flows_is_a_setting() {
+    let dir = TempDir::new();
+    let settings = sandflow::flow::FlowSettings {
+        sleep_after: Some(std::time::Duration::from_millis(100)),
+        max_flows: 2,
+        ..Default::default()
+    };
+    let db = Database::open_with(&dir.0, settings).await.unwrap();
+    run(&db, CPU).await;
+    run(
+        &db,
+        "CREATE FLOW f SINK TO s AS SELECT host, count(*) AS n, sum(usage) AS u FROM cpu GROUP BY host",
+    )
+    .await;
+    run(
+        &db,
+        "INSERT INTO cpu VALUES ('a', 1, 0), ('a', 2, 1000), ('b', 5, 0)",
+    )
+    .await;
+    db.flush_flow("f").await.unwrap();
+    let asleep = |db: &Database| {
+        db.flows()
+            .iter()
+            .any(|f| f.def.name == "f" && f.status.asleep)
+    };
+    let mut slept = false;
+    for _ in 0..600 {
+        if asleep(&db) {
+            slept = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(slept, "the idle flow never fell asleep");
+    // Input wakes it, and its state is what it was.
+    run(&db, "INSERT INTO cpu VALUES ('a', 4, 2000)").await;
+    run(&db, "DELETE FROM cpu WHERE host = 'b'").await;
+    db.flush_flow("f").await.unwrap();
+    assert_eq!(scalar(&db, "SELECT n FROM s WHERE host = 'a'").await, "3");
+    assert_eq!(scalar(&db, "SELECT u FROM s WHERE host = 'a'").await, "7.0");
+    assert_eq!(scalar(&db, "SELECT count(*) FROM s").await, "1");
+
+    run(&db, "CREATE FLOW g SINK TO s2 AS SELECT host FROM cpu").await;
+    let e = error(&db, "CREATE FLOW h SINK TO s3 AS SELECT host FROM cpu").await;
+    assert!(matches!(e, Error::LimitExceeded { .. }), "{e:?}");
+    assert!(e.to_string().contains("--max-flows"), "{e}");
+    // Replacing an existing flow is no new flow.
+    run(
+        &db,
+        "CREATE OR REPLACE FLOW g SINK TO s2 AS SELECT host FROM cpu",
+    )
+    .await;
+}

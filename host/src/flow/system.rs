@@ -62,8 +62,9 @@ pub fn rewrite_system_tables(stmt: &mut Statement) {
 }
 
 /// The columns of `information_schema.flows` (GreptimeDB's, plus `status`,
-/// `last_error`, `rows_written`, `failures`, `restarts`, `lag_ms` and
-/// `next_restart_time`).
+/// `last_error`, `rows_written`, `failures`, `restarts`, `lag_ms`,
+/// `next_restart_time` and `asleep`: whether the flow is idle, its state kept
+/// as a snapshot and its sandbox released until input arrives).
 pub fn flows_schema() -> SchemaRef {
     let ts = || DataType::Timestamp(TimeUnit::Millisecond, None);
     Arc::new(Schema::new(vec![
@@ -89,6 +90,7 @@ pub fn flows_schema() -> SchemaRef {
         Field::new("restarts", DataType::UInt64, false),
         Field::new("lag_ms", DataType::Int64, false),
         Field::new("next_restart_time", ts(), true),
+        Field::new("asleep", DataType::Boolean, false),
     ]))
 }
 
@@ -191,6 +193,12 @@ pub fn flows_batch(flows: &[FlowInfo]) -> datafusion::common::Result<RecordBatch
                 .iter()
                 .map(|f| f.status.next_restart_ms)
                 .collect::<TimestampMillisecondArray>(),
+        ),
+        Arc::new(
+            flows
+                .iter()
+                .map(|f| Some(f.status.asleep))
+                .collect::<datafusion::arrow::array::BooleanArray>(),
         ),
     ];
     Ok(RecordBatch::try_new(flows_schema(), columns)?)
