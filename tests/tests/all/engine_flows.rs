@@ -1,8 +1,6 @@
 //! Flows built from DataFusion-produced Substrait plans, checked against DataFusion itself.
 
-mod common;
-
-use common::{plan, run_sql, runtime, same_multiset, Sink};
+use crate::engine_common::{plan, run_sql, runtime, same_multiset, Sink};
 use sandflow_guest::{Batch, Column, DataType, Field, Flow, FlowError, SourceSchema, Value};
 
 fn t1() -> SourceSchema {

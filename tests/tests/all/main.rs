@@ -1,0 +1,30 @@
+//! The one integration-test binary: every area of sandflow's tests as a module
+//! of its own, so that the tests link DataFusion and wasmtime once.
+//!
+//! - `database`: the database through its library API;
+//! - `engine_flows` (with `engine_common`): the engine natively, against
+//!   DataFusion;
+//! - `engine_wasm`, `sandbox`: the engine in wasm, and hostile guests;
+//! - `e2e_*`: the real binary over psql, drivers and HTTP;
+//! - `flows_differential`, `flows_limits`, `hostile_flows`, `crash_flows`:
+//!   flows under random writes, limits, attacks and kill -9;
+//! - `fuzz`: bounded fuzzing of everything untrusted input reaches.
+//!
+//! Run one area with `cargo test -p sandflow-tests --test all e2e_pg`.
+
+mod crash_flows;
+mod database;
+mod e2e_cli;
+mod e2e_extended;
+mod e2e_flows;
+mod e2e_http;
+mod e2e_pg;
+mod e2e_restart;
+mod engine_common;
+mod engine_flows;
+mod engine_wasm;
+mod flows_differential;
+mod flows_limits;
+mod fuzz;
+mod hostile_flows;
+mod sandbox;
