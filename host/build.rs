@@ -29,8 +29,8 @@ fn main() {
     println!("cargo:rerun-if-env-changed=CARGO_TARGET_DIR");
 
     // A prebuilt component may be supplied (e.g. by packaging); otherwise build it.
-    let out =
-        PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("sandflow_guest.wasm");
+    let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"))
+        .join("sandflow_engine.wasm");
     let built = match env::var_os("SANDFLOW_GUEST_WASM") {
         Some(path) => Ok(PathBuf::from(path)),
         None => build_guest(&root),
@@ -70,7 +70,7 @@ fn build_guest(root: &Path) -> Result<PathBuf, String> {
         .args([
             "build",
             "-p",
-            "sandflow-guest",
+            "sandflow-engine",
             "--lib",
             "--target",
             "wasm32-wasip2",
@@ -94,12 +94,12 @@ fn build_guest(root: &Path) -> Result<PathBuf, String> {
         .status()
         .map_err(|e| format!("cannot run cargo to build the guest: {e}"))?;
     if !status.success() {
-        return Err("building guest/ for wasm32-wasip2 failed (build with `cargo build -p sandflow-guest --target wasm32-wasip2` to see why; is the target installed? \
+        return Err("building guest/ for wasm32-wasip2 failed (build with `cargo build -p sandflow-engine --target wasm32-wasip2` to see why; is the target installed? \
                     `rustup target add wasm32-wasip2`, which `make build` does)"
             .into());
     }
     Ok(target_dir
         .join("wasm32-wasip2")
         .join("wasm")
-        .join("sandflow_guest.wasm"))
+        .join("sandflow_engine.wasm"))
 }

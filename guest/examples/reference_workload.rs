@@ -1,10 +1,10 @@
 //! Native measurement of the reference workload:
-//! `cargo run -p sandflow-guest --release --example reference_workload`
+//! `cargo run -p sandflow-engine --release --example reference_workload`
 use std::time::Instant;
 
-use sandflow_guest::bench::{reference_batch, run_reference_workload};
+use sandflow_engine::bench::{reference_batch, run_reference_workload};
 
-fn main() -> Result<(), sandflow_guest::FlowError> {
+fn main() -> Result<(), sandflow_engine::FlowError> {
     let total: u64 = 1_000_000;
     let batch: u32 = 10_000;
     let mut best = f64::MAX;

@@ -14,7 +14,7 @@ use crate::types::{
     TickOutput,
 };
 
-pub const OPTION_EXPIRE_AFTER_MS: &str = "expire-after-ms";
+pub use sandflow_contract::OPTION_EXPIRE_AFTER_MS;
 const KNOWN_OPTIONS: &[&str] = &[OPTION_EXPIRE_AFTER_MS];
 
 const MAGIC: &[u8; 8] = b"SNDFLOW\0";

@@ -12,7 +12,7 @@ mod expr;
 mod flow;
 mod hash;
 mod plan;
-pub mod types;
+pub use sandflow_contract as types;
 mod wire;
 
 #[cfg(target_arch = "wasm32")]

@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use sandflow::runtime::{FlowLimits, Runtime, RuntimeConfig};
-use sandflow_guest::types::{Batch, Column, DataType, Field, SourceSchema};
+use sandflow_engine::types::{Batch, Column, DataType, Field, SourceSchema};
 use sandflow_tests::engine::plan;
 
 const ROWS: usize = 1_000_000;
@@ -159,7 +159,7 @@ fn main() {
         sums.0 = s;
 
         let mut native =
-            sandflow_guest::Flow::create(&plan, sources.clone(), vec![]).expect("native flow");
+            sandflow_engine::Flow::create(&plan, sources.clone(), vec![]).expect("native flow");
         let (t, p, f, s) = {
             let native = std::cell::RefCell::new(&mut native);
             run(

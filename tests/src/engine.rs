@@ -18,7 +18,7 @@ use prost::Message;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use sandflow::runtime::{FlowInstance, FlowLimits, Runtime, RuntimeConfig};
-use sandflow_guest::types::{Batch, DataType, Field, SourceSchema, TickOutput, Value};
+use sandflow_engine::types::{Batch, DataType, Field, SourceSchema, TickOutput, Value};
 
 /// A tokio runtime for DataFusion calls from synchronous tests.
 pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
@@ -317,17 +317,17 @@ pub trait Engine {
     fn output_schema(&self) -> Vec<Field>;
 }
 
-pub struct Native(pub sandflow_guest::Flow);
+pub struct Native(pub sandflow_engine::Flow);
 
 impl Native {
     pub fn create(
         plan: &[u8],
         sources: &[SourceSchema],
-    ) -> Result<Native, sandflow_guest::types::FlowError> {
-        sandflow_guest::Flow::create(plan, sources.to_vec(), vec![]).map(Native)
+    ) -> Result<Native, sandflow_engine::types::FlowError> {
+        sandflow_engine::Flow::create(plan, sources.to_vec(), vec![]).map(Native)
     }
     pub fn restore(state: &[u8]) -> Native {
-        Native(sandflow_guest::Flow::restore(state).expect("native restore"))
+        Native(sandflow_engine::Flow::restore(state).expect("native restore"))
     }
 }
 

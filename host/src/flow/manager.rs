@@ -1030,7 +1030,7 @@ impl FlowManager {
         let mut guest_options = Vec::new();
         if let Some(ms) = def.expire_after_ms {
             guest_options.push((
-                sandflow_guest::OPTION_EXPIRE_AFTER_MS.to_string(),
+                sandflow_contract::OPTION_EXPIRE_AFTER_MS.to_string(),
                 ms.to_string(),
             ));
         }

@@ -164,7 +164,7 @@ pub fn validate_output(
             ),
         });
     }
-    sandflow_guest::types::validate_batch(schema, &out.output).map_err(|e| RuntimeError::Contract {
+    sandflow_contract::validate_batch(schema, &out.output).map_err(|e| RuntimeError::Contract {
         message: format!("malformed output batch: {e}"),
     })
 }
@@ -174,8 +174,8 @@ pub fn validate_output(
 pub fn expand_output(out: &mut TickOutput) {
     let rows = out.output.rows as usize;
     let b = &mut out.output;
-    b.times = sandflow_guest::types::expand_per_row(std::mem::take(&mut b.times), rows);
-    b.diffs = sandflow_guest::types::expand_per_row(std::mem::take(&mut b.diffs), rows);
+    b.times = sandflow_contract::expand_per_row(std::mem::take(&mut b.times), rows);
+    b.diffs = sandflow_contract::expand_per_row(std::mem::take(&mut b.diffs), rows);
 }
 
 #[cfg(test)]

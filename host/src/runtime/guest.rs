@@ -17,7 +17,7 @@ pub(crate) mod bindings {
 }
 
 /// sandflow's guest engine, built from `guest/` by `host/build.rs`.
-static GUEST_COMPONENT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sandflow_guest.wasm"));
+static GUEST_COMPONENT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sandflow_engine.wasm"));
 
 /// Compiles the embedded guest, or loads its compiled form from `cache_dir`.
 ///

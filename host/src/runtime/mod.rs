@@ -24,9 +24,7 @@ use snafu::Snafu;
 use wasmtime::component::{Component, Linker, ResourceAny};
 use wasmtime::{Config, Engine, Store};
 
-pub use sandflow_guest::types::{
-    Batch, Column, DataType, Field, FlowError, SourceSchema, TickOutput,
-};
+pub use sandflow_contract::{Batch, Column, DataType, Field, FlowError, SourceSchema, TickOutput};
 
 use self::guest::bindings::{FlowEngine, FlowEnginePre};
 use self::sandbox::GuestState;

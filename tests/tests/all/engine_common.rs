@@ -13,7 +13,7 @@ use datafusion::arrow::datatypes::{DataType as A, Field as AField, Schema, TimeU
 use datafusion::datasource::MemTable;
 use datafusion::prelude::SessionContext;
 use prost::Message;
-use sandflow_guest::{DataType, Field, SourceSchema, Value};
+use sandflow_engine::{DataType, Field, SourceSchema, Value};
 
 pub fn arrow_type(t: DataType) -> A {
     match t {

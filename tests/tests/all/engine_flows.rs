@@ -1,7 +1,7 @@
 //! Flows built from DataFusion-produced Substrait plans, checked against DataFusion itself.
 
 use crate::engine_common::{plan, run_sql, runtime, same_multiset, Sink};
-use sandflow_guest::{Batch, Column, DataType, Field, Flow, FlowError, SourceSchema, Value};
+use sandflow_engine::{Batch, Column, DataType, Field, Flow, FlowError, SourceSchema, Value};
 
 fn t1() -> SourceSchema {
     SourceSchema {
@@ -391,13 +391,13 @@ fn max_rows_limits_output_and_sets_more() {
     // No room at all: an empty batch that still keeps the contract (no time without rows).
     let t = fl.tick(0, 0).expect("tick");
     assert!(t.more && t.output.rows == 0);
-    sandflow_guest::types::validate_batch(&schema, &t.output).expect("empty output is valid");
+    sandflow_engine::types::validate_batch(&schema, &t.output).expect("empty output is valid");
     let mut all = Vec::new();
     let mut calls = 0;
     loop {
         let t = fl.tick(0, 10).expect("tick");
         assert!(t.output.rows <= 10);
-        sandflow_guest::types::validate_batch(&schema, &t.output).expect("output is valid");
+        sandflow_engine::types::validate_batch(&schema, &t.output).expect("output is valid");
         all.extend(t.output.to_rows(&schema));
         calls += 1;
         if !t.more {
@@ -886,7 +886,7 @@ fn differential_against_datafusion() {
 
 #[test]
 fn reference_workload_small() {
-    use sandflow_guest::bench::{reference_batch, reference_plan, reference_sources};
+    use sandflow_engine::bench::{reference_batch, reference_plan, reference_sources};
     let mut fl = Flow::create(&reference_plan(), reference_sources(), vec![]).expect("create");
     assert_eq!(fl.output_schema()[1].data_type, DataType::Int64);
     for b in 0..5u64 {

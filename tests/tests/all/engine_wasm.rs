@@ -3,7 +3,7 @@
 //! the same engine running natively, and across snapshot/restore.
 
 use rand::RngExt;
-use sandflow_guest::types::{DataType, Field, SourceSchema};
+use sandflow_engine::types::{DataType, Field, SourceSchema};
 use sandflow_tests::engine::{
     apply, drain, multiset, oracle, plan, Engine, Multiset, Native, Stream, Wasm,
 };
@@ -63,7 +63,7 @@ fn check_stream(sql: &str, seed: u64, steps: usize) {
         wasm.output_schema(),
         "{sql}: output schemas differ"
     );
-    let mut sink: Vec<(Vec<sandflow_guest::types::Value>, i64)> = Vec::new();
+    let mut sink: Vec<(Vec<sandflow_engine::types::Value>, i64)> = Vec::new();
     for step_no in 0..steps {
         let now = step_no as i64 * 1000;
         let step = stream.step(12);

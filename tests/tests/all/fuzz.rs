@@ -40,8 +40,8 @@ use sandflow::flow::options::{format_interval, parse_interval, parse_options, pa
 use sandflow::server::sqltext;
 use sandflow::sql::parser::Dialect;
 use sandflow::Database;
-use sandflow_guest::types::{validate_batch, Batch, Column, DataType, Field, SourceSchema, Value};
-use sandflow_guest::{Flow, OPTION_EXPIRE_AFTER_MS};
+use sandflow_engine::types::{validate_batch, Batch, Column, DataType, Field, SourceSchema, Value};
+use sandflow_engine::{Flow, OPTION_EXPIRE_AFTER_MS};
 use sandflow_tests::engine::{plan, random_row, record_batch};
 
 // ---------------------------------------------------------------------------

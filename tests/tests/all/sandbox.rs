@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use sandflow::runtime::{FlowLimits, Runtime, RuntimeConfig, RuntimeError};
-use sandflow_guest::types::{Batch, DataType, Field, SourceSchema, Value};
+use sandflow_engine::types::{Batch, DataType, Field, SourceSchema, Value};
 use sandflow_tests::engine::{plan, wasm_runtime};
 
 fn hostile_runtime() -> Runtime {

@@ -1,4 +1,21 @@
-//! Native mirror of the WIT `types` interface, plus row-oriented helpers for tests and hosts.
+//! The contract between sandflow's host and a flow guest, in Rust: the
+//! columnar [`Batch`] of diff rows, [`Field`]s and [`DataType`]s as
+//! `wit/flow.wit` defines them, [`validate_batch`] (the one definition of a
+//! well-formed batch, which the host applies to whatever a guest returns and
+//! the engine to whatever it is given), row helpers, and with the `arrow`
+//! feature the one mapping between Arrow record batches and batches.
+//!
+//! Must not know the engine, the sandbox, SQL or storage: a guest that is not
+//! sandflow's own engine is checked by this crate alone.
+
+#[cfg(feature = "arrow")]
+pub mod arrow;
+
+/// The `create` option that drops windows older than this many milliseconds
+/// before the tick time (a flow's `EXPIRE AFTER`).
+pub const OPTION_EXPIRE_AFTER_MS: &str = "expire-after-ms";
+
+// The native mirror of the WIT `types` interface, plus row-oriented helpers for tests and hosts.
 
 use std::fmt;
 
@@ -270,15 +287,18 @@ impl fmt::Display for FlowError {
 
 impl std::error::Error for FlowError {}
 
-pub(crate) fn bad(msg: impl Into<String>) -> FlowError {
+/// A `bad-input` error.
+pub fn bad(msg: impl Into<String>) -> FlowError {
     FlowError::BadInput(msg.into())
 }
 
-pub(crate) fn unsupported(msg: impl Into<String>) -> FlowError {
+/// An `unsupported` error.
+pub fn unsupported(msg: impl Into<String>) -> FlowError {
     FlowError::Unsupported(msg.into())
 }
 
-pub(crate) fn internal(msg: impl Into<String>) -> FlowError {
+/// An `internal` error.
+pub fn internal(msg: impl Into<String>) -> FlowError {
     FlowError::Internal(msg.into())
 }
 
