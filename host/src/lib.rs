@@ -4,9 +4,11 @@
 pub mod catalog;
 pub mod config;
 pub mod database;
+pub mod engine;
 pub mod error;
 pub mod flow;
-pub mod runtime;
+/// The wasm sandbox flows run in (the `sandflow-sandbox` crate).
+pub use sandflow_sandbox as runtime;
 pub mod server;
 pub mod session;
 pub mod sql;

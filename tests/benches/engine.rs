@@ -8,9 +8,10 @@
 
 use std::time::{Duration, Instant};
 
-use sandflow::runtime::{FlowLimits, Runtime, RuntimeConfig};
+use sandflow::runtime::{FlowLimits, RuntimeConfig};
 use sandflow_engine::types::{Batch, Column, DataType, Field, SourceSchema};
 use sandflow_tests::engine::plan;
+use sandflow_tests::engine::Runtime;
 
 const ROWS: usize = 1_000_000;
 const BATCH: usize = 10_000;
@@ -124,9 +125,9 @@ fn main() {
     let runtime = match std::env::var_os("SANDFLOW_BENCH_GUEST") {
         Some(path) => {
             let bytes = std::fs::read(&path).expect("read SANDFLOW_BENCH_GUEST");
-            Runtime::with_untrusted_component(config, &bytes)
+            Runtime::with_component(config, &bytes)
         }
-        None => Runtime::new(config),
+        None => Runtime::engine(config),
     }
     .expect("wasm runtime");
     let limits = FlowLimits {

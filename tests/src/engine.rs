@@ -17,7 +17,7 @@ use datafusion::prelude::SessionContext;
 use prost::Message;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use sandflow::runtime::{FlowInstance, FlowLimits, Runtime, RuntimeConfig};
+use sandflow::runtime::{Digest, FlowInstance, FlowLimits, RuntimeConfig, RuntimeError, Sandbox};
 use sandflow_engine::types::{Batch, DataType, Field, SourceSchema, TickOutput, Value};
 
 /// A tokio runtime for DataFusion calls from synchronous tests.
@@ -33,12 +33,52 @@ pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
     .block_on(f)
 }
 
+/// A sandbox with one component registered: what tests and benchmarks
+/// instantiate flows from.
+pub struct Runtime {
+    pub sandbox: Sandbox,
+    pub component: Digest,
+}
+
+impl Runtime {
+    /// sandflow's own engine (embedded in the `sandflow` crate).
+    pub fn engine(config: RuntimeConfig) -> Result<Runtime, RuntimeError> {
+        Runtime::with_component(config, sandflow::engine::component())
+    }
+
+    /// Another component, e.g. the hostile guest.
+    pub fn with_component(config: RuntimeConfig, bytes: &[u8]) -> Result<Runtime, RuntimeError> {
+        let sandbox = Sandbox::new(config)?;
+        let component = sandbox.register(bytes)?;
+        Ok(Runtime { sandbox, component })
+    }
+
+    pub fn create_flow(
+        &self,
+        plan: &[u8],
+        sources: &[SourceSchema],
+        options: &[(String, String)],
+        limits: FlowLimits,
+    ) -> Result<FlowInstance, RuntimeError> {
+        self.sandbox
+            .create_flow(&self.component, plan, sources, options, limits)
+    }
+
+    pub fn restore_flow(
+        &self,
+        state: &[u8],
+        limits: FlowLimits,
+    ) -> Result<FlowInstance, RuntimeError> {
+        self.sandbox.restore_flow(&self.component, state, limits)
+    }
+}
+
 /// One wasm runtime per test process (compiling the guest takes a moment).
 pub fn wasm_runtime() -> &'static Runtime {
     static RT: OnceLock<Runtime> = OnceLock::new();
     RT.get_or_init(|| {
         let cache = std::env::temp_dir().join("sandflow-test-guest-cache");
-        Runtime::new(RuntimeConfig {
+        Runtime::engine(RuntimeConfig {
             cache_dir: Some(cache),
             ..RuntimeConfig::default()
         })

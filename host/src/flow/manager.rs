@@ -39,7 +39,7 @@ use crate::database::Core;
 use crate::error::{
     FlowSnafu, InternalSnafu, NotFoundSnafu, Result, SqlSnafu, TooComplexSnafu, UnsupportedSnafu,
 };
-use crate::runtime::{FlowInstance, FlowLimits, Runtime, RuntimeConfig, RuntimeError};
+use crate::runtime::{Digest, FlowInstance, FlowLimits, RuntimeConfig, RuntimeError, Sandbox};
 use crate::sql::parser::CreateFlow;
 use crate::sql::provider::blocking;
 use crate::storage::{MetaWrite, Subscriber, WriteSet};
@@ -250,12 +250,17 @@ impl FlowHandle {
     }
 }
 
+/// A sandbox and the digest of sandflow's engine registered in it.
+type EngineSandbox = (Arc<Sandbox>, Digest);
+
 /// The flows of one database process.
 pub struct FlowManager {
     settings: FlowSettings,
-    runtime: Arc<OnceLock<std::result::Result<Arc<Runtime>, String>>>,
-    /// The runtime of [`FlowSettings::untrusted_guest`], if set.
-    untrusted: Arc<OnceLock<std::result::Result<Arc<Runtime>, String>>>,
+    /// The sandbox with sandflow's engine registered in it, set up with the
+    /// first flow.
+    sandbox: Arc<OnceLock<std::result::Result<EngineSandbox, String>>>,
+    /// The digest of [`FlowSettings::untrusted_guest`]'s component, if set.
+    untrusted: Arc<OnceLock<std::result::Result<Digest, String>>>,
     flows: RwLock<BTreeMap<String, Arc<FlowHandle>>>,
     /// Serialises CREATE / DROP FLOW.
     ddl: tokio::sync::Mutex<()>,
@@ -353,7 +358,7 @@ impl FlowManager {
     pub fn new(settings: FlowSettings) -> FlowManager {
         FlowManager {
             settings,
-            runtime: Arc::new(OnceLock::new()),
+            sandbox: Arc::new(OnceLock::new()),
             untrusted: Arc::new(OnceLock::new()),
             flows: RwLock::new(BTreeMap::new()),
             ddl: tokio::sync::Mutex::new(()),
@@ -1023,9 +1028,10 @@ impl FlowManager {
             sources.push(core.catalog.require_table(&d, &t)?);
         }
         let limits = limits(&self.settings.default_limits, &options);
-        let runtime = match &self.settings.untrusted_guest {
-            Some(u) if (u.runs)(&def.name) => self.untrusted_runtime(u.component.clone()).await?,
-            _ => self.runtime_async().await?,
+        let (sandbox, engine) = self.sandbox().await?;
+        let component = match &self.settings.untrusted_guest {
+            Some(u) if (u.runs)(&def.name) => self.untrusted(u.component.clone()).await?,
+            _ => engine,
         };
         let mut guest_options = Vec::new();
         if let Some(ms) = def.expire_after_ms {
@@ -1038,16 +1044,18 @@ impl FlowManager {
         let schemas: Vec<_> = compiled.sources.iter().map(|s| s.schema.clone()).collect();
         let name = def.name.clone();
         let state = recovery.map(|r| r.state.clone());
-        let guest_runtime = runtime.clone();
+        let guest_sandbox = sandbox.clone();
         let instance = tokio::task::spawn_blocking(move || match state {
-            Some(state) => runtime.restore_flow(&state, limits).map_err(|e| {
-                flow_err(format!(
-                    "cannot restore flow '{name}' from its snapshot: {e}; \
+            Some(state) => sandbox
+                .restore_flow(&component, &state, limits)
+                .map_err(|e| {
+                    flow_err(format!(
+                        "cannot restore flow '{name}' from its snapshot: {e}; \
                      recreate it with CREATE OR REPLACE FLOW"
-                ))
-            }),
-            None => runtime
-                .create_flow(&plan, &schemas, &guest_options, limits)
+                    ))
+                }),
+            None => sandbox
+                .create_flow(&component, &plan, &schemas, &guest_options, limits)
                 .map_err(|e| guest_error(&name, e)),
         })
         .await
@@ -1083,7 +1091,8 @@ impl FlowManager {
             sink::fit(&fitting, &output).map_err(|message| SqlSnafu { message }.build())?;
         Ok(Prepared {
             instance,
-            runtime: guest_runtime,
+            sandbox: guest_sandbox,
+            component,
             output,
             sources,
             source_fields: compiled
@@ -1135,43 +1144,44 @@ impl FlowManager {
         }
     }
 
-    async fn untrusted_runtime(&self, component: Arc<Vec<u8>>) -> Result<Arc<Runtime>> {
+    /// Registers [`FlowSettings::untrusted_guest`]'s component (once).
+    async fn untrusted(&self, component: Arc<Vec<u8>>) -> Result<Digest> {
+        let (sandbox, _) = self.sandbox().await?;
         let cell = self.untrusted.clone();
         tokio::task::spawn_blocking(move || {
-            cell.get_or_init(|| {
-                Runtime::with_untrusted_component(RuntimeConfig::default(), &component)
-                    .map(Arc::new)
-                    .map_err(|e| e.to_string())
-            })
-            .clone()
+            cell.get_or_init(|| sandbox.register(&component).map_err(|e| e.to_string()))
+                .clone()
         })
         .await
-        .map_err(|e| flow_err(format!("runtime setup task failed: {e}")))?
+        .map_err(|e| flow_err(format!("sandbox setup task failed: {e}")))?
         .map_err(flow_err)
     }
 
-    async fn runtime_async(&self) -> Result<Arc<Runtime>> {
-        if let Some(rt) = self.runtime.get() {
-            return rt.clone().map_err(flow_err);
+    /// The sandbox and the digest of sandflow's engine in it.
+    async fn sandbox(&self) -> Result<(Arc<Sandbox>, Digest)> {
+        if let Some(sb) = self.sandbox.get() {
+            return sb.clone().map_err(flow_err);
         }
-        // First flow: compiling or loading the guest takes a while.
-        let cell = self.runtime.clone();
+        // First flow: compiling or loading the engine takes a while.
+        let cell = self.sandbox.clone();
         let cache_dir = self.settings.cache_dir.clone();
-        let rt = tokio::task::spawn_blocking(move || {
+        let sb = tokio::task::spawn_blocking(move || {
             cell.get_or_init(|| {
                 let config = RuntimeConfig {
                     cache_dir,
                     ..RuntimeConfig::default()
                 };
-                Runtime::new(config)
-                    .map(Arc::new)
-                    .map_err(|e| e.to_string())
+                let sandbox = Sandbox::new(config).map_err(|e| e.to_string())?;
+                let engine = sandbox
+                    .register(crate::engine::component())
+                    .map_err(|e| e.to_string())?;
+                Ok((Arc::new(sandbox), engine))
             })
             .clone()
         })
         .await
-        .map_err(|e| flow_err(format!("runtime setup task failed: {e}")))?;
-        rt.map_err(flow_err)
+        .map_err(|e| flow_err(format!("sandbox setup task failed: {e}")))?;
+        sb.map_err(flow_err)
     }
 
     /// Subscribes the flow to its sources and starts its thread. A new flow
@@ -1246,7 +1256,8 @@ impl FlowManager {
             core: core.clone(),
             limits: p.instance.limits(),
             instance: Some(p.instance),
-            runtime: p.runtime,
+            sandbox: p.sandbox,
+            component: p.component,
             asleep: None,
             sleep_after: self.settings.sleep_after,
             output: p.output,
@@ -1414,7 +1425,8 @@ fn load_recovery(core: &Core, name: &str) -> Result<Option<Recovery>> {
 
 struct Prepared {
     instance: FlowInstance,
-    runtime: Arc<Runtime>,
+    sandbox: Arc<Sandbox>,
+    component: Digest,
     output: Vec<crate::runtime::Field>,
     sources: Vec<Arc<Table>>,
     source_fields: Vec<Vec<crate::runtime::Field>>,

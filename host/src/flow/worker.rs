@@ -22,7 +22,7 @@ use super::arrow::{batch_from_arrow, batch_to_arrow, schema_from_fields};
 use super::sink::{self, SinkColumn};
 use crate::catalog::Table;
 use crate::database::Core;
-use crate::runtime::{Batch, Field, FlowInstance, FlowLimits, Runtime, RuntimeError};
+use crate::runtime::{Batch, Digest, Field, FlowInstance, FlowLimits, RuntimeError, Sandbox};
 use crate::storage::{ChangeBatch, WriteSet};
 
 /// What a flow's thread is asked to do.
@@ -156,8 +156,10 @@ pub(crate) struct Worker {
     /// The flow's sandbox; dropped (its memory returned) when the flow fails
     /// or falls asleep.
     pub instance: Option<FlowInstance>,
-    /// Where the sandbox comes from when a sleeping flow wakes up.
-    pub runtime: Arc<Runtime>,
+    /// Where the instance comes from when a sleeping flow wakes up.
+    pub sandbox: Arc<Sandbox>,
+    /// The flow's component in the sandbox.
+    pub component: Digest,
     /// The state of a sleeping flow (see [`Worker::sleep`]).
     pub asleep: Option<Vec<u8>>,
     /// How long a flow with nothing to do keeps its sandbox before it falls
@@ -340,7 +342,9 @@ impl Worker {
     fn guest(&mut self) -> Result<&mut FlowInstance, Failure> {
         if self.instance.is_none() {
             if let Some(state) = self.asleep.take() {
-                let instance = self.runtime.restore_flow(&state, self.limits)?;
+                let instance = self
+                    .sandbox
+                    .restore_flow(&self.component, &state, self.limits)?;
                 self.instance = Some(instance);
                 if let Ok(mut s) = self.status.lock() {
                     s.asleep = false;

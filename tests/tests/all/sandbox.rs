@@ -4,14 +4,15 @@
 
 use std::time::Duration;
 
-use sandflow::runtime::{FlowLimits, Runtime, RuntimeConfig, RuntimeError};
+use sandflow::runtime::{FlowLimits, RuntimeConfig, RuntimeError};
 use sandflow_engine::types::{Batch, DataType, Field, SourceSchema, Value};
+use sandflow_tests::engine::Runtime;
 use sandflow_tests::engine::{plan, wasm_runtime};
 
 fn hostile_runtime() -> Runtime {
     let bytes = std::fs::read(env!("HOSTILE_GUEST_WASM"))
         .expect("hostile guest was built by tests/build.rs");
-    Runtime::with_untrusted_component(RuntimeConfig::default(), &bytes).expect("hostile runtime")
+    Runtime::with_component(RuntimeConfig::default(), &bytes).expect("hostile runtime")
 }
 
 fn limits() -> FlowLimits {
@@ -224,7 +225,7 @@ fn the_real_guest_is_stopped_by_its_memory_cap_and_others_continue() {
 #[test]
 fn bytes_that_are_not_a_valid_component_are_refused_before_anything_runs() {
     let bad = b"\x00asm\x0d\x00\x01\x00garbage";
-    let err = Runtime::with_untrusted_component(RuntimeConfig::default(), bad)
+    let err = Runtime::with_component(RuntimeConfig::default(), bad)
         .err()
         .expect("garbage bytes accepted");
     assert!(matches!(err, RuntimeError::Setup { .. }), "{err}");
@@ -250,12 +251,9 @@ fn component_importing_evil_socket() -> Vec<u8> {
 
 #[test]
 fn a_component_importing_beyond_the_contract_is_refused_at_load() {
-    let err = Runtime::with_untrusted_component(
-        RuntimeConfig::default(),
-        &component_importing_evil_socket(),
-    )
-    .err()
-    .expect("a component with a foreign import was accepted");
+    let err = Runtime::with_component(RuntimeConfig::default(), &component_importing_evil_socket())
+        .err()
+        .expect("a component with a foreign import was accepted");
     let text = err.to_string();
     assert!(matches!(err, RuntimeError::Setup { .. }), "{text}");
     // Refused by the linker (nothing to satisfy the import), not by the parser.

@@ -2,7 +2,7 @@
 //! and the types generated from the WIT contract, and checks what a guest
 //! returns before the host trusts it.
 
-use super::guest::bindings::sandflow::flow::types as wit;
+use super::component::bindings::sandflow::flow::types as wit;
 use super::{Batch, Column, DataType, Field, FlowError, RuntimeError, SourceSchema, TickOutput};
 
 pub type WitFlowError = wit::FlowError;

@@ -1,33 +1,43 @@
-//! The wasm runtime that hosts flow guests.
+//! sandflow-sandbox: wasmtime hosting for flow components.
 //!
-//! One wasmtime [`Engine`] per process (component model, instances allocated
-//! on demand so that the number of flows is bounded by memory, not a pool),
-//! the guest component compiled once and cached on disk, one `InstancePre`,
-//! and one [`Store`] per flow with its own memory cap and CPU budget per call.
+//! One wasmtime [`Engine`] per [`Sandbox`] (share the sandbox, not one engine
+//! per component), a registry of components keyed by the SHA-256 [`Digest`]
+//! of their bytes with one `InstancePre` each (sandflow's own engine is one
+//! entry like any other), and one [`Store`] per flow with its own memory cap
+//! and CPU budget per call. The CPU budget counts epochs, which a thread
+//! advances every 5 ms in production ([`Epochs::Ticker`]) and a test advances
+//! by hand ([`Epochs::Manual`], [`Sandbox::advance_epoch`]).
+//!
 //! WASI is reduced to nothing: no files, network, environment or arguments;
 //! clocks are frozen at zero and random numbers come from a fixed seed, so a
-//! guest cannot observe anything but what the host pushes into it.
+//! guest cannot observe anything but what the host pushes into it. A
+//! component that imports anything beyond the contract and that WASI is
+//! refused when it is registered.
 //!
 //! A trap, a limit hit or a guest error fails only that flow's instance: the
 //! [`FlowInstance`] is poisoned and every later call returns the same error.
+//! Everything a guest returns is checked with `sandflow_contract` before use.
+//!
+//! Must not know the engine's internals, SQL or storage.
 
+mod component;
 mod convert;
-mod guest;
-mod sandbox;
+mod wasi;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use snafu::Snafu;
-use wasmtime::component::{Component, Linker, ResourceAny};
+use wasmtime::component::{Linker, ResourceAny};
 use wasmtime::{Config, Engine, Store};
 
 pub use sandflow_contract::{Batch, Column, DataType, Field, FlowError, SourceSchema, TickOutput};
 
-use self::guest::bindings::{FlowEngine, FlowEnginePre};
-use self::sandbox::GuestState;
+use self::component::bindings::{FlowEngine, FlowEnginePre};
+use self::wasi::GuestState;
 
 /// Why a runtime or a flow instance failed.
 #[derive(Debug, Snafu, Clone)]
@@ -62,11 +72,42 @@ pub enum RuntimeError {
     Poisoned { message: String },
 }
 
-/// Server-wide settings of the runtime.
+/// The SHA-256 of a component's bytes: its name in a [`Sandbox`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Digest(pub [u8; 32]);
+
+impl Digest {
+    /// The digest of `bytes`.
+    pub fn of(bytes: &[u8]) -> Digest {
+        use sha2::Digest as _;
+        Digest(sha2::Sha256::digest(bytes).into())
+    }
+}
+
+impl std::fmt::Display for Digest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&hex::encode(self.0))
+    }
+}
+
+/// What advances the epochs that CPU budgets are counted in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Epochs {
+    /// A thread, every 5 ms: budgets are wall-clock time.
+    #[default]
+    Ticker,
+    /// Only [`Sandbox::advance_epoch`]: budgets are counted in calls a test
+    /// makes, independent of the machine's speed.
+    Manual,
+}
+
+/// Settings of a sandbox.
 #[derive(Debug, Clone)]
 pub struct RuntimeConfig {
     /// Where compiled components are cached; `None` compiles in memory each start.
     pub cache_dir: Option<PathBuf>,
+    /// What advances the epochs of CPU budgets.
+    pub epochs: Epochs,
     /// How instances get their memory: on demand (the default: any number,
     /// each mapping what it uses), or from a pool of this many slots set up
     /// once (faster to instantiate; for benchmarks).
@@ -79,6 +120,7 @@ impl Default for RuntimeConfig {
     fn default() -> Self {
         RuntimeConfig {
             cache_dir: None,
+            epochs: Epochs::Ticker,
             pool: None,
             max_memory_limit: 4 << 30,
         }
@@ -122,78 +164,102 @@ pub const DEFAULT_OUTPUT_ROWS_PER_TICK: u64 = 10_000_000;
 /// The granularity of CPU budgets: the epoch advances this often.
 const EPOCH_TICK: Duration = Duration::from_millis(5);
 
-/// The process-wide wasm engine and the compiled guest component.
-pub struct Runtime {
+/// One wasm engine, the components registered in it, and the flows' stores;
+/// see the crate docs.
+pub struct Sandbox {
     engine: Engine,
-    pre: FlowEnginePre<GuestState>,
+    linker: Linker<GuestState>,
+    components: RwLock<HashMap<Digest, FlowEnginePre<GuestState>>>,
     config: RuntimeConfig,
     stop_ticker: Arc<AtomicBool>,
 }
 
-impl Drop for Runtime {
+impl std::fmt::Debug for Sandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sandbox").finish_non_exhaustive()
+    }
+}
+
+impl Drop for Sandbox {
     fn drop(&mut self) {
         self.stop_ticker.store(true, Ordering::Relaxed);
     }
 }
 
-impl Runtime {
-    /// A runtime for sandflow's own guest component (embedded at build time).
-    pub fn new(config: RuntimeConfig) -> Result<Runtime, RuntimeError> {
+impl Sandbox {
+    /// A sandbox with no components yet.
+    pub fn new(config: RuntimeConfig) -> Result<Sandbox, RuntimeError> {
         let engine = make_engine(&config)?;
-        let component = guest::load_embedded(&engine, config.cache_dir.as_deref())?;
-        Self::from_component(engine, component, config)
-    }
-
-    /// A runtime for a component other than the embedded one. Only for tests of
-    /// the sandbox itself (hostile guests); the server never calls it.
-    #[doc(hidden)]
-    pub fn with_untrusted_component(
-        config: RuntimeConfig,
-        bytes: &[u8],
-    ) -> Result<Runtime, RuntimeError> {
-        let engine = make_engine(&config)?;
-        let component = Component::new(&engine, bytes).map_err(|e| RuntimeError::Setup {
-            message: format!("cannot compile component: {e}"),
-        })?;
-        Self::from_component(engine, component, config)
-    }
-
-    fn from_component(
-        engine: Engine,
-        component: Component,
-        config: RuntimeConfig,
-    ) -> Result<Runtime, RuntimeError> {
         let mut linker = Linker::<GuestState>::new(&engine);
-        sandbox::add_wasi(&mut linker)?;
-        // Instantiating ahead of time checks every import against the linker:
-        // a component that asks for anything beyond the contract is refused here.
-        let instance_pre = linker
-            .instantiate_pre(&component)
-            .map_err(|e| RuntimeError::Setup {
-                message: format!("guest component does not fit the sandbox: {e:#}"),
-            })?;
-        let pre = FlowEnginePre::new(instance_pre).map_err(|e| RuntimeError::Setup {
-            message: format!("guest component does not implement the flow contract: {e:#}"),
-        })?;
+        wasi::add_wasi(&mut linker)?;
         let stop_ticker = Arc::new(AtomicBool::new(false));
-        spawn_epoch_ticker(engine.clone(), stop_ticker.clone());
-        Ok(Runtime {
+        if config.epochs == Epochs::Ticker {
+            spawn_epoch_ticker(engine.clone(), stop_ticker.clone());
+        }
+        Ok(Sandbox {
             engine,
-            pre,
+            linker,
+            components: RwLock::new(HashMap::new()),
             config,
             stop_ticker,
         })
     }
 
-    /// Instantiates a new flow from a Substrait plan.
+    /// Compiles a component (or loads its compiled form from the cache) and
+    /// checks that it is a flow component whose imports the sandbox provides;
+    /// registering the same bytes again is free. Returns its digest.
+    pub fn register(&self, bytes: &[u8]) -> Result<Digest, RuntimeError> {
+        let digest = Digest::of(bytes);
+        if self.is_registered(&digest) {
+            return Ok(digest);
+        }
+        let component = component::compile(
+            &self.engine,
+            bytes,
+            &digest,
+            self.config.cache_dir.as_deref(),
+        )?;
+        // Instantiating ahead of time checks every import against the linker:
+        // a component that asks for anything beyond the contract is refused here.
+        let instance_pre =
+            self.linker
+                .instantiate_pre(&component)
+                .map_err(|e| RuntimeError::Setup {
+                    message: format!("component {digest} does not fit the sandbox: {e:#}"),
+                })?;
+        let pre = FlowEnginePre::new(instance_pre).map_err(|e| RuntimeError::Setup {
+            message: format!("component {digest} does not implement the flow contract: {e:#}"),
+        })?;
+        if let Ok(mut map) = self.components.write() {
+            map.insert(digest, pre);
+        }
+        Ok(digest)
+    }
+
+    /// Whether a component with this digest is registered.
+    pub fn is_registered(&self, digest: &Digest) -> bool {
+        self.components.read().is_ok_and(|m| m.contains_key(digest))
+    }
+
+    /// Advances the epoch by one (see [`Epochs::Manual`]); a call whose
+    /// budget is `n` epochs traps on the `n`-th advance while it runs.
+    pub fn advance_epoch(&self) {
+        self.engine.increment_epoch();
+    }
+
+    /// How long one epoch lasts with [`Epochs::Ticker`].
+    pub const EPOCH: Duration = EPOCH_TICK;
+
+    /// Instantiates a new flow of `component` from a Substrait plan.
     pub fn create_flow(
         &self,
+        component: &Digest,
         plan: &[u8],
         sources: &[SourceSchema],
         options: &[(String, String)],
         limits: FlowLimits,
     ) -> Result<FlowInstance, RuntimeError> {
-        let mut inst = self.instantiate(limits)?;
+        let mut inst = self.instantiate(component, limits)?;
         let sources: Vec<_> = sources.iter().map(convert::source_to_wit).collect();
         let handle = inst.setup_call(|bindings, store| {
             bindings
@@ -206,13 +272,15 @@ impl Runtime {
         Ok(inst)
     }
 
-    /// Instantiates a flow from a snapshot taken by [`FlowInstance::snapshot`].
+    /// Instantiates a flow of `component` from a snapshot taken by
+    /// [`FlowInstance::snapshot`].
     pub fn restore_flow(
         &self,
+        component: &Digest,
         state: &[u8],
         limits: FlowLimits,
     ) -> Result<FlowInstance, RuntimeError> {
-        let mut inst = self.instantiate(limits)?;
+        let mut inst = self.instantiate(component, limits)?;
         let handle = inst.setup_call(|bindings, store| {
             bindings
                 .sandflow_flow_engine()
@@ -224,7 +292,19 @@ impl Runtime {
         Ok(inst)
     }
 
-    fn instantiate(&self, limits: FlowLimits) -> Result<FlowInstance, RuntimeError> {
+    fn instantiate(
+        &self,
+        component: &Digest,
+        limits: FlowLimits,
+    ) -> Result<FlowInstance, RuntimeError> {
+        let pre = self
+            .components
+            .read()
+            .ok()
+            .and_then(|m| m.get(component).cloned())
+            .ok_or_else(|| RuntimeError::Setup {
+                message: format!("no component {component} is registered in the sandbox"),
+            })?;
         if limits.memory > self.config.max_memory_limit {
             return Err(RuntimeError::Setup {
                 message: format!(
@@ -237,8 +317,7 @@ impl Runtime {
         store.limiter(|state| &mut state.limiter);
         store.epoch_deadline_trap();
         store.set_epoch_deadline(budget_ticks(setup_budget(limits)));
-        let bindings = self
-            .pre
+        let bindings = pre
             .instantiate(&mut store)
             .map_err(|e| classify_trap(e, &store, limits))?;
         Ok(FlowInstance {
