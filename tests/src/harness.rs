@@ -3,7 +3,7 @@
 //! guard that never leaves a server behind.
 //!
 //! The binary is `$SANDFLOW_BIN` when set; otherwise `sandflow-e2e`, which
-//! this package builds from the same `sandflow::server::app::main` as the
+//! this package builds from the same `sandflow_server::app::main` as the
 //! `sandflow` binary, so `cargo test` always runs a fresh build.
 
 use std::io::{BufRead, BufReader, Read, Write};

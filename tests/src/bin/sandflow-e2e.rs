@@ -2,5 +2,5 @@
 //! run a fresh build of the same entry point (see `harness::server_bin`).
 
 fn main() -> std::process::ExitCode {
-    sandflow::server::app::main()
+    sandflow_server::app::main()
 }

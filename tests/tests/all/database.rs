@@ -614,7 +614,7 @@ async fn append_mode_keeps_duplicates() {
 // row, no table, no database, no commit).
 #[tokio::test]
 async fn line_protocol_request_is_one_commit() {
-    use sandflow::server::influx::{write, Precision};
+    use sandflow::influx::{write, Precision};
     let s = Precision::Seconds;
     let dir = TempDir::new();
     let db = Database::open(&dir.0).await.unwrap();

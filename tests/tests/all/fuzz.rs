@@ -37,11 +37,11 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use sandflow::flow::arrow::{batch_from_arrow, batch_to_arrow, fields_from_arrow};
 use sandflow::flow::options::{format_interval, parse_interval, parse_options, parse_size};
-use sandflow::server::sqltext;
 use sandflow::sql::parser::Dialect;
 use sandflow::Database;
 use sandflow_engine::types::{validate_batch, Batch, Column, DataType, Field, SourceSchema, Value};
 use sandflow_engine::{Flow, OPTION_EXPIRE_AFTER_MS};
+use sandflow_server::sqltext;
 use sandflow_tests::engine::{plan, random_row, record_batch};
 
 // ---------------------------------------------------------------------------

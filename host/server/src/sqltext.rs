@@ -2,7 +2,7 @@
 
 /// `'text'` with quotes doubled.
 pub fn quote_literal(s: &str) -> String {
-    crate::sql::quote_literal(s)
+    sandflow::sql::quote_literal(s)
 }
 
 /// `"ident"` with quotes doubled.

@@ -42,11 +42,11 @@ use tokio::sync::Semaphore;
 use tracing::{debug, warn};
 
 use crate::config::Config;
-use crate::database::{Database, Output};
-use crate::error::Error;
-use crate::server::influx;
-use crate::server::metrics::{self, FrontDoor};
-use crate::server::origin::{self, AllowedHosts};
+use crate::origin::{self, AllowedHosts};
+use sandflow::database::{Database, Output};
+use sandflow::error::Error;
+use sandflow::influx;
+use sandflow::metrics::{self, FrontDoor};
 
 /// What the HTTP front door allows its clients (see the module docs).
 #[derive(Debug, Clone)]
@@ -311,7 +311,7 @@ async fn sql_get(
         // A text that does not parse runs nothing: if it is meant as a query,
         // the usual path reports its syntax error.
         Err(_) => matches!(
-            crate::sql::parser::leading_keywords(sql, 1)
+            sandflow::sql::parser::leading_keywords(sql, 1)
                 .first()
                 .map(String::as_str),
             Some("SELECT" | "WITH" | "VALUES" | "TABLE" | "EXPLAIN" | "SHOW" | "DESC" | "DESCRIBE")
@@ -423,7 +423,7 @@ async fn run_sql(
         session.set_deadline(Some(started + d));
     }
     let result = session.execute(sql).await;
-    if let (Some(limit), Err(crate::Error::Cancelled { .. })) = (limit, &result) {
+    if let (Some(limit), Err(sandflow::Error::Cancelled { .. })) = (limit, &result) {
         return timed_out(limit, &state.settings, started);
     }
     match result {

@@ -4,7 +4,7 @@
 //! Anything in the process can add its own series:
 //!
 //! ```
-//! use sandflow::server::metrics;
+//! use sandflow::metrics;
 //! let ticks = metrics::global().counter("sandflow_flow_ticks_total", "Flow ticks run.", &[("flow", "f1")]);
 //! ticks.inc();
 //! metrics::global().gauge_fn("sandflow_flows", "Flows running.", &[], || 3.0);

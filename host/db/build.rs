@@ -14,7 +14,8 @@ fn main() {
         PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let root = manifest_dir
         .parent()
-        .expect("host/ lives in the workspace root")
+        .and_then(|p| p.parent())
+        .expect("host/db/ lives two levels below the workspace root")
         .to_path_buf();
     for path in [
         "guest/src",

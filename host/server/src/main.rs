@@ -1,5 +1,5 @@
 //! The `sandflow` binary; see `sandflow --help`.
 
 fn main() -> std::process::ExitCode {
-    sandflow::server::app::main()
+    sandflow_server::app::main()
 }

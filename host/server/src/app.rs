@@ -11,8 +11,9 @@ use tracing::{error, info};
 use tracing_subscriber::EnvFilter;
 
 use crate::config::{Cli, Command, Config};
-use crate::database::Database;
-use crate::server::{http, metrics, pg};
+use crate::{http, pg};
+use sandflow::database::Database;
+use sandflow::metrics;
 
 /// The whole binary: parses the command line and runs it.
 pub fn main() -> ExitCode {
@@ -94,7 +95,7 @@ pub async fn start(
 ) -> Result<(), String> {
     let _ = metrics::global();
     info!(data_dir = %config.data_dir.display(), "opening database");
-    let mut flows = crate::flow::FlowSettings {
+    let mut flows = sandflow::flow::FlowSettings {
         tick_interval: config.flow.tick_interval,
         ..Default::default()
     };
@@ -138,7 +139,7 @@ pub async fn start(
             pg::PgOptions {
                 max_connections: config.max_connections,
                 startup_timeout: config.startup_timeout,
-                session: crate::session::SessionDefaults {
+                session: sandflow::session::SessionDefaults {
                     statement_timeout: config.statement_timeout,
                 },
             },

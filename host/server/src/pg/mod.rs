@@ -63,15 +63,15 @@ use tokio::sync::{oneshot, watch, Mutex, Notify, Semaphore};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
-use crate::database::{Database, Output};
-use crate::error::Error;
-use crate::server::metrics::FrontDoor;
-use crate::server::pg_catalog::pg_session_context;
-use crate::session::{
+use crate::pg_catalog::pg_session_context;
+use conn::{Hangup, Marker};
+use sandflow::database::{Database, Output};
+use sandflow::error::Error;
+use sandflow::metrics::FrontDoor;
+use sandflow::session::{
     Dialect, Session, SessionDefaults, Statement, StatementKind, TransactionStatus as SessionStatus,
 };
-use crate::sql::copy::{CopyFormat, CopySpec};
-use conn::{Hangup, Marker};
+use sandflow::sql::copy::{CopyFormat, CopySpec};
 
 /// How long shutdown waits for statements in flight.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -424,7 +424,7 @@ impl PgService {
             return copy_out_response(&spec.format, &schema, batches);
         }
         let columns = match &spec.data {
-            crate::sql::copy::CopyData::Table { table, columns } => {
+            sandflow::sql::copy::CopyData::Table { table, columns } => {
                 if columns.is_empty() {
                     self.db
                         .table(&format!("{}.{}", table.database, table.table))
@@ -436,7 +436,7 @@ impl PgService {
                     columns.len()
                 }
             }
-            crate::sql::copy::CopyData::Query(_) => {
+            sandflow::sql::copy::CopyData::Query(_) => {
                 return Err(user_error("42601", "COPY FROM needs a table"))
             }
         };
@@ -912,7 +912,7 @@ impl CopyHandler for PgService {
         };
         let mut session = conn.session.lock().await;
         let result = async {
-            let rows = crate::sql::copy::decode(&copy.spec.format, &copy.data, copy.columns)
+            let rows = sandflow::sql::copy::decode(&copy.spec.format, &copy.data, copy.columns)
                 .map_err(db_error)?;
             let (stop, watcher) = conn.stop_signal().await;
             let n = session.copy_in(&copy.spec, rows, Some(stop)).await;
@@ -1081,7 +1081,7 @@ impl PgWireServerHandlers for PgHandlers {
 impl PgHandlers {
     /// Installs pg_catalog into a context over the database's catalog and
     /// builds the handlers.
-    pub fn new(db: Arc<Database>, options: PgOptions) -> crate::Result<PgHandlers> {
+    pub fn new(db: Arc<Database>, options: PgOptions) -> sandflow::Result<PgHandlers> {
         let base = pg_session_context(&db.session_context()).map_err(|e| Error::Internal {
             message: format!("cannot install pg_catalog: {e}"),
         })?;
@@ -1232,9 +1232,9 @@ mod tests {
     #[test]
     fn nesting_guard_is_statement_too_complex_and_syntax_errors_stay_42601() {
         let deep = format!("SELECT {}1{}", "(".repeat(70), ")".repeat(70));
-        let e = crate::sql::parser::parse(&deep).unwrap_err();
+        let e = sandflow::sql::parser::parse(&deep).unwrap_err();
         assert_eq!(sqlstate(&e), "54001", "{e}");
-        let e = crate::sql::parser::parse("SELEC 1").unwrap_err();
+        let e = sandflow::sql::parser::parse("SELEC 1").unwrap_err();
         assert_eq!(sqlstate(&e), "42601", "{e}");
     }
 }

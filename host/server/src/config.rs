@@ -37,9 +37,7 @@ use snafu::{ResultExt, Snafu};
 pub const DEFAULT_DATA_DIR: &str = "./sandflow-data";
 pub const DEFAULT_POSTGRES_ADDR: &str = "127.0.0.1:4003";
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:4000";
-/// Under continuous input a flow ticks at most this often; its sink lags its
-/// sources by about this much. Each tick is one durable sink commit.
-pub const DEFAULT_TICK_INTERVAL: Duration = Duration::from_millis(200);
+pub use sandflow::flow::DEFAULT_TICK_INTERVAL;
 /// Open connections each front door accepts at once.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 /// A PostgreSQL client must complete its startup within this.
@@ -270,17 +268,17 @@ pub struct FlowConfig {
 
 impl Default for FlowConfig {
     fn default() -> Self {
-        let limits = crate::runtime::FlowLimits::default();
+        let limits = sandflow::runtime::FlowLimits::default();
         FlowConfig {
             tick_interval: DEFAULT_TICK_INTERVAL,
             memory_limit: limits.memory,
             cpu_limit_per_tick: limits.cpu_per_call,
             output_rows_limit_per_tick: limits.output_rows_per_tick,
             state_size_limit: limits.state_size,
-            max_restarts: crate::flow::DEFAULT_MAX_RESTARTS,
-            restart_backoff: crate::flow::DEFAULT_RESTART_BACKOFF,
-            max_flows: crate::flow::DEFAULT_MAX_FLOWS,
-            sleep_after: Some(crate::flow::DEFAULT_SLEEP_AFTER),
+            max_restarts: sandflow::flow::DEFAULT_MAX_RESTARTS,
+            restart_backoff: sandflow::flow::DEFAULT_RESTART_BACKOFF,
+            max_flows: sandflow::flow::DEFAULT_MAX_FLOWS,
+            sleep_after: Some(sandflow::flow::DEFAULT_SLEEP_AFTER),
         }
     }
 }
@@ -440,13 +438,13 @@ impl Config {
             .as_deref()
             .or(file.flow.memory_limit.as_deref())
         {
-            Some(s) => {
-                crate::flow::options::parse_size(s).map_err(|message| ConfigError::InvalidSize {
+            Some(s) => sandflow::flow::options::parse_size(s).map_err(|message| {
+                ConfigError::InvalidSize {
                     what: "flow.memory_limit".into(),
                     value: s.to_string(),
                     message,
-                })?
-            }
+                }
+            })?,
             None => defaults.memory_limit,
         };
         let cpu_limit_per_tick = match args
@@ -458,7 +456,7 @@ impl Config {
             None => defaults.cpu_limit_per_tick,
         };
         let count = |what: &str, value: String| {
-            crate::flow::options::parse_count(&value).map_err(|message| {
+            sandflow::flow::options::parse_count(&value).map_err(|message| {
                 ConfigError::InvalidNumber {
                     what: what.into(),
                     value,
@@ -479,7 +477,7 @@ impl Config {
             .as_deref()
             .or(file.flow.state_size_limit.as_deref())
         {
-            Some(s) => Some(crate::flow::options::parse_size(s).map_err(|message| {
+            Some(s) => Some(sandflow::flow::options::parse_size(s).map_err(|message| {
                 ConfigError::InvalidSize {
                     what: "flow.state_size_limit".into(),
                     value: s.to_string(),
@@ -788,7 +786,7 @@ mod tests {
         assert_eq!(c.flow.max_restarts, 0);
         assert_eq!(c.flow.restart_backoff, Duration::from_millis(250));
         let d = Config::merge(&StartArgs::default(), FileConfig::default()).unwrap();
-        assert_eq!(d.flow.max_restarts, crate::flow::DEFAULT_MAX_RESTARTS);
+        assert_eq!(d.flow.max_restarts, sandflow::flow::DEFAULT_MAX_RESTARTS);
         assert_eq!(d.flow.state_size_limit, None);
         for (args, what) in [
             (

@@ -105,7 +105,7 @@ pub const MAX_RESTART_BACKOFF: Duration = Duration::from_secs(60);
 impl Default for FlowSettings {
     fn default() -> Self {
         FlowSettings {
-            tick_interval: crate::config::DEFAULT_TICK_INTERVAL,
+            tick_interval: DEFAULT_TICK_INTERVAL,
             default_limits: FlowLimits::default(),
             cache_dir: None,
             snapshot_interval: Duration::from_secs(10),
@@ -118,6 +118,9 @@ impl Default for FlowSettings {
     }
 }
 
+/// Under continuous input a flow ticks at most this often; its sink lags its
+/// sources by about this much. Each tick is one durable sink commit.
+pub const DEFAULT_TICK_INTERVAL: Duration = Duration::from_millis(200);
 /// Default of [`FlowSettings::max_flows`].
 pub const DEFAULT_MAX_FLOWS: usize = 10_000;
 /// Default of [`FlowSettings::sleep_after`].
@@ -1330,7 +1333,7 @@ const METRICS: [(&str, &str); 7] = [
 
 /// Per-flow series on /metrics, read from the flow's status at scrape time.
 fn register_metrics(name: &str, status: &SharedStatus) {
-    let registry = crate::server::metrics::global();
+    let registry = crate::metrics::global();
     for (i, (metric, help)) in METRICS.iter().enumerate() {
         let weak = Arc::downgrade(status);
         registry.gauge_fn(metric, help, &[("flow", name)], move || {
@@ -1350,7 +1353,7 @@ fn register_metrics(name: &str, status: &SharedStatus) {
 }
 
 fn unregister_metrics(name: &str) {
-    let registry = crate::server::metrics::global();
+    let registry = crate::metrics::global();
     for (metric, _) in METRICS {
         registry.remove(metric, &[("flow", name)]);
     }

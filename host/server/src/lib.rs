@@ -1,0 +1,16 @@
+//! sandflow-server: the front doors of a sandflow database and the `sandflow`
+//! binary. The PostgreSQL wire protocol (`pg`), HTTP with the InfluxDB line
+//! protocol (`http`), the settings from flags, environment and TOML
+//! (`config`), and `sandflow start` (`app`).
+//!
+//! Must not know storage, the catalog's internals or flows' insides: it
+//! reaches the database through `sandflow::Database` and
+//! `sandflow::Session` only.
+
+pub mod app;
+pub mod config;
+pub mod http;
+pub mod origin;
+pub mod pg;
+pub mod pg_catalog;
+pub mod sqltext;
