@@ -1,0 +1,800 @@
+//! One flow at run time, as a state machine: [`Runner::step`] takes an
+//! [`Event`] and returns an [`Outcome`]; everything it needs comes through its
+//! ports.
+//!
+//! What a step does:
+//!
+//! 1. Pulls input: reads each source's change log part by part after its
+//!    position and pushes the parts into the guest, stamped with the time.
+//!    After a crash the first reads replay, silently, what the sink already
+//!    shows (from the snapshot's positions up to the written ones): the guest
+//!    catches up and its output is dropped. At most `parts_per_step` parts are
+//!    read per step unless the step is a flush or a stop; with more left, the
+//!    outcome says to run again at once.
+//! 2. Ticks when input is pending and a tick interval has passed since the
+//!    last tick (at once if the flow was idle), when the guest asked for a
+//!    wake-up, and always for a flush or a stop: drains the guest's output at
+//!    the tick time (at most `output_rows_per_tick` rows), checks its state
+//!    size, and commits the output with the positions (and, every
+//!    `snapshot_interval` or when forced, the state) through the sink port.
+//! 3. Says when to wake it next: the next tick, the guest's wake-up, or the
+//!    moment it may fall asleep (`sleep_after` without anything to do: the
+//!    state is kept as a snapshot and the guest released until input comes).
+//!
+//! A failure (a trap, a limit, a storage error, a stale fence) stops the
+//! runner for good; the driver decides about restarting it.
+
+use std::sync::Arc;
+
+use sandflow_contract::Batch;
+
+use crate::clock::Clock;
+use crate::ports::{ChangeLog, Commit, Failure, Guest, Position, SinkCommitter, Waker};
+
+/// What drives a runner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// A source has new changes (or the runner just started).
+    Input,
+    /// A time the runner asked for has come.
+    Timer,
+    /// Process everything committed to the sources so far and write it back.
+    Flush,
+    /// Write back what is pending, snapshot, and stop (a clean shutdown).
+    Stop,
+}
+
+/// What the driver should do after a step.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Outcome {
+    /// Step again with [`Event::Timer`] at this time (ms).
+    pub wake_at: Option<i64>,
+    /// Step again at once: input is left that the step's budget did not cover.
+    pub again: bool,
+    /// The answer to a [`Event::Flush`]: sink rows written since the previous
+    /// flush, or why the flow cannot flush.
+    pub flushed: Option<Result<u64, Failure>>,
+    /// The runner failed in this step.
+    pub failed: Option<Failure>,
+}
+
+/// Settings of a runner.
+#[derive(Debug, Clone)]
+pub struct RunnerConfig {
+    /// The flow's name (for messages).
+    pub name: String,
+    /// At most one tick per interval under continuous input (ms).
+    pub tick_interval_ms: i64,
+    /// How often a tick also commits a snapshot (ms).
+    pub snapshot_interval_ms: i64,
+    /// Idle time after which the guest is put to sleep; `None`: never.
+    pub sleep_after_ms: Option<i64>,
+    /// The most sink rows one tick may produce; more fails the flow.
+    pub output_rows_per_tick: u64,
+    /// The largest state the guest may report; more fails the flow.
+    pub state_size_limit: Option<u64>,
+    /// Parts of input read per step (flushes and stops read everything).
+    pub parts_per_step: usize,
+    /// The fence every commit carries.
+    pub fence: u64,
+}
+
+impl RunnerConfig {
+    /// Defaults for a flow called `name`.
+    pub fn new(name: impl Into<String>) -> RunnerConfig {
+        RunnerConfig {
+            name: name.into(),
+            tick_interval_ms: 200,
+            snapshot_interval_ms: 10_000,
+            sleep_after_ms: None,
+            output_rows_per_tick: 10_000_000,
+            state_size_limit: None,
+            parts_per_step: 64,
+            fence: 0,
+        }
+    }
+}
+
+/// Where a runner starts: after its snapshot (`None`: from an empty state),
+/// with the written positions up to which input is replayed silently.
+#[derive(Debug, Clone, Default)]
+pub struct Recovery {
+    /// Per source, the position the guest's state reflects.
+    pub positions: Vec<Position>,
+    /// Per source, the position the sink reflects (at least `positions`).
+    pub written: Vec<Position>,
+    /// Whether the state came from a snapshot (else the guest is fresh and
+    /// its first tick also snapshots).
+    pub from_snapshot: bool,
+}
+
+/// A runner's facts for the world: what `information_schema.flows` shows.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunStatus {
+    /// Why it stopped, if it failed.
+    pub failure: Option<Failure>,
+    /// The time of the last tick that ran.
+    pub last_execution_ms: Option<i64>,
+    /// Bytes of operator state at the last tick.
+    pub state_size: u64,
+    /// Sink rows written by this runner.
+    pub rows_written: u64,
+    /// When the oldest input the sink does not show yet was noticed.
+    pub pending_since_ms: Option<i64>,
+    /// Whether the guest is asleep.
+    pub asleep: bool,
+    /// Per source, the positions of the last committed snapshot (`None`: no
+    /// snapshot yet): the change log may be trimmed up to them.
+    pub snapshot_positions: Option<Vec<Position>>,
+}
+
+enum Slot {
+    Awake(Box<dyn Guest>),
+    Asleep(Vec<u8>),
+    Gone,
+}
+
+/// One flow at run time; see the module docs.
+pub struct Runner {
+    cfg: RunnerConfig,
+    clock: Arc<dyn Clock>,
+    log: Box<dyn ChangeLog>,
+    sink: Box<dyn SinkCommitter>,
+    waker: Arc<dyn Waker>,
+    guest: Slot,
+    /// Per source, the position of the input pushed into the guest.
+    consumed: Vec<Position>,
+    /// Per source, up to where input is replayed without writing.
+    silent_until: Vec<Position>,
+    silent: bool,
+    /// Input pushed (or noticed) that no tick has written back yet.
+    pending: bool,
+    /// The first tick of a runner without a snapshot snapshots.
+    needs_snapshot: bool,
+    last_tick: Option<i64>,
+    last_snapshot: Option<i64>,
+    last_activity: i64,
+    guest_wakeup: Option<i64>,
+    rows_at_flush: u64,
+    /// The latest time read: time never goes backwards for a runner.
+    last_now: i64,
+    status: RunStatus,
+}
+
+impl std::fmt::Debug for Runner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runner")
+            .field("name", &self.cfg.name)
+            .field("consumed", &self.consumed)
+            .field("status", &self.status)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Runner {
+    /// A runner for a guest at `recovery`'s positions.
+    pub fn new(
+        cfg: RunnerConfig,
+        clock: Arc<dyn Clock>,
+        log: Box<dyn ChangeLog>,
+        sink: Box<dyn SinkCommitter>,
+        waker: Arc<dyn Waker>,
+        guest: Box<dyn Guest>,
+        recovery: Recovery,
+    ) -> Runner {
+        let now = clock.now_ms();
+        let silent = recovery
+            .written
+            .iter()
+            .zip(&recovery.positions)
+            .any(|(w, p)| w > p);
+        let snapshot_positions = recovery.from_snapshot.then(|| recovery.positions.clone());
+        Runner {
+            cfg,
+            clock,
+            log,
+            sink,
+            waker,
+            guest: Slot::Awake(guest),
+            silent_until: recovery.written,
+            consumed: recovery.positions,
+            silent,
+            pending: false,
+            needs_snapshot: !recovery.from_snapshot,
+            last_tick: None,
+            last_snapshot: None,
+            last_activity: now,
+            guest_wakeup: None,
+            rows_at_flush: 0,
+            last_now: now,
+            status: RunStatus {
+                snapshot_positions,
+                ..RunStatus::default()
+            },
+        }
+    }
+
+    /// The flow's name.
+    pub fn name(&self) -> &str {
+        &self.cfg.name
+    }
+
+    /// What the runner shows the world.
+    pub fn status(&self) -> &RunStatus {
+        &self.status
+    }
+
+    /// Per source, the position of the input pushed so far.
+    pub fn positions(&self) -> &[Position] {
+        &self.consumed
+    }
+
+    fn now(&mut self) -> i64 {
+        self.last_now = self.last_now.max(self.clock.now_ms());
+        self.last_now
+    }
+
+    /// Handles one event; see the module docs.
+    pub fn step(&mut self, event: Event) -> Outcome {
+        let mut out = Outcome::default();
+        if let Some(f) = &self.status.failure {
+            if event == Event::Flush {
+                out.flushed = Some(Err(f.clone()));
+            }
+            return out;
+        }
+        match self.run(event, &mut out) {
+            Ok(()) => {}
+            Err(f) => {
+                self.fail(f.clone());
+                if event == Event::Flush {
+                    out.flushed = Some(Err(f.clone()));
+                }
+                out.failed = Some(f);
+                out.wake_at = None;
+                out.again = false;
+            }
+        }
+        out
+    }
+
+    fn run(&mut self, event: Event, out: &mut Outcome) -> Result<(), Failure> {
+        let now = self.now();
+        let everything = matches!(event, Event::Flush | Event::Stop);
+        if event == Event::Input && self.status.pending_since_ms.is_none() {
+            self.status.pending_since_ms = Some(now);
+        }
+        // An idle guest falls asleep when its time comes.
+        if event == Event::Timer && self.may_sleep(now) {
+            self.sleep()?;
+            return Ok(());
+        }
+        let mut more = self.pull(now, everything)?;
+        if self.silent && !more {
+            // Caught up with what the sink shows: the replay's tick writes
+            // nothing; then the input after it.
+            self.tick(now, false)?;
+            more = self.pull(now, everything)?;
+        }
+        let tick_due = self.pending
+            && self
+                .last_tick
+                .is_none_or(|t| now >= t + self.cfg.tick_interval_ms);
+        let wakeup_due = self.guest_wakeup.is_some_and(|w| now >= w);
+        if everything || tick_due || wakeup_due {
+            let written = self.tick(now, event == Event::Stop)?;
+            if event == Event::Flush {
+                let _ = written;
+                out.flushed = Some(Ok(self.status.rows_written - self.rows_at_flush));
+                self.rows_at_flush = self.status.rows_written;
+            }
+        }
+        if event == Event::Stop {
+            return Ok(());
+        }
+        out.again = more;
+        out.wake_at = self.next_wake(now);
+        Ok(())
+    }
+
+    /// Reads and pushes input; returns whether input is left (the budget ran
+    /// out first).
+    fn pull(&mut self, now: i64, everything: bool) -> Result<bool, Failure> {
+        let sources = self.consumed.len();
+        let mut parts = 0usize;
+        let mut done = vec![false; sources];
+        loop {
+            let mut progressed = false;
+            for s in 0..sources {
+                if done[s] {
+                    continue;
+                }
+                if !everything && parts >= self.cfg.parts_per_step {
+                    return Ok(true);
+                }
+                let after = self.consumed[s];
+                if self.silent && after >= self.silent_until[s] {
+                    done[s] = true;
+                    continue;
+                }
+                match self.log.read(s as u32, after)? {
+                    None => done[s] = true,
+                    Some(chunk) => {
+                        if chunk.end <= after {
+                            return Err(Failure::permanent(format!(
+                                "the change log of source {s} did not move past {after:?}"
+                            )));
+                        }
+                        let mut batch = chunk.batch;
+                        if batch.rows > 0 {
+                            batch.times = vec![now];
+                            self.guest()?.push(s as u32, batch)?;
+                            if !self.silent {
+                                self.pending = true;
+                                if self.status.pending_since_ms.is_none() {
+                                    self.status.pending_since_ms = Some(now);
+                                }
+                            }
+                        }
+                        self.consumed[s] = chunk.end;
+                        self.last_activity = now;
+                        parts += 1;
+                        progressed = true;
+                    }
+                }
+            }
+            if done.iter().all(|d| *d) || !progressed {
+                return Ok(false);
+            }
+        }
+    }
+
+    fn guest(&mut self) -> Result<&mut Box<dyn Guest>, Failure> {
+        if let Slot::Asleep(state) = &self.guest {
+            let guest = self.waker.restore(state)?;
+            self.guest = Slot::Awake(guest);
+            self.status.asleep = false;
+        }
+        match &mut self.guest {
+            Slot::Awake(g) => Ok(g),
+            _ => Err(Failure::permanent("the flow's guest is gone after a failure")),
+        }
+    }
+
+    fn may_sleep(&self, now: i64) -> bool {
+        matches!(self.guest, Slot::Awake(_))
+            && !self.pending
+            && !self.silent
+            && self.guest_wakeup.is_none()
+            && self
+                .cfg
+                .sleep_after_ms
+                .is_some_and(|after| now >= self.last_activity + after)
+    }
+
+    /// Keeps the state as a snapshot and releases the guest.
+    fn sleep(&mut self) -> Result<(), Failure> {
+        let state = self.guest()?.snapshot()?;
+        self.guest = Slot::Asleep(state);
+        self.status.asleep = true;
+        Ok(())
+    }
+
+    /// Drains the guest at `now` and writes the output back (dropped while
+    /// replaying silently). Returns the sink rows written.
+    fn tick(&mut self, now: i64, force_snapshot: bool) -> Result<u64, Failure> {
+        let limit = self.cfg.output_rows_per_tick;
+        let mut output: Vec<Batch> = Vec::new();
+        let mut rows = 0u64;
+        let wakeup = loop {
+            let t = self.guest()?.tick(now)?;
+            if t.output.rows > 0 {
+                rows += u64::from(t.output.rows);
+                if rows > limit {
+                    return Err(Failure::permanent(format!(
+                        "flow produced more than {limit} sink rows in one tick and was stopped; \
+                         raise output_rows_limit_per_tick or make the query produce fewer rows \
+                         (fewer groups, a filter, EXPIRE AFTER)"
+                    )));
+                }
+                output.push(t.output);
+            }
+            if !t.more {
+                break t.next_wakeup;
+            }
+        };
+        self.last_tick = Some(now);
+        self.last_activity = now;
+        self.guest_wakeup = wakeup;
+        if self.silent {
+            // The sink already shows this: the guest has caught up.
+            self.silent = self
+                .consumed
+                .iter()
+                .zip(&self.silent_until)
+                .any(|(c, w)| c < w);
+            return Ok(0);
+        }
+        let state_size = self.guest()?.state_size()?;
+        if let Some(max) = self.cfg.state_size_limit {
+            if state_size > max {
+                return Err(Failure::permanent(format!(
+                    "flow state grew to {state_size} bytes, over its state_size_limit of {max} \
+                     bytes, and the flow was stopped; raise state_size_limit, add EXPIRE AFTER or \
+                     reduce the number of groups"
+                )));
+            }
+        }
+        let snapshot_due = force_snapshot
+            || self.needs_snapshot
+            || self
+                .last_snapshot
+                .is_none_or(|t| now - t >= self.cfg.snapshot_interval_ms);
+        let moved = self.status.snapshot_positions.as_deref() != Some(&self.consumed[..]);
+        let snapshot = if snapshot_due && (moved || self.needs_snapshot) {
+            Some(self.guest()?.snapshot()?)
+        } else {
+            None
+        };
+        let written = if rows > 0 || snapshot.is_some() {
+            self.sink.commit(Commit {
+                output: &output,
+                now,
+                positions: &self.consumed,
+                snapshot: snapshot.as_deref(),
+                fence: self.cfg.fence,
+            })?
+        } else {
+            0
+        };
+        if snapshot.is_some() {
+            self.last_snapshot = Some(now);
+            self.needs_snapshot = false;
+            self.status.snapshot_positions = Some(self.consumed.clone());
+        }
+        self.pending = false;
+        self.status.pending_since_ms = None;
+        self.status.last_execution_ms = Some(now);
+        self.status.state_size = state_size;
+        self.status.rows_written += written;
+        Ok(written)
+    }
+
+    fn next_wake(&self, now: i64) -> Option<i64> {
+        let interval = self.cfg.tick_interval_ms;
+        let mut at: Option<i64> = None;
+        let mut earliest = |t: i64| at = Some(at.map_or(t, |a| a.min(t)));
+        if self.pending {
+            earliest(self.last_tick.map_or(now, |t| t + interval).max(now));
+        }
+        if let Some(w) = self.guest_wakeup {
+            // A wake-up never comes sooner than a tick interval after a tick.
+            let after_tick = self.last_tick.map_or(now, |t| t + interval);
+            earliest(w.max(after_tick).max(now));
+        }
+        if let (Some(after), Slot::Awake(_)) = (self.cfg.sleep_after_ms, &self.guest) {
+            if !self.pending && self.guest_wakeup.is_none() {
+                earliest((self.last_activity + after).max(now));
+            }
+        }
+        at
+    }
+
+    fn fail(&mut self, f: Failure) {
+        // A failed runner holds no guest: its memory goes back now.
+        self.guest = Slot::Gone;
+        self.status.asleep = false;
+        self.status.failure = Some(f);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::VirtualClock;
+    use crate::ports::Chunk;
+    use sandflow_contract::{Column, TickOutput};
+    use std::sync::Mutex;
+
+    /// A log of integer rows per source: `entries[s]` = (seq, values).
+    #[derive(Clone, Default)]
+    struct Log(Arc<Mutex<Vec<Vec<(u64, Vec<i64>)>>>>);
+
+    impl ChangeLog for Log {
+        fn read(&mut self, source: u32, after: Position) -> Result<Option<Chunk>, Failure> {
+            let log = self.0.lock().unwrap();
+            let next = log[source as usize]
+                .iter()
+                .find(|(seq, _)| Position::after_commit(*seq) > after);
+            Ok(next.map(|(seq, values)| Chunk {
+                batch: Batch {
+                    rows: values.len() as u32,
+                    columns: vec![Column {
+                        ints: values.clone(),
+                        floats: vec![],
+                        bytes: vec![],
+                        offsets: vec![],
+                        nulls: vec![0; values.len()],
+                    }],
+                    times: vec![],
+                    diffs: vec![1; values.len()],
+                },
+                end: Position::after_commit(*seq),
+            }))
+        }
+    }
+
+    /// Sums what it is given; outputs the sum (as -old +new) at each tick
+    /// that saw input. State: the sum and the last output.
+    struct SumGuest {
+        sum: i64,
+        shown: Option<i64>,
+        dirty: bool,
+    }
+
+    fn one(v: i64, diff: i64) -> Batch {
+        Batch {
+            rows: 1,
+            columns: vec![Column {
+                ints: vec![v],
+                floats: vec![],
+                bytes: vec![],
+                offsets: vec![],
+                nulls: vec![0],
+            }],
+            times: vec![0],
+            diffs: vec![diff],
+        }
+    }
+
+    impl Guest for SumGuest {
+        fn push(&mut self, _source: u32, batch: Batch) -> Result<(), Failure> {
+            self.sum += batch.columns[0].ints.iter().sum::<i64>();
+            self.dirty = true;
+            Ok(())
+        }
+        fn tick(&mut self, _now: i64) -> Result<TickOutput, Failure> {
+            let mut output = Batch::default();
+            if self.dirty && self.shown != Some(self.sum) {
+                let mut rows = Vec::new();
+                if let Some(old) = self.shown {
+                    rows.push(one(old, -1));
+                }
+                rows.push(one(self.sum, 1));
+                output = Batch {
+                    rows: rows.len() as u32,
+                    columns: vec![Column {
+                        ints: rows.iter().map(|b| b.columns[0].ints[0]).collect(),
+                        floats: vec![],
+                        bytes: vec![],
+                        offsets: vec![],
+                        nulls: vec![0; rows.len()],
+                    }],
+                    times: vec![0],
+                    diffs: rows.iter().map(|b| b.diffs[0]).collect(),
+                };
+                self.shown = Some(self.sum);
+            }
+            self.dirty = false;
+            Ok(TickOutput {
+                output,
+                more: false,
+                next_wakeup: None,
+            })
+        }
+        fn snapshot(&mut self) -> Result<Vec<u8>, Failure> {
+            let mut v = self.sum.to_le_bytes().to_vec();
+            v.extend_from_slice(&self.shown.unwrap_or(i64::MIN).to_le_bytes());
+            Ok(v)
+        }
+        fn state_size(&mut self) -> Result<u64, Failure> {
+            Ok(16)
+        }
+    }
+
+    struct Wake;
+    impl Waker for Wake {
+        fn restore(&self, state: &[u8]) -> Result<Box<dyn Guest>, Failure> {
+            let sum = i64::from_le_bytes(state[..8].try_into().unwrap());
+            let shown = i64::from_le_bytes(state[8..16].try_into().unwrap());
+            Ok(Box::new(SumGuest {
+                sum,
+                shown: (shown != i64::MIN).then_some(shown),
+                dirty: false,
+            }))
+        }
+    }
+
+    /// The sink: the one value it shows, and every commit.
+    #[derive(Clone, Default)]
+    struct Sink(Arc<Mutex<SinkState>>);
+    #[derive(Default)]
+    struct SinkState {
+        value: Option<i64>,
+        commits: Vec<(i64, Vec<Position>, bool)>,
+        snapshot: Option<(Vec<Position>, Vec<u8>)>,
+        written: Vec<Position>,
+        fence: u64,
+    }
+
+    impl SinkCommitter for Sink {
+        fn commit(&mut self, c: Commit<'_>) -> Result<u64, Failure> {
+            let mut s = self.0.lock().unwrap();
+            if c.fence != s.fence {
+                return Err(Failure::fenced("stale fence"));
+            }
+            let mut n = 0;
+            for b in c.output {
+                for (i, v) in b.columns[0].ints.iter().enumerate() {
+                    let d = sandflow_contract::per_row(&b.diffs, i);
+                    if d > 0 {
+                        s.value = Some(*v);
+                    } else if s.value == Some(*v) {
+                        s.value = None;
+                    }
+                    n += 1;
+                }
+            }
+            s.commits
+                .push((c.now, c.positions.to_vec(), c.snapshot.is_some()));
+            if let Some(state) = c.snapshot {
+                s.snapshot = Some((c.positions.to_vec(), state.to_vec()));
+            }
+            s.written = c.positions.to_vec();
+            Ok(n)
+        }
+    }
+
+    fn runner(clock: &Arc<VirtualClock>, log: &Log, sink: &Sink, recovery: Recovery) -> Runner {
+        let mut cfg = RunnerConfig::new("f");
+        cfg.tick_interval_ms = 100;
+        cfg.snapshot_interval_ms = 1_000;
+        cfg.sleep_after_ms = Some(5_000);
+        let guest: Box<dyn Guest> = match recovery.from_snapshot {
+            true => {
+                let state = sink.0.lock().unwrap().snapshot.clone().unwrap().1;
+                Wake.restore(&state).unwrap()
+            }
+            false => Box::new(SumGuest {
+                sum: 0,
+                shown: None,
+                dirty: false,
+            }),
+        };
+        Runner::new(
+            cfg,
+            clock.clone(),
+            Box::new(log.clone()),
+            Box::new(sink.clone()),
+            Arc::new(Wake),
+            guest,
+            recovery,
+        )
+    }
+
+    fn fresh(sources: usize) -> Recovery {
+        Recovery {
+            positions: vec![Position::START; sources],
+            written: vec![Position::START; sources],
+            from_snapshot: false,
+        }
+    }
+
+    #[test]
+    fn ticks_at_most_once_per_interval_and_flush_sees_everything() {
+        let clock = Arc::new(VirtualClock::new(1_000));
+        let log = Log(Arc::new(Mutex::new(vec![vec![(1, vec![5])]])));
+        let sink = Sink::default();
+        let mut r = runner(&clock, &log, &sink, fresh(1));
+        // The first input ticks at once (and snapshots: no snapshot yet).
+        let out = r.step(Event::Input);
+        assert_eq!(sink.0.lock().unwrap().value, Some(5));
+        assert_eq!(sink.0.lock().unwrap().commits, vec![(1_000, vec![Position::after_commit(1)], true)]);
+        assert_eq!(out.wake_at, Some(6_000), "asleep after sleep_after");
+        // More input 10 ms later: the tick waits for the interval.
+        log.0.lock().unwrap()[0].push((2, vec![2]));
+        clock.advance(std::time::Duration::from_millis(10));
+        let out = r.step(Event::Input);
+        assert_eq!(out.wake_at, Some(1_100));
+        assert_eq!(sink.0.lock().unwrap().value, Some(5));
+        clock.set(1_100).unwrap();
+        r.step(Event::Timer);
+        assert_eq!(sink.0.lock().unwrap().value, Some(7));
+        // A flush processes what was committed, whatever the interval.
+        log.0.lock().unwrap()[0].push((3, vec![1]));
+        let out = r.step(Event::Flush);
+        assert_eq!(out.flushed, Some(Ok(5)), "rows since the start: +5, -5 +7, -7 +8");
+        assert_eq!(sink.0.lock().unwrap().value, Some(8));
+    }
+
+    #[test]
+    fn idle_runners_sleep_and_wake_with_their_state() {
+        let clock = Arc::new(VirtualClock::new(0));
+        let log = Log(Arc::new(Mutex::new(vec![vec![(1, vec![3])]])));
+        let sink = Sink::default();
+        let mut r = runner(&clock, &log, &sink, fresh(1));
+        let out = r.step(Event::Input);
+        clock.set(out.wake_at.unwrap()).unwrap();
+        r.step(Event::Timer);
+        assert!(r.status().asleep);
+        log.0.lock().unwrap()[0].push((2, vec![4]));
+        clock.advance(std::time::Duration::from_secs(60));
+        r.step(Event::Input);
+        assert!(!r.status().asleep);
+        assert_eq!(sink.0.lock().unwrap().value, Some(7));
+    }
+
+    #[test]
+    fn recovery_replays_silently_what_the_sink_shows() {
+        let clock = Arc::new(VirtualClock::new(0));
+        let log = Log(Arc::new(Mutex::new(vec![vec![(1, vec![1]), (2, vec![2])]])));
+        let sink = Sink::default();
+        let mut r = runner(&clock, &log, &sink, fresh(1));
+        r.step(Event::Input);
+        // Later input is written without a snapshot (interval not reached).
+        log.0.lock().unwrap()[0].push((3, vec![10]));
+        clock.advance(std::time::Duration::from_millis(500));
+        r.step(Event::Input);
+        let (snap_pos, _) = sink.0.lock().unwrap().snapshot.clone().unwrap();
+        let written = sink.0.lock().unwrap().written.clone();
+        assert!(snap_pos < written);
+        assert_eq!(sink.0.lock().unwrap().value, Some(13));
+        // Crash. The new run restores the snapshot, replays 10 silently, then
+        // sees new input.
+        drop(r);
+        log.0.lock().unwrap()[0].push((4, vec![100]));
+        let commits_before = sink.0.lock().unwrap().commits.len();
+        let mut r = runner(
+            &clock,
+            &log,
+            &sink,
+            Recovery {
+                positions: snap_pos,
+                written,
+                from_snapshot: true,
+            },
+        );
+        r.step(Event::Flush);
+        assert_eq!(sink.0.lock().unwrap().value, Some(113));
+        // One commit: the new input, not the replay.
+        assert_eq!(sink.0.lock().unwrap().commits.len(), commits_before + 1);
+    }
+
+    #[test]
+    fn a_stale_fence_stops_the_runner_without_writing() {
+        let clock = Arc::new(VirtualClock::new(0));
+        let log = Log(Arc::new(Mutex::new(vec![vec![(1, vec![1])]])));
+        let sink = Sink::default();
+        sink.0.lock().unwrap().fence = 7;
+        let mut r = runner(&clock, &log, &sink, fresh(1));
+        let out = r.step(Event::Input);
+        assert!(out.failed.is_some_and(|f| f.fenced));
+        assert_eq!(sink.0.lock().unwrap().value, None);
+        assert!(matches!(r.step(Event::Flush).flushed, Some(Err(_))));
+    }
+
+    #[test]
+    fn the_same_events_at_the_same_times_give_the_same_commits() {
+        let run = || {
+            let clock = Arc::new(VirtualClock::new(0));
+            let log = Log(Arc::new(Mutex::new(vec![vec![], vec![]])));
+            let sink = Sink::default();
+            let mut r = runner(&clock, &log, &sink, fresh(2));
+            for i in 0..50u64 {
+                log.0.lock().unwrap()[(i % 2) as usize].push((i + 1, vec![i as i64]));
+                clock.advance(std::time::Duration::from_millis(37));
+                let out = r.step(Event::Input);
+                if let Some(at) = out.wake_at.filter(|at| *at <= clock.now_ms() + 50) {
+                    clock.set(at.max(clock.now_ms())).unwrap();
+                    r.step(Event::Timer);
+                }
+            }
+            r.step(Event::Flush);
+            let s = sink.0.lock().unwrap();
+            (s.value, s.commits.clone())
+        };
+        let a = run();
+        assert_eq!(a.0, Some((0..50).sum()));
+        assert_eq!(a, run());
+    }
+}
