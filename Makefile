@@ -37,7 +37,7 @@ run: build
 
 ## The reference workload through the guest in wasm and natively.
 bench: setup
-	$(CARGO) bench -p sandflow-tests --bench engine --bench recovery --bench flows_scale
+	$(CARGO) bench -p sandflow-tests --bench engine --bench recovery --bench flows_scale --bench pull_log
 
 fmt:
 	$(CARGO) fmt --all

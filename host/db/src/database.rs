@@ -12,7 +12,7 @@
 //! ```
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use datafusion::arrow::array::{ArrayRef, RecordBatchOptions};
@@ -23,17 +23,18 @@ use datafusion::logical_expr::simplify::SimplifyContext;
 use datafusion::logical_expr::{cast, Expr};
 use datafusion::optimizer::simplify_expressions::ExprSimplifier;
 use datafusion::prelude::{SessionConfig, SessionContext};
-use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::catalog::{
     Catalog, ColumnSchema, Table, TableId, TableSchema, DEFAULT_CATALOG, DEFAULT_DATABASE,
 };
 use crate::error::{InvalidDataSnafu, Result, SqlSnafu};
 use crate::flow::{FlowInfo, FlowManager, FlowSettings};
+use crate::metrics::Registry;
 use crate::session::{Dialect, Session, SessionDefaults};
 use crate::sql::executor::Executor;
 use crate::sql::provider::{blocking, SandCatalog};
-use crate::storage::{ChangeBatch, CommitInfo, Snapshot, Store, WriteSet};
+use crate::storage::{ChangeFeed, CommitInfo, Snapshot, Store, WriteSet};
+use sandflow_flows::{Clock, SystemClock, VirtualClock};
 
 /// The result of one statement.
 #[derive(Debug, Clone)]
@@ -51,11 +52,16 @@ pub enum Output {
 /// Storage, catalog and column defaults, shared by the database handle and
 /// the DataFusion providers.
 pub(crate) struct Core {
-    pub(crate) store: Store,
+    pub(crate) store: Arc<Store>,
     pub(crate) catalog: Catalog,
     pub(crate) flows: FlowManager,
     /// Runs statements on threads with deep stacks (see [`Executor`]).
     pub(crate) executor: Executor,
+    /// The database's time: every read of the time goes through it.
+    pub(crate) clock: Arc<dyn Clock>,
+    /// This database's metrics (`GET /metrics`); nothing is shared with
+    /// another database in the process.
+    pub(crate) metrics: Arc<Registry>,
     /// Parses default expressions (a private context: no tables needed).
     expr_ctx: SessionContext,
     defaults: RwLock<HashMap<TableId, Arc<HashMap<String, Expr>>>>,
@@ -68,6 +74,10 @@ impl std::fmt::Debug for Core {
 }
 
 impl Core {
+    pub(crate) fn metrics(&self) -> &Registry {
+        &self.metrics
+    }
+
     /// The DataFusion expression of a column's default, cast to its type.
     pub(crate) fn default_expr(&self, column: &ColumnSchema) -> Result<Option<Expr>> {
         let Some(sql) = &column.default else {
@@ -109,7 +119,9 @@ impl Core {
         let simplifier = ExprSimplifier::new(
             SimplifyContext::builder()
                 .with_schema(Arc::new(schema.clone()))
-                .with_current_time()
+                .with_query_execution_start_time(chrono::DateTime::from_timestamp_millis(
+                    self.clock.now_ms(),
+                ))
                 .build(),
         );
         let expr = simplifier.simplify(expr).map_err(fail)?;
@@ -210,47 +222,51 @@ fn expiry_period(ttl_ms: i64) -> std::time::Duration {
     std::time::Duration::from_millis((ttl_ms / 10).clamp(1_000, 600_000) as u64)
 }
 
-/// Expires rows of tables with a `ttl` (see [`crate::storage::Store::expire`])
-/// until the database is gone.
+/// Expires the rows of tables with a `ttl` whose time has come (see
+/// [`crate::storage::Store::expire`]) at `now_ms`; `last` remembers when each
+/// table was last expired.
+async fn expire_due(c: &Arc<Core>, now_ms: i64, last: &mut HashMap<TableId, i64>) {
+    let tables: Vec<Arc<Table>> = c
+        .catalog
+        .database_names()
+        .unwrap_or_default()
+        .iter()
+        .flat_map(|d| c.catalog.tables(d).unwrap_or_default())
+        .collect();
+    for t in tables {
+        let Some(ttl) = t.ttl_ms() else { continue };
+        let due = last
+            .get(&t.id())
+            .is_none_or(|at| now_ms - at >= expiry_period(ttl).as_millis() as i64);
+        if !due {
+            continue;
+        }
+        last.insert(t.id(), now_ms);
+        let (store_of, table) = (c.clone(), t.clone());
+        let expired =
+            blocking(move || store_of.store.expire(&table, now_ms.saturating_sub(ttl))).await;
+        match expired {
+            Ok(info) if info.rows > 0 => {
+                tracing::info!(table = %t.qualified_name(), rows = info.rows, "expired rows past the table's ttl")
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(table = %t.qualified_name(), "cannot expire rows: {e}")
+            }
+        }
+    }
+}
+
+/// Expires rows of tables with a `ttl` every second of the real clock until
+/// the database is gone.
 fn spawn_expiry(core: std::sync::Weak<Core>) {
     tokio::spawn(async move {
-        let mut last: HashMap<crate::catalog::TableId, std::time::Instant> = HashMap::new();
+        let mut last: HashMap<TableId, i64> = HashMap::new();
         loop {
             tokio::time::sleep(std::time::Duration::from_secs(1)).await;
             let Some(c) = core.upgrade() else { return };
-            let tables: Vec<Arc<Table>> = c
-                .catalog
-                .database_names()
-                .unwrap_or_default()
-                .iter()
-                .flat_map(|d| c.catalog.tables(d).unwrap_or_default())
-                .collect();
-            for t in tables {
-                let Some(ttl) = t.ttl_ms() else { continue };
-                let due = last
-                    .get(&t.id())
-                    .is_none_or(|at| at.elapsed() >= expiry_period(ttl));
-                if !due {
-                    continue;
-                }
-                last.insert(t.id(), std::time::Instant::now());
-                let now_ms = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_millis() as i64);
-                let (store_of, table) = (c.clone(), t.clone());
-                let expired =
-                    blocking(move || store_of.store.expire(&table, now_ms.saturating_sub(ttl)))
-                        .await;
-                match expired {
-                    Ok(info) if info.rows > 0 => {
-                        tracing::info!(table = %t.qualified_name(), rows = info.rows, "expired rows past the table's ttl")
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        tracing::warn!(table = %t.qualified_name(), "cannot expire rows: {e}")
-                    }
-                }
-            }
+            let now = c.clock.now_ms();
+            expire_due(&c, now, &mut last).await;
         }
     });
 }
@@ -269,10 +285,72 @@ fn session(core: &Arc<Core>) -> SessionContext {
     ctx
 }
 
+/// Where a database keeps its data.
+#[derive(Debug, Clone)]
+pub enum StorageConfig {
+    /// In a directory (created if missing), durably.
+    Dir(PathBuf),
+    /// In memory: nothing survives the process.
+    InMemory,
+}
+
+/// The time a database runs on.
+#[derive(Debug, Clone, Default)]
+pub enum ClockConfig {
+    /// The system's wall clock; flows run on their own threads.
+    #[default]
+    System,
+    /// A clock that moves only when told ([`Database::advance_time_to`]);
+    /// flows run only when driven, so the same statements at the same
+    /// virtual times always give the same results.
+    Virtual(Arc<VirtualClock>),
+}
+
+/// Everything a database is opened with (see [`Database::open_config`]).
+#[derive(Debug, Clone)]
+pub struct DatabaseConfig {
+    pub storage: StorageConfig,
+    pub flows: FlowSettings,
+    pub clock: ClockConfig,
+}
+
+impl DatabaseConfig {
+    /// Data in `dir`, default flow settings, the system clock.
+    pub fn dir(dir: impl AsRef<Path>) -> DatabaseConfig {
+        DatabaseConfig {
+            storage: StorageConfig::Dir(dir.as_ref().to_path_buf()),
+            flows: FlowSettings::default(),
+            clock: ClockConfig::System,
+        }
+    }
+
+    /// Data in memory, default flow settings, the system clock.
+    pub fn in_memory() -> DatabaseConfig {
+        DatabaseConfig {
+            storage: StorageConfig::InMemory,
+            flows: FlowSettings::default(),
+            clock: ClockConfig::System,
+        }
+    }
+
+    pub fn with_flows(mut self, flows: FlowSettings) -> DatabaseConfig {
+        self.flows = flows;
+        self
+    }
+
+    /// Runs on `clock` (see [`ClockConfig::Virtual`]).
+    pub fn with_virtual_clock(mut self, clock: Arc<VirtualClock>) -> DatabaseConfig {
+        self.clock = ClockConfig::Virtual(clock);
+        self
+    }
+}
+
 /// A sandflow database: open it on a data dir, then run SQL or use the typed API.
 pub struct Database {
     core: Arc<Core>,
     ctx: SessionContext,
+    /// When each table with a ttl was last expired (a virtual clock).
+    expired: tokio::sync::Mutex<HashMap<TableId, i64>>,
 }
 
 impl Drop for Database {
@@ -291,34 +369,97 @@ impl Database {
     /// Opens (or creates) the database in `dir`; its flows tick and run with
     /// `flows`. Flows defined earlier start again, rebuilt from their sources.
     pub async fn open_with(dir: impl AsRef<Path>, flows: FlowSettings) -> Result<Arc<Database>> {
-        let dir = dir.as_ref().to_path_buf();
+        Self::open_config(DatabaseConfig::dir(dir).with_flows(flows)).await
+    }
+
+    /// Opens the database `config` describes: where its data lives, how its
+    /// flows run, and its clock.
+    pub async fn open_config(config: DatabaseConfig) -> Result<Arc<Database>> {
+        let DatabaseConfig {
+            storage,
+            flows,
+            clock: time,
+        } = config;
         let mut flows = flows;
         flows.tick_interval = flows
             .tick_interval
             .max(std::time::Duration::from_millis(10));
+        let dir = match &storage {
+            StorageConfig::Dir(dir) => Some(dir.clone()),
+            StorageConfig::InMemory => None,
+        };
         if flows.cache_dir.is_none() {
-            flows.cache_dir = Some(dir.join("wasm-cache"));
+            flows.cache_dir = dir.as_ref().map(|d| d.join("wasm-cache"));
         }
         let (store, catalog) = blocking(move || {
-            let store = Store::open(&dir)?;
+            let store = Arc::new(match &dir {
+                Some(dir) => Store::open(dir)?,
+                None => Store::in_memory()?,
+            });
             let catalog = Catalog::load(&store)?;
             Ok((store, catalog))
         })
         .await?;
         let executor = Executor::with_default_threads()?;
+        let (clock, manual): (Arc<dyn Clock>, _) = match time {
+            ClockConfig::System => (Arc::new(SystemClock), None),
+            ClockConfig::Virtual(v) => (v.clone(), Some(v)),
+        };
         let core = Arc::new(Core {
             store,
             catalog,
-            flows: FlowManager::new(flows),
+            flows: FlowManager::new(flows, clock.clone(), manual.clone())?,
             executor,
+            metrics: Arc::new(Registry::for_database(clock.clone())),
+            clock,
             expr_ctx: SessionContext::new(),
             defaults: RwLock::new(HashMap::new()),
         });
         let ctx = session(&core);
         core.flows.start_all(&core, &ctx).await?;
         core.flows.start_supervisor(&core, session);
-        spawn_expiry(Arc::downgrade(&core));
-        Ok(Arc::new(Database { core, ctx }))
+        if manual.is_none() {
+            spawn_expiry(Arc::downgrade(&core));
+        }
+        Ok(Arc::new(Database {
+            core,
+            ctx,
+            expired: tokio::sync::Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// This database's metrics registry (what `GET /metrics` renders).
+    pub fn metrics(&self) -> &Arc<Registry> {
+        &self.core.metrics
+    }
+
+    /// The time on the database's clock (ms since the Unix epoch).
+    pub fn now_ms(&self) -> i64 {
+        self.core.clock.now_ms()
+    }
+
+    /// With a virtual clock: moves time forward to `to_ms`. Flows tick at
+    /// every time they asked for on the way, as they would have in real
+    /// time; then rows past a table's `ttl` at `to_ms` expire. Refused on
+    /// the real clock, or backwards.
+    pub async fn advance_time_to(&self, to_ms: i64) -> Result<()> {
+        let core = self.core.clone();
+        blocking(move || core.flows.advance_to(to_ms)).await?;
+        let mut last = self.expired.lock().await;
+        expire_due(&self.core, to_ms, &mut last).await;
+        Ok(())
+    }
+
+    /// With a virtual clock: runs every flow that has something to do now
+    /// (input committed since), without moving time. With the real clock the
+    /// flows do this on their own.
+    pub async fn run_flows(&self) -> Result<()> {
+        let core = self.core.clone();
+        blocking(move || {
+            core.flows.run_pending();
+            Ok(())
+        })
+        .await
     }
 
     /// Processes everything written to the flow's sources so far, writes it
@@ -491,20 +632,26 @@ impl Database {
         self.core.store.scan_meta(prefix)
     }
 
-    /// Every change to `table` committed from now on, as diff batches.
-    pub fn subscribe(&self, table: &str) -> Result<UnboundedReceiver<ChangeBatch>> {
+    /// Every change to `table` committed from now on, as diff batches,
+    /// pulled from the table's change log (a slow reader holds no rows in
+    /// memory; the log waits on disk).
+    pub fn subscribe(&self, table: &str) -> Result<ChangeFeed> {
         let table = self.core.resolve(table)?;
-        self.core.store.subscribe(&table)
+        Ok(ChangeFeed::open(&self.core.store, table, false)?.0)
     }
 
     /// The table's current rows plus a feed of every later change (no gap,
     /// no overlap): the back-fill for a new flow.
-    pub fn subscribe_with_snapshot(
-        &self,
-        table: &str,
-    ) -> Result<(Snapshot, UnboundedReceiver<ChangeBatch>)> {
+    pub fn subscribe_with_snapshot(&self, table: &str) -> Result<(Snapshot, ChangeFeed)> {
         let table = self.core.resolve(table)?;
-        self.core.store.subscribe_with_snapshot(&table)
+        let (feed, snapshot) = ChangeFeed::open(&self.core.store, table, true)?;
+        let snapshot = snapshot.ok_or_else(|| {
+            crate::error::InternalSnafu {
+                message: "the feed came without its snapshot".to_string(),
+            }
+            .build()
+        })?;
+        Ok((snapshot, feed))
     }
 
     /// A consistent copy of the table's rows with the commit sequence it reflects.

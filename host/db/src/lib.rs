@@ -2,6 +2,10 @@
 //! in their own WebAssembly sandbox. See ARCHITECTURE.md for the map.
 
 pub mod catalog;
+/// The database's time (the `sandflow-flows` clock port).
+pub mod clock {
+    pub use sandflow_flows::{Clock, SystemClock, VirtualClock};
+}
 pub mod database;
 pub mod engine;
 pub mod error;
@@ -14,6 +18,6 @@ pub mod session;
 pub mod sql;
 pub mod storage;
 
-pub use database::{Database, Output};
+pub use database::{ClockConfig, Database, DatabaseConfig, Output, StorageConfig};
 pub use error::{Error, Result};
 pub use session::{Session, StatementKind, TransactionStatus};

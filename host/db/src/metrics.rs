@@ -1,13 +1,16 @@
 //! A small Prometheus registry: counters, gauges and callback gauges, rendered
 //! in the text exposition format by `GET /metrics`.
 //!
-//! Anything in the process can add its own series:
+//! Each database has its own registry ([`crate::Database::metrics`]): two
+//! databases in one process share no series. An embedder can add its own:
 //!
 //! ```
-//! use sandflow::metrics;
-//! let ticks = metrics::global().counter("sandflow_flow_ticks_total", "Flow ticks run.", &[("flow", "f1")]);
+//! use sandflow::metrics::Registry;
+//! let registry = Registry::new();
+//! let ticks = registry.counter("sandflow_flow_ticks_total", "Flow ticks run.", &[("flow", "f1")]);
 //! ticks.inc();
-//! metrics::global().gauge_fn("sandflow_flows", "Flows running.", &[], || 3.0);
+//! registry.gauge_fn("sandflow_flows", "Flows running.", &[], || 3.0);
+//! assert!(registry.render().contains("sandflow_flow_ticks_total{flow=\"f1\"} 1"));
 //! ```
 //!
 //! Asking twice for the same name and labels returns the same series, so
@@ -16,8 +19,9 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Instant;
+use std::sync::{Arc, Mutex};
+
+use sandflow_flows::Clock;
 
 type Labels = Vec<(String, String)>;
 type GaugeFn = Arc<dyn Fn() -> f64 + Send + Sync>;
@@ -276,31 +280,26 @@ fn escape_help(v: &str) -> String {
     v.replace('\\', "\\\\").replace('\n', "\\n")
 }
 
-/// The process-wide registry, with `sandflow_uptime_seconds` and
-/// `sandflow_start_time_seconds` already in it.
-pub fn global() -> &'static Registry {
-    static GLOBAL: OnceLock<Registry> = OnceLock::new();
-    GLOBAL.get_or_init(|| {
+impl Registry {
+    /// A database's registry, with `sandflow_uptime_seconds` and
+    /// `sandflow_start_time_seconds` (on the database's clock) already in it.
+    pub fn for_database(clock: Arc<dyn Clock>) -> Registry {
         let r = Registry::new();
-        let started = Instant::now();
+        let started = clock.now_ms();
         r.gauge_fn(
             "sandflow_uptime_seconds",
-            "Seconds since the process started serving.",
+            "Seconds since the database opened.",
             &[],
-            move || started.elapsed().as_secs_f64(),
+            move || (clock.now_ms() - started).max(0) as f64 / 1000.0,
         );
-        let start_unix = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs_f64())
-            .unwrap_or(0.0);
         r.gauge(
             "sandflow_start_time_seconds",
-            "Unix time at which the process started.",
+            "Unix time at which the database opened.",
             &[],
         )
-        .set(start_unix);
+        .set(started as f64 / 1000.0);
         r
-    })
+    }
 }
 
 /// The per-front-door series (`frontdoor` = "postgres" or "http").
@@ -312,8 +311,7 @@ pub struct FrontDoor {
 }
 
 impl FrontDoor {
-    pub fn new(frontdoor: &str) -> FrontDoor {
-        let g = global();
+    pub fn new(g: &Registry, frontdoor: &str) -> FrontDoor {
         let l = [("frontdoor", frontdoor)];
         FrontDoor {
             requests: g.counter(

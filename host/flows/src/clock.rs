@@ -57,8 +57,10 @@ impl VirtualClock {
 
     /// Moves the time forward by `d`.
     pub fn advance(&self, d: Duration) {
-        self.ms
-            .fetch_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX), Ordering::SeqCst);
+        self.ms.fetch_add(
+            i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
+            Ordering::SeqCst,
+        );
     }
 }
 

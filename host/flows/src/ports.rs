@@ -99,6 +99,10 @@ pub struct Chunk {
     pub batch: Batch,
     /// The position after this part.
     pub end: Position,
+    /// Whether `end` may be committed as a position. `false` inside a
+    /// back-fill read from a snapshot that does not outlive the process: the
+    /// runner does not tick (so commits nothing) until it has read past it.
+    pub durable: bool,
 }
 
 /// The changes of a flow's sources, by position.

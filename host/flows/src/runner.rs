@@ -146,6 +146,9 @@ pub struct Runner {
     consumed: Vec<Position>,
     /// Per source, up to where input is replayed without writing.
     silent_until: Vec<Position>,
+    /// Per source, whether its position is inside a back-fill that cannot be
+    /// committed (see [`crate::Chunk::durable`]).
+    unsettled: Vec<bool>,
     silent: bool,
     /// Input pushed (or noticed) that no tick has written back yet.
     pending: bool,
@@ -196,6 +199,7 @@ impl Runner {
             sink,
             waker,
             guest: Slot::Awake(guest),
+            unsettled: vec![false; recovery.positions.len()],
             silent_until: recovery.written,
             consumed: recovery.positions,
             silent,
@@ -276,6 +280,11 @@ impl Runner {
             self.tick(now, false)?;
             more = self.pull(now, everything)?;
         }
+        if self.unsettled.iter().any(|u| *u) {
+            // Inside a back-fill: nothing can be committed before its end.
+            out.again = more;
+            return Ok(());
+        }
         let tick_due = self.pending
             && self
                 .last_tick
@@ -305,6 +314,7 @@ impl Runner {
         let mut done = vec![false; sources];
         loop {
             let mut progressed = false;
+            #[allow(clippy::needless_range_loop)] // `s` is also the source's number
             for s in 0..sources {
                 if done[s] {
                     continue;
@@ -337,6 +347,7 @@ impl Runner {
                             }
                         }
                         self.consumed[s] = chunk.end;
+                        self.unsettled[s] = !chunk.durable;
                         self.last_activity = now;
                         parts += 1;
                         progressed = true;
@@ -357,7 +368,9 @@ impl Runner {
         }
         match &mut self.guest {
             Slot::Awake(g) => Ok(g),
-            _ => Err(Failure::permanent("the flow's guest is gone after a failure")),
+            _ => Err(Failure::permanent(
+                "the flow's guest is gone after a failure",
+            )),
         }
     }
 
@@ -498,7 +511,10 @@ mod tests {
 
     /// A log of integer rows per source: `entries[s]` = (seq, values).
     #[derive(Clone, Default)]
-    struct Log(Arc<Mutex<Vec<Vec<(u64, Vec<i64>)>>>>);
+    struct Log(Arc<Mutex<Vec<Entries>>>);
+
+    /// One source's commits: (seq, values).
+    type Entries = Vec<(u64, Vec<i64>)>;
 
     impl ChangeLog for Log {
         fn read(&mut self, source: u32, after: Position) -> Result<Option<Chunk>, Failure> {
@@ -520,6 +536,7 @@ mod tests {
                     diffs: vec![1; values.len()],
                 },
                 end: Position::after_commit(*seq),
+                durable: true,
             }))
         }
     }
@@ -689,7 +706,10 @@ mod tests {
         // The first input ticks at once (and snapshots: no snapshot yet).
         let out = r.step(Event::Input);
         assert_eq!(sink.0.lock().unwrap().value, Some(5));
-        assert_eq!(sink.0.lock().unwrap().commits, vec![(1_000, vec![Position::after_commit(1)], true)]);
+        assert_eq!(
+            sink.0.lock().unwrap().commits,
+            vec![(1_000, vec![Position::after_commit(1)], true)]
+        );
         assert_eq!(out.wake_at, Some(6_000), "asleep after sleep_after");
         // More input 10 ms later: the tick waits for the interval.
         log.0.lock().unwrap()[0].push((2, vec![2]));
@@ -703,7 +723,11 @@ mod tests {
         // A flush processes what was committed, whatever the interval.
         log.0.lock().unwrap()[0].push((3, vec![1]));
         let out = r.step(Event::Flush);
-        assert_eq!(out.flushed, Some(Ok(5)), "rows since the start: +5, -5 +7, -7 +8");
+        assert_eq!(
+            out.flushed,
+            Some(Ok(5)),
+            "rows since the start: +5, -5 +7, -7 +8"
+        );
         assert_eq!(sink.0.lock().unwrap().value, Some(8));
     }
 

@@ -13,7 +13,6 @@ use tracing_subscriber::EnvFilter;
 use crate::config::{Cli, Command, Config};
 use crate::{http, pg};
 use sandflow::database::Database;
-use sandflow::metrics;
 
 /// The whole binary: parses the command line and runs it.
 pub fn main() -> ExitCode {
@@ -93,7 +92,6 @@ pub async fn start(
     config: Config,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), String> {
-    let _ = metrics::global();
     info!(data_dir = %config.data_dir.display(), "opening database");
     let mut flows = sandflow::flow::FlowSettings {
         tick_interval: config.flow.tick_interval,
@@ -107,11 +105,12 @@ pub async fn start(
     flows.restart_backoff = config.flow.restart_backoff;
     flows.max_flows = config.flow.max_flows;
     flows.sleep_after = config.flow.sleep_after;
+    flows.threads = config.flow.threads;
     let db = Database::open_with(&config.data_dir, flows)
         .await
         .map_err(|e| format!("cannot open database in {}: {e}", config.data_dir.display()))?;
     let weak = Arc::downgrade(&db);
-    metrics::global().gauge_fn(
+    db.metrics().gauge_fn(
         "sandflow_statements_running",
         "Statements running now (one whose client went away or timed out no longer counts).",
         &[],

@@ -264,6 +264,8 @@ pub struct FlowConfig {
     pub max_flows: usize,
     /// Idle time after which a flow sleeps (`None`: never).
     pub sleep_after: Option<Duration>,
+    /// Threads that run flows.
+    pub threads: usize,
 }
 
 impl Default for FlowConfig {
@@ -279,6 +281,7 @@ impl Default for FlowConfig {
             restart_backoff: sandflow::flow::DEFAULT_RESTART_BACKOFF,
             max_flows: sandflow::flow::DEFAULT_MAX_FLOWS,
             sleep_after: Some(sandflow::flow::DEFAULT_SLEEP_AFTER),
+            threads: sandflow::flow::default_threads(),
         }
     }
 }
@@ -651,6 +654,7 @@ impl Config {
                 restart_backoff,
                 max_flows,
                 sleep_after,
+                threads: defaults.threads,
             },
         })
     }

@@ -46,7 +46,7 @@ use crate::origin::{self, AllowedHosts};
 use sandflow::database::{Database, Output};
 use sandflow::error::Error;
 use sandflow::influx;
-use sandflow::metrics::{self, FrontDoor};
+use sandflow::metrics::FrontDoor;
 
 /// What the HTTP front door allows its clients (see the module docs).
 #[derive(Debug, Clone)]
@@ -88,8 +88,8 @@ struct AppState {
 /// The router of the HTTP front door.
 pub fn router(db: Arc<Database>, settings: Settings) -> Router {
     let state = AppState {
-        db,
-        metrics: FrontDoor::new("http"),
+        db: db.clone(),
+        metrics: FrontDoor::new(db.metrics(), "http"),
         settings: Arc::new(settings),
     };
     // Everything that reads or changes data answers only non-browser
@@ -618,7 +618,9 @@ async fn influx_write(
         Ok(n) => n,
         Err(e) => return db_error_response(e, started),
     };
-    metrics::global()
+    state
+        .db
+        .metrics()
         .counter(
             "sandflow_influx_points_total",
             "Points written through the InfluxDB line protocol.",
@@ -632,13 +634,13 @@ async fn health() -> Json<Value> {
     Json(json!({}))
 }
 
-async fn prometheus() -> Response {
+async fn prometheus(State(state): State<AppState>) -> Response {
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        metrics::global().render(),
+        state.db.metrics().render(),
     )
         .into_response()
 }
@@ -661,9 +663,9 @@ pub async fn serve(
     http1
         .timer(TokioTimer::new())
         .header_read_timeout(settings.header_read_timeout);
-    let app = router(db, settings);
-    let door = FrontDoor::new("http");
-    let refused = metrics::global().counter(
+    let app = router(db.clone(), settings);
+    let door = FrontDoor::new(db.metrics(), "http");
+    let refused = db.metrics().counter(
         "sandflow_connections_refused_total",
         "Connections refused because the front door had --max-connections open.",
         &[("frontdoor", "http")],

@@ -14,26 +14,30 @@
 //! At start every persisted flow is rebuilt from its sources (the back-fill
 //! recomputes its state; durable snapshots are a later step).
 
+use std::collections::HashMap;
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use datafusion::common::TableReference;
 use datafusion::prelude::SessionContext;
+use sandflow_flows::{
+    Clock, Position, Recovery as RunRecovery, Runner, RunnerConfig, VirtualClock,
+};
 use serde::{Deserialize, Serialize};
-use tokio::sync::oneshot;
 use tracing::{info, warn};
 
 use super::compile::{compile, CompiledFlow};
+use super::driver::{Driver, Slot};
 use super::options::{format_interval, parse_interval, parse_options, FlowOptions};
-use super::sink;
-use super::worker::{
-    failure_message, pos_key, state_key, wall_ms, FlowStatus, Msg, SharedStatus, Worker,
+use super::ports::{
+    decode_positions, legacy_pos_key, legacy_state_key, snapshot_key, written_key, SandboxGuest,
+    SandboxWaker, StoreLog, StoreSink,
 };
+use super::sink;
+use super::status::{failure_message, FlowStatus, SharedStatus};
 use crate::catalog::{display_name, Table, TableInfo, TableSchema, DEFAULT_DATABASE};
 use crate::database::Core;
 use crate::error::{
@@ -42,7 +46,7 @@ use crate::error::{
 use crate::runtime::{Digest, FlowInstance, FlowLimits, RuntimeConfig, RuntimeError, Sandbox};
 use crate::sql::parser::CreateFlow;
 use crate::sql::provider::blocking;
-use crate::storage::{MetaWrite, Subscriber, WriteSet};
+use crate::storage::{LogReader, MetaWrite, WriteSet};
 
 const DEF_PREFIX: &str = "flow/def/";
 const NEXT_ID_KEY: &str = "flow/next_id";
@@ -72,6 +76,8 @@ pub struct FlowSettings {
     /// (its state kept as a snapshot, its memory released) until input
     /// arrives. `None`: never.
     pub sleep_after: Option<Duration>,
+    /// Threads that step the flows' runners (with the real clock).
+    pub threads: usize,
     /// Only for tests of the sandbox through the whole database: flows this
     /// selects run another guest component instead of sandflow's own. The
     /// server never sets it; nothing in SQL, flags or files can.
@@ -113,9 +119,19 @@ impl Default for FlowSettings {
             restart_backoff: DEFAULT_RESTART_BACKOFF,
             max_flows: DEFAULT_MAX_FLOWS,
             sleep_after: Some(DEFAULT_SLEEP_AFTER),
+            threads: default_threads(),
             untrusted_guest: None,
         }
     }
+}
+
+/// Default of [`FlowSettings::threads`]: the cores, at least 4 (a flow
+/// using up its CPU budget holds a thread that long).
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .max(4)
 }
 
 /// Under continuous input a flow ticks at most this often; its sink lags its
@@ -215,42 +231,16 @@ struct FlowHandle {
     status: SharedStatus,
     source_ids: Vec<u64>,
     sink_id: Option<u64>,
-    /// `None` when the flow could not be started (its status says why).
-    tx: Option<Sender<Msg>>,
-    /// Position of the flow's last durable snapshot (0: none yet).
-    snap_pos: Arc<AtomicU64>,
-    thread: Mutex<Option<JoinHandle<()>>>,
-    /// Which run of the flow this is (see [`Worker::incarnation`]).
+    /// The flow's runner under the driver; `None` when the flow could not be
+    /// started (its status says why).
+    slot: Option<Arc<Slot>>,
+    /// Its readers of its sources' change logs: while they live, the logs
+    /// are kept from the flow's snapshot on (also while it has failed, for
+    /// ADMIN RESUME_FLOW).
+    _readers: Vec<Arc<LogReader>>,
+    /// Which run of the flow this is (a restart gets a new one), so that an
+    /// automatic restart never replaces a newer run; also the run's fence.
     incarnation: u64,
-}
-
-impl FlowHandle {
-    /// Stops the flow's thread and waits for it (at most one guest call).
-    fn stop(&self) {
-        self.send(Msg::Halt);
-        self.join();
-    }
-
-    /// Stops the flow's thread after its final write-back and snapshot, and waits for it.
-    fn stop_gracefully(&self) {
-        self.send(Msg::Stop);
-        self.join();
-    }
-
-    /// Sends `msg` to the flow's thread, if it runs.
-    fn send(&self, msg: Msg) {
-        if let Some(tx) = &self.tx {
-            let _ = tx.send(msg);
-        }
-    }
-
-    /// Waits for the flow's thread to end (it must have been told to).
-    fn join(&self) {
-        let thread = self.thread.lock().ok().and_then(|mut t| t.take());
-        if let Some(t) = thread {
-            let _ = t.join();
-        }
-    }
 }
 
 /// A sandbox and the digest of sandflow's engine registered in it.
@@ -274,6 +264,13 @@ pub struct FlowManager {
     incarnations: AtomicU64,
     /// Set at shutdown: nothing starts any more.
     closed: std::sync::atomic::AtomicBool,
+    /// The database's clock.
+    clock: Arc<dyn Clock>,
+    /// Steps the runners.
+    driver: Arc<Driver>,
+    /// Per flow name, the fence of its current run: a sink commit of any
+    /// other run is refused.
+    fences: Mutex<HashMap<String, Arc<AtomicU64>>>,
 }
 
 /// A failed flow's request to be restarted after `delay`.
@@ -288,10 +285,6 @@ impl std::fmt::Debug for FlowManager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("FlowManager")
     }
-}
-
-fn now_ms() -> i64 {
-    wall_ms()
 }
 
 /// The wait before automatic restart number `attempts + 1`.
@@ -358,8 +351,23 @@ fn guest_error(name: &str, e: RuntimeError) -> crate::error::Error {
 }
 
 impl FlowManager {
-    pub fn new(settings: FlowSettings) -> FlowManager {
-        FlowManager {
+    /// Flows on `clock`: with a virtual clock (`manual`) they run only when
+    /// the caller drives them (see [`FlowManager::advance_to`]), else on
+    /// [`FlowSettings::threads`] threads.
+    pub fn new(
+        settings: FlowSettings,
+        clock: Arc<dyn Clock>,
+        manual: Option<Arc<VirtualClock>>,
+    ) -> Result<FlowManager> {
+        let driver = Arc::new(match manual {
+            Some(c) => Driver::manual(c),
+            None => Driver::threaded(clock.clone(), settings.threads)
+                .map_err(|e| flow_err(format!("cannot start the threads that run flows: {e}")))?,
+        });
+        Ok(FlowManager {
+            clock,
+            driver,
+            fences: Mutex::new(HashMap::new()),
             settings,
             sandbox: Arc::new(OnceLock::new()),
             untrusted: Arc::new(OnceLock::new()),
@@ -368,7 +376,39 @@ impl FlowManager {
             restarts: Mutex::new(None),
             incarnations: AtomicU64::new(1),
             closed: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// The time now, on the database's clock (ms since the epoch).
+    pub fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    /// Steps every flow that has something to do now (a virtual clock; with
+    /// the real clock the flows' threads do this on their own).
+    pub fn run_pending(&self) {
+        self.driver.run_pending();
+    }
+
+    /// Moves a virtual clock forward to `to_ms`, ticking every flow at each
+    /// time it asked for on the way, in time order. Refused on the real
+    /// clock, or backwards.
+    pub fn advance_to(&self, to_ms: i64) -> Result<()> {
+        self.driver.advance_to(to_ms).map_err(flow_err)
+    }
+
+    /// Stops `handle`'s run at once (no last write-back): it is dropped or
+    /// replaced. Waits for a step under way.
+    fn halt(&self, handle: &FlowHandle) {
+        if let Some(slot) = &handle.slot {
+            self.driver.remove(slot);
         }
+    }
+
+    /// The fence cell of flow `name`.
+    fn fence(&self, name: &str) -> Arc<AtomicU64> {
+        let mut f = self.fences.lock().unwrap_or_else(|p| p.into_inner());
+        f.entry(name.to_string()).or_default().clone()
     }
 
     fn handles(&self) -> Vec<Arc<FlowHandle>> {
@@ -442,7 +482,8 @@ impl FlowManager {
             .collect()
     }
 
-    /// Stops every flow's thread (the database is closing).
+    /// Stops every flow after its last write-back and snapshot (the
+    /// database is closing).
     pub fn shutdown(&self) {
         self.closed.store(true, Ordering::SeqCst);
         if let Ok(mut r) = self.restarts.lock() {
@@ -452,41 +493,18 @@ impl FlowManager {
             Ok(mut f) => std::mem::take(&mut *f).into_values().collect(),
             Err(_) => return,
         };
-        // Tell every flow first so that their final write-backs overlap.
-        for h in &handles {
-            h.send(Msg::Stop);
-        }
-        for h in &handles {
-            h.join();
-        }
+        // Every flow is told first so that their final write-backs overlap.
+        let slots: Vec<Arc<Slot>> = handles.iter().filter_map(|h| h.slot.clone()).collect();
+        self.driver.stop(&slots);
+        self.driver.close();
     }
 
-    /// Trims the change logs of `tables` up to the oldest snapshot position
-    /// among the flows that read each of them.
-    pub(crate) fn collect_logs(&self, core: &Core, tables: &[u64]) -> Result<()> {
-        let handles = self.handles();
-        for &t in tables {
-            let min = handles
-                .iter()
-                .filter(|h| h.source_ids.contains(&t))
-                .map(|h| h.snap_pos.load(Ordering::Relaxed))
-                .min()
-                .unwrap_or(0);
-            if min > 0 {
-                core.store.truncate_log(t, min)?;
-            }
+    /// Trims the change logs up to where every reader is past, and drops the
+    /// logs nobody reads.
+    fn trim_logs(&self, core: &Core) {
+        if let Err(e) = core.store.trim_logs() {
+            warn!("cannot trim the change logs: {e}");
         }
-        Ok(())
-    }
-
-    /// Stops logging tables that no flow reads any more.
-    fn retain_logs(&self, core: &Core) -> Result<()> {
-        let keep: HashSet<u64> = self
-            .handles()
-            .iter()
-            .flat_map(|h| h.source_ids.iter().copied())
-            .collect();
-        core.store.retain_logs(&keep)
     }
 
     /// Restarts every persisted flow (at database open). A flow that cannot
@@ -502,12 +520,12 @@ impl FlowManager {
     /// destroy a user's data.
     pub(crate) async fn start_all(&self, core: &Arc<Core>, ctx: &SessionContext) -> Result<()> {
         let defs = core.store.scan_meta(DEF_PREFIX)?;
-        // Every flow subscribes (and so turns on the change logs of its
-        // sources) and is registered before any of them runs: a flow's first
-        // tick must neither trim log entries another flow has yet to replay
-        // nor write into a sink before the flow reading that sink listens.
-        let gate = Arc::new(Gate::default());
-        let _open_on_exit = OpenOnDrop(gate.clone());
+        // Every flow registers its log readers (and so keeps the logs of its
+        // sources from its snapshot on) before any of them runs: a flow's
+        // first step must neither trim log entries another flow has yet to
+        // replay nor write into a sink before the flow reading that sink
+        // reads its log.
+        let mut started = Vec::new();
         for (key, bytes) in defs {
             let def: FlowDef = match serde_json::from_slice(&bytes) {
                 Ok(d) => d,
@@ -517,7 +535,7 @@ impl FlowManager {
                 }
             };
             let name = def.name.clone();
-            let recovery = load_recovery(core, &name)?;
+            let recovery = load_recovery(core, &name, def.sources.len())?;
             let prepared = match self.prepare(core, ctx, &def, recovery.as_ref()).await {
                 Ok(p) => self
                     .ensure_sink(core, &def, &p.sink)
@@ -530,44 +548,56 @@ impl FlowManager {
                     match &recovery {
                         Some(r) => info!(
                             flow = %name,
-                            "flow restored from its snapshot at commit {}, replaying its sources' changes since",
-                            r.snapshot_pos
+                            "flow restored from its snapshot at {:?}, replaying its sources' changes since",
+                            r.positions
                         ),
                         None => {
                             info!(flow = %name, "flow restarted without a snapshot; rebuilding its state from its sources")
                         }
                     }
-                    self.launch(
+                    let handle = self.launch(
                         core,
                         def.clone(),
                         prepared,
                         sink,
                         recovery,
-                        Some(gate.clone()),
+                        false,
                         FlowStatus::default(),
-                    )?
+                    )?;
+                    started.extend(handle.slot.clone());
+                    handle
                 }
                 Err(e) => {
                     warn!(flow = %name, "flow cannot start: {e}");
-                    // Its sources' logs stay (for ADMIN RESUME_FLOW).
-                    let source_ids = def
+                    // Its sources' logs are kept from its snapshot on (for
+                    // ADMIN RESUME_FLOW).
+                    let sources: Vec<Arc<Table>> = def
                         .sources
                         .iter()
                         .filter_map(|(d, t)| core.catalog.table(d, t).ok().flatten())
-                        .map(|t| t.id())
                         .collect();
+                    let source_ids = sources.iter().map(|t| t.id()).collect();
+                    let readers = match (&recovery, sources.len() == def.sources.len()) {
+                        (Some(r), true) => {
+                            core.store
+                                .follow(&sources, Some(&r.positions), false, &mut |_| {
+                                    Box::new(|_| {})
+                                })?
+                                .readers
+                        }
+                        _ => Vec::new(),
+                    };
                     let status = Arc::new(Mutex::new(FlowStatus {
                         error: Some(format!("cannot start after restart: {e}")),
                         ..Default::default()
                     }));
-                    register_metrics(&name, &status);
+                    self.register_metrics(core, &name, &status);
                     Arc::new(FlowHandle {
                         status,
                         source_ids,
                         sink_id: None,
-                        tx: None,
-                        snap_pos: Arc::new(AtomicU64::new(0)),
-                        thread: Mutex::new(None),
+                        slot: None,
+                        _readers: readers,
                         incarnation: self.incarnations.fetch_add(1, Ordering::Relaxed),
                         def,
                     })
@@ -576,6 +606,9 @@ impl FlowManager {
             if let Ok(mut f) = self.flows.write() {
                 f.insert(name, handle);
             }
+        }
+        for slot in &started {
+            self.driver.wake(slot);
         }
         Ok(())
     }
@@ -637,7 +670,7 @@ impl FlowManager {
         // Sources are resolved by compiling; the definition records them.
         let compiled = compile_flow(ctx, &stmt.name, &stmt.query).await?;
         let sources = source_names(&compiled);
-        let now = now_ms();
+        let now = self.now_ms();
         let id = match &old {
             Some(h) => h.def.id,
             None => self.next_id(core)?,
@@ -669,12 +702,7 @@ impl FlowManager {
         let next = (id + 1).max(self.peek_next_id(core)?);
         if let Some(old) = &old {
             // The old flow's state must not outlive its definition.
-            let old = old.clone();
-            blocking(move || {
-                old.stop();
-                Ok(())
-            })
-            .await?;
+            self.halt(old);
         }
         let (c, committed_def, plan) = (core.clone(), def.clone(), prepared.sink.clone());
         let committed =
@@ -688,11 +716,11 @@ impl FlowManager {
                 return Err(e);
             }
         };
-        let handle = self.launch(core, def, prepared, sink, None, None, FlowStatus::default())?;
+        let handle = self.launch(core, def, prepared, sink, None, true, FlowStatus::default())?;
         if let Ok(mut f) = self.flows.write() {
             f.insert(stmt.name.clone(), handle);
         }
-        self.retain_logs(core)?;
+        self.trim_logs(core);
         info!(flow = %stmt.name, "flow created");
         Ok(true)
     }
@@ -714,10 +742,10 @@ impl FlowManager {
             .unwrap_or_else(|p| p.into_inner())
             .carried();
         let started = async {
-            let recovery = load_recovery(core, &def.name)?;
+            let recovery = load_recovery(core, &def.name, def.sources.len())?;
             let prepared = self.prepare(core, ctx, &def, recovery.as_ref()).await?;
             let sink = self.ensure_sink(core, &def, &prepared.sink).await?;
-            self.launch(core, def.clone(), prepared, sink, recovery, None, carried)
+            self.launch(core, def.clone(), prepared, sink, recovery, true, carried)
         }
         .await;
         match started {
@@ -759,27 +787,14 @@ impl FlowManager {
         if let Ok(mut f) = self.flows.write() {
             f.remove(name);
         }
-        unregister_metrics(name);
-        blocking(move || {
-            handle.stop();
-            Ok(())
-        })
-        .await?;
+        unregister_metrics(core, name);
+        self.halt(&handle);
+        drop(handle);
         let c = core.clone();
-        let (key, state, pos) = (
-            format!("{DEF_PREFIX}{name}"),
-            state_key(name),
-            pos_key(name),
-        );
-        blocking(move || {
-            c.store.commit_meta(vec![
-                MetaWrite::Delete(key),
-                MetaWrite::Delete(state),
-                MetaWrite::Delete(pos),
-            ])
-        })
-        .await?;
-        self.retain_logs(core)?;
+        let mut writes = vec![MetaWrite::Delete(format!("{DEF_PREFIX}{name}"))];
+        writes.extend(run_keys(name).into_iter().map(MetaWrite::Delete));
+        blocking(move || c.store.commit_meta(writes)).await?;
+        self.trim_logs(core);
         info!(flow = %name, "flow dropped");
         Ok(true)
     }
@@ -854,26 +869,20 @@ impl FlowManager {
             return Ok(false);
         }
         let def = handle.def.clone();
-        let recovery = load_recovery(core, &def.name)?;
+        let recovery = load_recovery(core, &def.name, def.sources.len())?;
         let prepared = self.prepare(core, ctx, &def, recovery.as_ref()).await?;
         let sink = self.ensure_sink(core, &def, &prepared.sink).await?;
-        let old = handle.clone();
-        blocking(move || {
-            old.stop();
-            Ok(())
-        })
-        .await?;
-        let new = self.launch(core, def.clone(), prepared, sink, recovery, None, carried)?;
+        self.halt(&handle);
+        let new = self.launch(core, def.clone(), prepared, sink, recovery, true, carried)?;
         if let Ok(mut f) = self.flows.write() {
             f.insert(def.name.clone(), new.clone());
         }
+        drop(handle);
         if self.closed.load(Ordering::SeqCst) {
             // Shut down meanwhile: this run must not outlive the database.
-            blocking(move || {
-                new.stop_gracefully();
-                Ok(())
-            })
-            .await?;
+            if let Some(slot) = &new.slot {
+                self.driver.stop(std::slice::from_ref(slot));
+            }
             return Ok(false);
         }
         info!(flow = %def.name, automatic, "flow restarted");
@@ -906,7 +915,7 @@ impl FlowManager {
             return;
         }
         let delay = restart_delay(self.settings.restart_backoff, attempts);
-        s.next_restart_ms = Some(now_ms() + delay.as_millis() as i64);
+        s.next_restart_ms = Some(self.now_ms() + delay.as_millis() as i64);
         let _ = sender.send(RestartRequest {
             name: name.to_string(),
             incarnation,
@@ -939,24 +948,31 @@ impl FlowManager {
             }
             .build()
         })?;
-        let failed = |e: String| {
-            flow_err(format!(
-                "flow '{name}' has failed: {e}; fix the cause, then run ADMIN RESUME_FLOW('{name}') \
-                 or recreate it with CREATE OR REPLACE FLOW"
-            ))
-        };
-        let Some(tx) = &handle.tx else {
+        let failed = || {
             let s = handle.status.lock().unwrap_or_else(|p| p.into_inner());
-            return Err(flow_err(failure_message(&handle.def.name, &s)));
+            flow_err(failure_message(&handle.def.name, &s, self.now_ms()))
         };
-        let (reply, rx) = oneshot::channel();
-        if tx.send(Msg::Flush(reply)).is_err() {
-            return Err(failed("its thread has stopped".into()));
-        }
-        match rx.await {
+        let Some(slot) = &handle.slot else {
+            return Err(failed());
+        };
+        let reply = if self.driver.is_manual() {
+            // The flush runs in the caller's time: on a blocking thread.
+            let (driver, slot) = (self.driver.clone(), slot.clone());
+            tokio::task::spawn_blocking(move || driver.flush(&slot))
+                .await
+                .map_err(|e| flow_err(format!("flush task failed: {e}")))?
+        } else {
+            self.driver.flush(slot)
+        };
+        match reply.await {
             Ok(Ok(n)) => Ok(n),
-            Ok(Err(e)) => Err(flow_err(e)),
-            Err(_) => Err(failed("its thread stopped during the flush".into())),
+            Ok(Err(f)) if f.fenced => Err(flow_err(format!(
+                "flow '{name}' was restarted during the flush; run ADMIN FLUSH_FLOW('{name}') again"
+            ))),
+            Ok(Err(_)) => Err(failed()),
+            Err(_) => Err(flow_err(format!(
+                "flow '{name}' was stopped (dropped or replaced) during the flush"
+            ))),
         }
     }
 
@@ -1187,9 +1203,11 @@ impl FlowManager {
         sb.map_err(flow_err)
     }
 
-    /// Subscribes the flow to its sources and starts its thread. A new flow
-    /// gets the sources' rows as back-fill; a restored one the logged
-    /// changes after its snapshot (those up to its last sink write silently).
+    /// Registers the flow's log readers and puts its runner under the
+    /// driver (stepping at once with `start`, else when woken). A new flow
+    /// reads its sources' rows first (the back-fill); a restored one the
+    /// logged changes after its snapshot (those up to its last sink write
+    /// silently).
     #[allow(clippy::too_many_arguments)]
     fn launch(
         &self,
@@ -1198,106 +1216,186 @@ impl FlowManager {
         p: Prepared,
         sink: Arc<Table>,
         recovery: Option<Recovery>,
-        gate: Option<Arc<Gate>>,
+        start: bool,
         status: FlowStatus,
     ) -> Result<Arc<FlowHandle>> {
-        let (tx, rx) = channel::<Msg>();
         let status: SharedStatus = Arc::new(Mutex::new(status));
         let incarnation = self.incarnations.fetch_add(1, Ordering::Relaxed);
-        let mut make = |i: usize| -> Subscriber {
-            let tx = tx.clone();
-            let source = i as u32;
-            Box::new(move |c: &crate::storage::ChangeBatch| {
-                tx.send(Msg::Change {
-                    source,
-                    change: c.clone(),
-                })
-                .is_ok()
-            })
-        };
-        let backfill_wanted = recovery.is_none() && p.options.backfill();
-        let sub = core.store.subscribe_all(
+        // From now on, only this run may write the flow's sink and state.
+        let fence = self.fence(&def.name);
+        core.store
+            .under_commit_lock(|| fence.store(incarnation, Ordering::SeqCst))?;
+        let backfill = recovery.is_none() && p.options.backfill();
+        // The runner's wake-up is known only once it is under the driver.
+        let wake: Arc<OnceLock<Box<dyn Fn() + Send + Sync>>> = Arc::new(OnceLock::new());
+        let following = core.store.follow(
             &p.sources,
-            backfill_wanted,
-            true,
-            recovery.as_ref().map(|r| r.snapshot_pos),
-            &mut make,
+            recovery.as_ref().map(|r| r.positions.as_slice()),
+            backfill,
+            &mut |_| {
+                let wake = wake.clone();
+                Box::new(move |_| {
+                    if let Some(w) = wake.get() {
+                        w()
+                    }
+                })
+            },
         )?;
-        let mut backfill = Vec::new();
-        let mut silent = Vec::new();
-        for (i, snap) in sub.snapshots.into_iter().enumerate() {
-            let Some(snap) = snap else { continue };
-            for b in snap.batches {
-                if b.num_rows() == 0 {
-                    continue;
+        let seq = following.seq;
+        let sources = p.sources.len();
+        let run_recovery = match recovery {
+            Some(r) => RunRecovery {
+                positions: r.positions,
+                written: r.written,
+                from_snapshot: true,
+            },
+            None => {
+                let start = match backfill {
+                    true => Position { seq, part: 0 },
+                    false => Position::after_commit(seq),
+                };
+                RunRecovery {
+                    positions: vec![start; sources],
+                    written: vec![start; sources],
+                    from_snapshot: false,
                 }
-                backfill.push((
-                    i as u32,
-                    crate::storage::ChangeBatch {
-                        table_id: p.sources[i].id(),
-                        seq: snap.seq,
-                        diffs: vec![1; b.num_rows()],
-                        batch: b,
-                    },
-                ));
             }
-        }
-        for (i, change) in sub.replay {
-            match &recovery {
-                Some(r) if change.seq <= r.written_pos => silent.push((i as u32, change)),
-                _ => backfill.push((i as u32, change)),
-            }
-        }
-        let (pos, snap_pos) = match &recovery {
-            Some(r) => (r.snapshot_pos, r.snapshot_pos.max(1)),
-            None => (sub.seq, 0),
         };
-        let snap_pos = Arc::new(AtomicU64::new(snap_pos));
-        let source_ids: Vec<u64> = p.sources.iter().map(|t| t.id()).collect();
-        let worker = Worker {
+        let limits = p.instance.limits();
+        let mut cfg = RunnerConfig::new(def.name.clone());
+        cfg.tick_interval_ms = self.settings.tick_interval.as_millis() as i64;
+        cfg.snapshot_interval_ms = self.settings.snapshot_interval.as_millis() as i64;
+        cfg.sleep_after_ms = self.settings.sleep_after.map(|d| d.as_millis() as i64);
+        cfg.output_rows_per_tick = limits.output_rows_per_tick;
+        cfg.state_size_limit = limits.state_size;
+        cfg.fence = incarnation;
+        let log = StoreLog::new(
+            core.store.clone(),
+            p.sources.clone(),
+            p.source_fields,
+            seq,
+            following.cursors,
+        );
+        let committer = StoreSink {
+            core: Arc::downgrade(core),
             name: def.name.clone(),
-            core: core.clone(),
-            limits: p.instance.limits(),
-            instance: Some(p.instance),
-            sandbox: p.sandbox,
-            component: p.component,
-            asleep: None,
-            sleep_after: self.settings.sleep_after,
             output: p.output,
-            source_fields: p.source_fields,
             sink: sink.clone(),
             mapping: p.mapping,
-            tick_interval: self.settings.tick_interval,
-            status: status.clone(),
-            backfill,
-            silent,
-            pos,
-            snap_pos: snap_pos.clone(),
-            snapshot_interval: self.settings.snapshot_interval,
-            source_ids: source_ids.clone(),
-            incarnation,
+            fence,
         };
-        let thread = std::thread::Builder::new()
-            .name(format!("flow-{}", def.name))
-            .spawn(move || {
-                if let Some(gate) = gate {
-                    gate.wait();
-                }
-                worker.run(rx)
-            })
-            .map_err(|e| flow_err(format!("cannot start the flow's thread: {e}")))?;
-        register_metrics(&def.name, &status);
-        Ok(Arc::new(FlowHandle {
-            source_ids,
+        let waker = SandboxWaker {
+            sandbox: p.sandbox,
+            component: p.component,
+            limits,
+        };
+        let runner = Runner::new(
+            cfg,
+            self.clock.clone(),
+            Box::new(log),
+            Box::new(committer),
+            Arc::new(waker),
+            Box::new(SandboxGuest(p.instance)),
+            run_recovery,
+        );
+        let after = self.after_step(core, &def.name, incarnation, &status, &following.readers);
+        let slot = self.driver.add(runner, after);
+        let _ = wake.set(Box::new(self.driver.waker(&slot)));
+        if start {
+            self.driver.wake(&slot);
+        }
+        self.register_metrics(core, &def.name, &status);
+        let handle = Arc::new(FlowHandle {
+            source_ids: p.sources.iter().map(|t| t.id()).collect(),
             sink_id: Some(sink.id()),
             status,
-            tx: Some(tx),
-            snap_pos,
-            thread: Mutex::new(Some(thread)),
+            slot: Some(slot),
+            _readers: following.readers,
             incarnation,
             def,
-        }))
+        });
+        Ok(handle)
     }
+
+    /// What happens after each step of a flow's runner: its status is
+    /// published, a failure recorded (and a transient one restarted after a
+    /// while), and a new snapshot lets the logs be trimmed behind it.
+    fn after_step(
+        &self,
+        core: &Arc<Core>,
+        name: &str,
+        incarnation: u64,
+        status: &SharedStatus,
+        readers: &[Arc<LogReader>],
+    ) -> super::driver::AfterStep {
+        let core = Arc::downgrade(core);
+        let name = name.to_string();
+        let status = status.clone();
+        let readers: Vec<std::sync::Weak<LogReader>> = readers.iter().map(Arc::downgrade).collect();
+        let base = status.lock().map(|s| s.rows_written).unwrap_or(0);
+        let snapshot_at: Mutex<Option<Vec<Position>>> = Mutex::new(None);
+        Box::new(move |runner: &Runner, out| {
+            let run = runner.status();
+            let mut failed = None;
+            {
+                let mut s = status.lock().unwrap_or_else(|p| p.into_inner());
+                if run.last_execution_ms.is_some() && run.last_execution_ms != s.last_execution_ms {
+                    // A run that ticks has recovered.
+                    s.restart_attempts = 0;
+                }
+                if run.last_execution_ms.is_some() {
+                    s.last_execution_ms = run.last_execution_ms;
+                }
+                s.state_size = run.state_size;
+                s.rows_written = base + run.rows_written;
+                s.asleep = run.asleep;
+                s.pending_since_ms = run.pending_since_ms;
+                if let Some(f) = &out.failed {
+                    if s.error.is_none() && !f.fenced {
+                        warn!(flow = %name, transient = f.transient, "flow failed: {}", f.message);
+                        s.error = Some(f.message.clone());
+                        s.failures += 1;
+                        if f.transient {
+                            failed = Some(s.restart_attempts);
+                        }
+                    }
+                }
+            }
+            let Some(core) = core.upgrade() else { return };
+            if let Some(attempts) = failed {
+                core.flows
+                    .schedule_restart(&name, incarnation, &status, attempts);
+            }
+            let mut at = snapshot_at.lock().unwrap_or_else(|p| p.into_inner());
+            if run.snapshot_positions.is_some() && *at != run.snapshot_positions {
+                *at = run.snapshot_positions.clone();
+                if let Some(positions) = &*at {
+                    for (r, p) in readers.iter().zip(positions) {
+                        if let Some(r) = r.upgrade() {
+                            r.keep_from_position(*p);
+                        }
+                    }
+                }
+                drop(at);
+                core.flows.trim_logs(&core);
+            }
+        })
+    }
+
+    fn register_metrics(&self, core: &Arc<Core>, name: &str, status: &SharedStatus) {
+        register_metrics(core, name, status, self.clock.clone());
+    }
+}
+
+/// The metadata keys of a flow's run (snapshot, written positions, in both
+/// formats), deleted with the flow or when it is replaced.
+fn run_keys(name: &str) -> Vec<String> {
+    vec![
+        snapshot_key(name),
+        written_key(name),
+        legacy_state_key(name),
+        legacy_pos_key(name),
+    ]
 }
 
 const METRICS: [(&str, &str); 7] = [
@@ -1332,10 +1430,11 @@ const METRICS: [(&str, &str); 7] = [
 ];
 
 /// Per-flow series on /metrics, read from the flow's status at scrape time.
-fn register_metrics(name: &str, status: &SharedStatus) {
-    let registry = crate::metrics::global();
+fn register_metrics(core: &Core, name: &str, status: &SharedStatus, clock: Arc<dyn Clock>) {
+    let registry = core.metrics();
     for (i, (metric, help)) in METRICS.iter().enumerate() {
         let weak = Arc::downgrade(status);
+        let clock = clock.clone();
         registry.gauge_fn(metric, help, &[("flow", name)], move || {
             let Some(s) = weak.upgrade() else { return 0.0 };
             let Ok(s) = s.lock() else { return 0.0 };
@@ -1346,83 +1445,75 @@ fn register_metrics(name: &str, status: &SharedStatus) {
                 3 => s.last_execution_ms.unwrap_or(0) as f64 / 1000.0,
                 4 => s.failures as f64,
                 5 => s.restarts as f64,
-                _ => s.lag_ms(wall_ms()) as f64 / 1000.0,
+                _ => s.lag_ms(clock.now_ms()) as f64 / 1000.0,
             }
         });
     }
 }
 
-fn unregister_metrics(name: &str) {
-    let registry = crate::metrics::global();
+fn unregister_metrics(core: &Core, name: &str) {
+    let registry = core.metrics();
     for (metric, _) in METRICS {
         registry.remove(metric, &[("flow", name)]);
     }
 }
 
-/// Holds flow threads back until every flow of a restart is subscribed.
-#[derive(Default)]
-pub(crate) struct Gate {
-    open: Mutex<bool>,
-    cv: std::sync::Condvar,
-}
-
-impl Gate {
-    fn open(&self) {
-        if let Ok(mut o) = self.open.lock() {
-            *o = true;
-        }
-        self.cv.notify_all();
-    }
-
-    fn wait(&self) {
-        let Ok(mut o) = self.open.lock() else { return };
-        while !*o {
-            o = match self.cv.wait(o) {
-                Ok(o) => o,
-                Err(_) => return,
-            };
-        }
-    }
-}
-
-/// Opens the gate however `start_all` ends.
-struct OpenOnDrop(Arc<Gate>);
-
-impl Drop for OpenOnDrop {
-    fn drop(&mut self) {
-        self.0.open();
-    }
-}
-
-/// Where a restarting flow resumes: its snapshot and the position of its
-/// last sink write.
+/// Where a restarting flow resumes: its snapshot, and per source the
+/// positions of the snapshot and of its last sink write.
 pub(crate) struct Recovery {
     state: Vec<u8>,
-    snapshot_pos: u64,
-    written_pos: u64,
+    positions: Vec<Position>,
+    written: Vec<Position>,
 }
 
-fn load_recovery(core: &Core, name: &str) -> Result<Option<Recovery>> {
-    let Some(bytes) = core.store.get_meta(&state_key(name))? else {
-        return Ok(None);
-    };
-    if bytes.len() < 8 {
-        return Ok(None);
-    }
-    let mut p = [0u8; 8];
-    p.copy_from_slice(&bytes[..8]);
-    let snapshot_pos = u64::from_be_bytes(p);
-    let written_pos = match core.store.get_meta(&pos_key(name))? {
-        Some(w) if w.len() == 8 => {
-            p.copy_from_slice(&w);
-            u64::from_be_bytes(p).max(snapshot_pos)
+/// The flow's snapshot and written positions, in the current format or the
+/// one before per-source positions (one commit sequence for all sources).
+/// `None` without a snapshot, or one for another number of sources.
+fn load_recovery(core: &Core, name: &str, sources: usize) -> Result<Option<Recovery>> {
+    if let Some(bytes) = core.store.get_meta(&snapshot_key(name))? {
+        let Some((positions, state)) = decode_positions(&bytes) else {
+            warn!(flow = %name, "unreadable snapshot; rebuilding the flow from its sources");
+            return Ok(None);
+        };
+        if positions.len() != sources {
+            warn!(flow = %name, "snapshot of another shape; rebuilding the flow from its sources");
+            return Ok(None);
         }
-        _ => snapshot_pos,
+        let written = match core.store.get_meta(&written_key(name))? {
+            Some(w) => match decode_positions(&w) {
+                Some((w, _)) if w.len() == sources => w
+                    .into_iter()
+                    .zip(&positions)
+                    .map(|(w, p)| w.max(*p))
+                    .collect(),
+                _ => positions.clone(),
+            },
+            None => positions.clone(),
+        };
+        return Ok(Some(Recovery {
+            state: state.to_vec(),
+            positions,
+            written,
+        }));
+    }
+    let Some(bytes) = core.store.get_meta(&legacy_state_key(name))? else {
+        return Ok(None);
     };
+    let seq_of =
+        |b: &[u8]| -> Option<u64> { Some(u64::from_be_bytes(b.get(..8)?.try_into().ok()?)) };
+    let Some(snapshot_seq) = seq_of(&bytes) else {
+        return Ok(None);
+    };
+    let written_seq = core
+        .store
+        .get_meta(&legacy_pos_key(name))?
+        .and_then(|w| (w.len() == 8).then(|| seq_of(&w)).flatten())
+        .unwrap_or(snapshot_seq)
+        .max(snapshot_seq);
     Ok(Some(Recovery {
         state: bytes[8..].to_vec(),
-        snapshot_pos,
-        written_pos,
+        positions: vec![Position::after_commit(snapshot_seq); sources],
+        written: vec![Position::after_commit(written_seq); sources],
     }))
 }
 
@@ -1483,9 +1574,10 @@ fn commit_definition(
     };
     let mut set = WriteSet::new();
     set.put_meta(format!("{DEF_PREFIX}{}", def.name), json)
-        .put_meta(NEXT_ID_KEY, next_id.to_be_bytes().to_vec())
-        .delete_meta(state_key(&def.name))
-        .delete_meta(pos_key(&def.name));
+        .put_meta(NEXT_ID_KEY, next_id.to_be_bytes().to_vec());
+    for key in run_keys(&def.name) {
+        set.delete_meta(key);
+    }
     ddl.commit(&core.store, set)?;
     Ok(sink)
 }
@@ -1604,16 +1696,19 @@ mod tests {
         {
             let store = Store::open(dir.path()).unwrap();
             for name in ["f", "g"] {
-                let state = store.get_meta(&state_key(name)).unwrap().unwrap();
-                let pos = store.get_meta(&pos_key(name)).unwrap().unwrap();
-                assert_eq!(&state[..8], &pos[..], "{name}: snapshot at the last write");
+                let state = store.get_meta(&snapshot_key(name)).unwrap().unwrap();
+                let pos = store.get_meta(&written_key(name)).unwrap().unwrap();
+                let (snapped, _) = decode_positions(&state).unwrap();
+                let (written, _) = decode_positions(&pos).unwrap();
+                assert_eq!(snapped, written, "{name}: snapshot at the last write");
             }
-            // Corrupt g's snapshot (keep its position prefix).
-            let mut state = store.get_meta(&state_key("g")).unwrap().unwrap();
+            // Corrupt g's snapshot (keep its positions).
+            let mut state = store.get_meta(&snapshot_key("g")).unwrap().unwrap();
             let n = state.len();
+            assert!(n / 2 > 16);
             state[n / 2 + 4] ^= 0x5a;
             store
-                .commit_meta(vec![MetaWrite::Put(state_key("g"), state)])
+                .commit_meta(vec![MetaWrite::Put(snapshot_key("g"), state)])
                 .unwrap();
         }
         let db = Database::open(dir.path()).await.unwrap();

@@ -5,22 +5,29 @@
 //! * `options`: `EXPIRE AFTER` intervals and `WITH (...)` options.
 //! * `sink`: sink tables (derived schema, fit check, diffs → upserts/deletes).
 //! * `manager`: CREATE / DROP / FLUSH, the persisted flow definitions.
-//! * `worker`: one thread per flow: feed, tick, write back.
+//! * `ports`: the runner's ports (`sandflow_flows`) over the store, the sink
+//!   and the sandbox.
+//! * `driver`: the threads (or, with a virtual clock, the caller) that step
+//!   the runners.
+//! * `status`: a flow's run-time facts for `information_schema.flows`.
 //! * `system`: `information_schema.flows`.
 
 pub mod arrow;
 pub mod compile;
+pub(crate) mod driver;
 pub mod manager;
 pub mod options;
+pub(crate) mod ports;
 pub mod sink;
+pub mod status;
 pub mod system;
-pub(crate) mod worker;
 
 pub use compile::{FLOW_MAX_EXPRESSION_DEPTH, FLOW_MAX_PLAN_DEPTH};
 #[doc(hidden)]
 pub use manager::UntrustedGuest;
 pub use manager::{
-    FlowDef, FlowInfo, FlowManager, FlowSettings, DEFAULT_MAX_FLOWS, DEFAULT_MAX_RESTARTS,
-    DEFAULT_RESTART_BACKOFF, DEFAULT_SLEEP_AFTER, DEFAULT_TICK_INTERVAL, MAX_RESTART_BACKOFF,
+    default_threads, FlowDef, FlowInfo, FlowManager, FlowSettings, DEFAULT_MAX_FLOWS,
+    DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_BACKOFF, DEFAULT_SLEEP_AFTER, DEFAULT_TICK_INTERVAL,
+    MAX_RESTART_BACKOFF,
 };
-pub use worker::FlowStatus;
+pub use status::FlowStatus;

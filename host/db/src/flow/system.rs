@@ -99,8 +99,7 @@ fn json_list(items: impl Iterator<Item = String>) -> String {
 }
 
 /// The rows of `information_schema.flows`.
-pub fn flows_batch(flows: &[FlowInfo]) -> datafusion::common::Result<RecordBatch> {
-    let now = super::worker::wall_ms();
+pub fn flows_batch(flows: &[FlowInfo], now: i64) -> datafusion::common::Result<RecordBatch> {
     let s = |f: &dyn Fn(&FlowInfo) -> String| -> ArrayRef {
         Arc::new(StringArray::from_iter_values(flows.iter().map(f)))
     };
@@ -255,7 +254,7 @@ impl TableProvider for FlowsTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
-        let batch = flows_batch(&self.core.flows.infos())?;
+        let batch = flows_batch(&self.core.flows.infos(), self.core.flows.now_ms())?;
         let mem = MemTable::try_new(flows_schema(), vec![vec![batch]])?;
         mem.scan(state, projection, filters, limit).await
     }

@@ -5,11 +5,17 @@
 //!   transactions); [`redb`](self::redb) implements it.
 //! * [`codec`]: rows ⇄ (key, value) bytes; keys sort by (primary key, time).
 //! * [`Store`]: table semantics on top — upsert by (primary key, time index)
-//!   or append, deletes, consistent scans, metadata entries, and the change
-//!   feed published after each durable commit.
+//!   or append, deletes, consistent scans, metadata entries.
+//! * [`log`]: the durable change log of the tables somebody reads, pulled
+//!   by position; [`feed`]: a library subscriber's feed over it.
+//!
+//! Must not know SQL, flows or DataFusion's planning: it stores the tables
+//! the catalog describes and the metadata entries upper layers give it.
 
 pub(crate) mod codec;
+pub mod feed;
 pub mod kv;
+pub mod log;
 pub mod redb;
 mod staged;
 
@@ -20,12 +26,13 @@ use std::sync::{Arc, Mutex};
 use datafusion::arrow::array::{new_null_array, Array, ArrayRef, BooleanArray};
 use datafusion::arrow::compute::{cast_with_options, CastOptions};
 use datafusion::arrow::record_batch::RecordBatch;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::catalog::{Table, TableId};
 use crate::error::{InternalSnafu, InvalidDataSnafu, Result};
 use codec::{ColumnReader, RowDecoder};
+pub use feed::{ChangeFeed, TryRecvError};
 pub use kv::{KvReadTxn, KvSpace, KvStorage, KvWriteTxn, Space};
+pub use log::{Following, LogPart, LogReader, Position, TableCursor, PART_ROWS};
 pub use staged::Staged;
 use staged::StagedTable;
 
@@ -35,8 +42,8 @@ const COMMIT_SEQ_KEY: &[u8] = b"store/commit_seq";
 const SCAN_BATCH_ROWS: usize = 8192;
 
 /// One committed change to one table, as diff rows: `+1` insert, `-1` delete;
-/// a replacing upsert is `-old` then `+new`. Sent only after the commit is
-/// durable, in commit order (`seq` increases strictly across batches).
+/// a replacing upsert is `-old` then `+new`. Read from the change log, so
+/// only after the commit is durable, in commit order.
 #[derive(Debug, Clone)]
 pub struct ChangeBatch {
     pub table_id: TableId,
@@ -46,17 +53,6 @@ pub struct ChangeBatch {
     pub batch: RecordBatch,
     /// One diff per row of `batch`.
     pub diffs: Vec<i64>,
-}
-
-/// What [`Store::subscribe_all`] hands over.
-#[derive(Debug, Clone)]
-pub struct Subscription {
-    /// The last commit before the subscription.
-    pub seq: u64,
-    /// Per table, its contents (when a snapshot was asked for).
-    pub snapshots: Vec<Option<Snapshot>>,
-    /// Logged changes after the requested point: (table index, change).
-    pub replay: Vec<(usize, ChangeBatch)>,
 }
 
 /// A table's contents at one commit: every later change has a larger `seq`.
@@ -88,11 +84,27 @@ enum RowOp {
 /// A set of writes committed as ONE storage transaction: row upserts and
 /// deletes on any number of tables plus metadata entries (e.g. a flow's
 /// state blob and its source positions).
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct WriteSet {
     rows: Vec<RowOp>,
     meta: Vec<MetaWrite>,
+    fences: Vec<Fence>,
 }
+
+impl std::fmt::Debug for WriteSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteSet")
+            .field("rows", &self.rows)
+            .field("meta", &self.meta)
+            .field("fences", &self.fences.len())
+            .finish()
+    }
+}
+
+/// A condition a commit checks under the commit lock, before it writes
+/// anything: an error refuses the whole commit (e.g. a flow runner whose
+/// run was replaced). See [`Store::under_commit_lock`].
+pub type Fence = Arc<dyn Fn() -> Result<()> + Send + Sync>;
 
 impl WriteSet {
     pub fn new() -> Self {
@@ -142,6 +154,12 @@ impl WriteSet {
         self
     }
 
+    /// Refuses the commit unless `fence` passes (checked under the commit lock).
+    pub fn fence(&mut self, fence: Fence) -> &mut Self {
+        self.fences.push(fence);
+        self
+    }
+
     pub fn is_empty(&self) -> bool {
         self.rows.is_empty() && self.meta.is_empty()
     }
@@ -184,33 +202,26 @@ pub struct CommitInfo {
     pub rows: u64,
 }
 
-/// Receives a table's committed changes; returns false to unsubscribe.
-pub type Subscriber = Box<dyn FnMut(&ChangeBatch) -> bool + Send>;
-
-type Subscribers = HashMap<TableId, Vec<Subscriber>>;
-
-fn channel_subscriber(tx: UnboundedSender<ChangeBatch>) -> Subscriber {
-    Box::new(move |c: &ChangeBatch| tx.send(c.clone()).is_ok())
-}
-
 struct CommitState {
     last_seq: u64,
-    subscribers: Subscribers,
-    /// Tables whose changes are also appended to their durable change log.
-    logged: HashSet<TableId>,
+    /// Per table, the readers of its change log: a table with a live reader
+    /// is logged (see [`log`]).
+    readers: log::Readers,
+    /// Tables whose log space may hold entries.
+    logs: HashSet<TableId>,
 }
 
 /// Table storage with upsert semantics and a change feed.
 pub struct Store {
     kv: Box<dyn KvStorage>,
-    /// Held across commit + publish so feeds see commits in seq order.
+    /// Held across a commit and the wake-up of its readers.
     state: Mutex<CommitState>,
 }
 
 /// One (key, value, diff) change collected while applying a write.
 type Changes = Vec<(Vec<u8>, Vec<u8>, i64)>;
 
-fn poisoned() -> crate::error::Error {
+pub(crate) fn poisoned() -> crate::error::Error {
     InternalSnafu {
         message: "storage lock poisoned by an earlier panic; restart sandflow".to_string(),
     }
@@ -230,16 +241,28 @@ impl Store {
         Store::with_engine(Box::new(kv))
     }
 
+    /// A store held in memory only: nothing survives the process.
+    pub fn in_memory() -> Result<Store> {
+        Store::with_engine(Box::new(redb::RedbStorage::in_memory()?))
+    }
+
     pub fn with_engine(kv: Box<dyn KvStorage>) -> Result<Store> {
         let last_seq = read_seq(kv.begin_read()?.as_ref())?;
         Ok(Store {
             kv,
             state: Mutex::new(CommitState {
                 last_seq,
-                subscribers: HashMap::new(),
-                logged: HashSet::new(),
+                readers: HashMap::new(),
+                logs: HashSet::new(),
             }),
         })
+    }
+
+    /// Runs `f` under the commit lock: no commit is under way meanwhile, so
+    /// a [`Fence`] changed by `f` applies to every later commit.
+    pub fn under_commit_lock<T>(&self, f: impl FnOnce() -> T) -> Result<T> {
+        let _state = self.state.lock().map_err(|_| poisoned())?;
+        Ok(f())
     }
 
     /// The sequence number of the last durable commit.
@@ -250,8 +273,8 @@ impl Store {
     /// Commits metadata changes (catalog DDL) as one transaction.
     pub fn commit_meta(&self, writes: Vec<MetaWrite>) -> Result<u64> {
         let set = WriteSet {
-            rows: Vec::new(),
             meta: writes,
+            ..WriteSet::default()
         };
         Ok(self.commit(set)?.seq)
     }
@@ -274,7 +297,8 @@ impl Store {
         Ok(out)
     }
 
-    /// Commits a write set atomically and durably, then publishes its changes.
+    /// Commits a write set atomically and durably, then wakes the readers of
+    /// the tables it changed.
     pub fn commit(&self, set: WriteSet) -> Result<CommitInfo> {
         // Validate and normalise every batch before touching storage.
         let mut ops = Vec::with_capacity(set.rows.len());
@@ -292,18 +316,20 @@ impl Store {
             });
         }
         let mut state = self.state.lock().map_err(|_| poisoned())?;
+        for fence in &set.fences {
+            fence()?;
+        }
         let seq = state.last_seq + 1;
         let mut txn = self.kv.begin_write()?;
         let mut rows = 0u64;
-        // Per table, in op order: the changes to publish (only if watched).
+        // Per table, in op order: the changes to log (only if read).
         let mut changes: Vec<(Arc<Table>, Changes)> = Vec::new();
         for (op_index, op) in ops.iter().enumerate() {
             let table = match op {
                 RowOp::Upsert(t, _) | RowOp::Delete(t, _) => t,
                 RowOp::Staged(s) => &s.table,
             };
-            let watched =
-                state.subscribers.contains_key(&table.id()) || state.logged.contains(&table.id());
+            let watched = log::has_readers(&state.readers, table.id());
             let mut out: Changes = Vec::new();
             txn.space(Space::Table(table.id()), &mut |space| {
                 let out = watched.then_some(&mut out);
@@ -324,13 +350,11 @@ impl Store {
             }
         }
         for (table, entries) in &changes {
-            if state.logged.contains(&table.id()) {
-                let bytes = encode_log(entries);
-                txn.space(Space::Log(table.id()), &mut |space| {
-                    space.put(&seq.to_be_bytes(), &bytes)?;
-                    Ok(())
-                })?;
-            }
+            let bytes = encode_log(entries);
+            txn.space(Space::Log(table.id()), &mut |space| {
+                space.put(&seq.to_be_bytes(), &bytes)?;
+                Ok(())
+            })?;
         }
         let mut dropped = Vec::new();
         txn.space(Space::Meta, &mut |space| {
@@ -361,26 +385,12 @@ impl Store {
         }
         txn.commit()?;
         state.last_seq = seq;
-        // Durable: publish.
-        for (table, entries) in changes {
-            let batch = publish_batch(&table, seq, &entries);
-            let Some(subs) = state.subscribers.get_mut(&table.id()) else {
-                continue;
-            };
-            match batch {
-                Ok(change) => subs.retain_mut(|s| s(&change)),
-                Err(e) => tracing::error!(
-                    "cannot build change batch for {}: {e}",
-                    table.qualified_name()
-                ),
-            }
-            if subs.is_empty() {
-                state.subscribers.remove(&table.id());
-            }
+        // Durable: wake the readers.
+        for (table, _) in &changes {
+            log::wake(&mut state.readers, table.id(), seq);
         }
         for id in dropped {
-            state.subscribers.remove(&id);
-            state.logged.remove(&id);
+            close_readers(&mut state, id);
         }
         Ok(CommitInfo { seq, rows })
     }
@@ -446,8 +456,7 @@ impl Store {
         }
         gate()?;
         let seq = state.last_seq + 1;
-        let logged = state.logged.contains(&table.id());
-        let watched = state.subscribers.contains_key(&table.id()) || logged;
+        let watched = log::has_readers(&state.readers, table.id());
         let mut txn = self.kv.begin_write()?;
         let mut out: Changes = Vec::new();
         let mut rows = 0u64;
@@ -470,7 +479,7 @@ impl Store {
                 rows: 0,
             });
         }
-        if logged && !out.is_empty() {
+        if watched && !out.is_empty() {
             let bytes = encode_log(&out);
             txn.space(Space::Log(table.id()), &mut |space| {
                 space.put(&seq.to_be_bytes(), &bytes)?;
@@ -480,16 +489,13 @@ impl Store {
         commit_as(txn, seq)?;
         state.last_seq = seq;
         if !out.is_empty() {
-            let change = publish_batch(table, seq, &out)?;
-            if let Some(subs) = state.subscribers.get_mut(&table.id()) {
-                subs.retain_mut(|s| s(&change));
-            }
+            log::wake(&mut state.readers, table.id(), seq);
         }
         Ok(CommitInfo { seq, rows })
     }
 
     /// Expires the rows whose time index is before `cutoff_ms` (a table's
-    /// `ttl`). Unlike [`Store::delete_where`] nothing is published: flows keep
+    /// `ttl`). Unlike [`Store::delete_where`] nothing is logged: flows keep
     /// what they computed from these rows (as with GreptimeDB's TTL). The
     /// expired keys are found in a read transaction, so writes do not wait for
     /// the scan; only their deletion takes the commit lock, and commits only
@@ -598,149 +604,21 @@ impl Store {
         Ok(Snapshot { seq, batches })
     }
 
-    /// Receives every change to `table` committed after this call returns.
-    pub fn subscribe(&self, table: &Table) -> Result<UnboundedReceiver<ChangeBatch>> {
-        let (tx, rx) = unbounded_channel();
-        let mut state = self.state.lock().map_err(|_| poisoned())?;
-        state
-            .subscribers
-            .entry(table.id())
-            .or_default()
-            .push(channel_subscriber(tx));
-        Ok(rx)
-    }
-
-    /// Subscribes `make(i)` to `tables[i]` for every i, all under the commit
-    /// lock, so that nothing is missed or seen twice:
-    /// * `snapshot`: also scans each table (the back-fill); every change
-    ///   after the scans reaches the subscribers;
-    /// * `log`: from now on each table's changes are also appended to its
-    ///   durable change log, in the commit that makes them;
-    /// * `log_after`: also returns the logged changes with a larger sequence
-    ///   number (a restored flow's replay), in commit order.
-    pub fn subscribe_all(
-        &self,
-        tables: &[Arc<Table>],
-        snapshot: bool,
-        log: bool,
-        log_after: Option<u64>,
-        make: &mut dyn FnMut(usize) -> Subscriber,
-    ) -> Result<Subscription> {
-        let mut state = self.state.lock().map_err(|_| poisoned())?;
-        let mut out = Subscription {
-            seq: state.last_seq,
-            snapshots: Vec::with_capacity(tables.len()),
-            replay: Vec::new(),
-        };
-        for (i, t) in tables.iter().enumerate() {
-            out.snapshots
-                .push(if snapshot { Some(self.scan(t)?) } else { None });
-            if let Some(after) = log_after {
-                for change in self.read_log(t, after)? {
-                    out.replay.push((i, change));
-                }
-            }
-        }
-        out.replay.sort_by_key(|(_, c)| c.seq);
-        for (i, t) in tables.iter().enumerate() {
-            state.subscribers.entry(t.id()).or_default().push(make(i));
-            if log {
-                state.logged.insert(t.id());
-            }
-        }
-        Ok(out)
-    }
-
-    /// The logged changes of `table` with a sequence number above `after`.
-    pub fn read_log(&self, table: &Table, after: u64) -> Result<Vec<ChangeBatch>> {
-        let txn = self.kv.begin_read()?;
-        let mut out = Vec::new();
-        let mut failure = None;
-        let start = (after.saturating_add(1)).to_be_bytes();
-        txn.scan(Space::Log(table.id()), &start, &mut |k, v| {
-            let seq = match <[u8; 8]>::try_from(k) {
-                Ok(b) => u64::from_be_bytes(b),
-                Err(_) => return Ok(true),
-            };
-            match decode_log(v).and_then(|entries| publish_batch(table, seq, &entries)) {
-                Ok(c) => out.push(c),
-                Err(e) => {
-                    failure = Some(e);
-                    return Ok(false);
-                }
-            }
-            Ok(true)
-        })?;
-        match failure {
-            Some(e) => Err(e),
-            None => Ok(out),
-        }
-    }
-
-    /// Drops the logged changes of `table` up to and including `upto`
-    /// (every reader has them in a durable snapshot).
-    pub fn truncate_log(&self, table: TableId, upto: u64) -> Result<()> {
-        let _state = self.state.lock().map_err(|_| poisoned())?;
-        let mut txn = self.kv.begin_write()?;
-        txn.space(Space::Log(table), &mut |space| {
-            let mut doomed = Vec::new();
-            space.scan(&[], &mut |k, _| {
-                match <[u8; 8]>::try_from(k) {
-                    Ok(b) if u64::from_be_bytes(b) <= upto => doomed.push(k.to_vec()),
-                    Ok(_) => return Ok(false),
-                    Err(_) => {}
-                }
-                Ok(true)
-            })?;
-            for k in doomed {
-                space.delete(&k)?;
-            }
-            Ok(())
-        })?;
-        txn.commit()
-    }
-
-    /// Stops logging the tables not in `keep` and removes their logs.
-    pub fn retain_logs(&self, keep: &HashSet<TableId>) -> Result<()> {
-        let mut state = self.state.lock().map_err(|_| poisoned())?;
-        let gone: Vec<TableId> = state.logged.difference(keep).copied().collect();
-        if gone.is_empty() {
-            return Ok(());
-        }
-        let mut txn = self.kv.begin_write()?;
-        for id in &gone {
-            txn.drop_space(Space::Log(*id))?;
-        }
-        txn.commit()?;
-        for id in gone {
-            state.logged.remove(&id);
-        }
-        Ok(())
-    }
-
-    /// A snapshot of `table` and a feed of every change after it, with no gap
-    /// and no overlap: the feed's batches all have `seq > snapshot.seq`.
-    pub fn subscribe_with_snapshot(
-        &self,
-        table: &Table,
-    ) -> Result<(Snapshot, UnboundedReceiver<ChangeBatch>)> {
-        let (tx, rx) = unbounded_channel();
-        let mut state = self.state.lock().map_err(|_| poisoned())?;
-        let snapshot = self.scan(table)?;
-        state
-            .subscribers
-            .entry(table.id())
-            .or_default()
-            .push(channel_subscriber(tx));
-        Ok((snapshot, rx))
-    }
-
-    /// Forgets subscribers of a dropped table (their receivers end).
+    /// Closes the readers of a dropped table (their feeds end).
     pub fn table_dropped(&self, id: TableId) {
         if let Ok(mut state) = self.state.lock() {
-            state.subscribers.remove(&id);
+            close_readers(&mut state, id);
         }
     }
+}
+
+fn close_readers(state: &mut CommitState, id: TableId) {
+    if let Some(readers) = state.readers.remove(&id) {
+        for r in readers.iter().filter_map(std::sync::Weak::upgrade) {
+            r.close();
+        }
+    }
+    state.logs.remove(&id);
 }
 
 fn read_seq(txn: &dyn KvReadTxn) -> Result<u64> {
@@ -954,50 +832,6 @@ fn encode_log(entries: &Changes) -> Vec<u8> {
         out.extend_from_slice(&d.to_le_bytes());
     }
     out
-}
-
-fn decode_log(bytes: &[u8]) -> Result<Changes> {
-    let corrupt = || {
-        crate::error::StorageSnafu {
-            message: "corrupt change log entry".to_string(),
-        }
-        .build()
-    };
-    let mut pos = 0usize;
-    let mut take = |n: usize| -> Result<&[u8]> {
-        let end = pos.checked_add(n).ok_or_else(corrupt)?;
-        let s = bytes.get(pos..end).ok_or_else(corrupt)?;
-        pos = end;
-        Ok(s)
-    };
-    let u32_of = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
-    let count = u32_of(take(4)?);
-    let mut out = Vec::with_capacity(count.min(1 << 20));
-    for _ in 0..count {
-        let kl = u32_of(take(4)?);
-        let k = take(kl)?.to_vec();
-        let vl = u32_of(take(4)?);
-        let v = take(vl)?.to_vec();
-        let d = take(8)?;
-        let d = i64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]]);
-        out.push((k, v, d));
-    }
-    Ok(out)
-}
-
-fn publish_batch(table: &Table, seq: u64, entries: &Changes) -> Result<ChangeBatch> {
-    let mut dec = RowDecoder::new(table, entries.len());
-    let mut diffs = Vec::with_capacity(entries.len());
-    for (k, v, d) in entries {
-        dec.push(k, v)?;
-        diffs.push(*d);
-    }
-    Ok(ChangeBatch {
-        table_id: table.id(),
-        seq,
-        batch: dec.finish()?,
-        diffs,
-    })
 }
 
 /// Reorders, casts and checks a batch against the table schema. For deletes

@@ -44,6 +44,16 @@ impl RedbStorage {
         })?;
         Ok(RedbStorage { db: Arc::new(db) })
     }
+
+    /// A database held in memory only (nothing survives the process): the
+    /// same engine, transactions and snapshots, for tests and embedders that
+    /// want no files.
+    pub fn in_memory() -> Result<RedbStorage> {
+        let db = redb::Builder::new()
+            .create_with_backend(redb::backends::InMemoryBackend::new())
+            .map_err(|e| storage_err("cannot create an in-memory database", e))?;
+        Ok(RedbStorage { db: Arc::new(db) })
+    }
 }
 
 impl KvStorage for RedbStorage {

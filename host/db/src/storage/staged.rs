@@ -268,9 +268,9 @@ mod tests {
     use crate::storage::WriteSet;
     use datafusion::arrow::array::{Int64Array, StringArray, TimestampMillisecondArray};
 
-    fn setup(append: bool) -> (tempfile::TempDir, Store, Arc<Table>) {
+    fn setup(append: bool) -> (tempfile::TempDir, Arc<Store>, Arc<Table>) {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
+        let store = Arc::new(Store::open(dir.path()).unwrap());
         let catalog = Catalog::load(&store).unwrap();
         let schema = TableSchema::new(
             vec![
@@ -330,7 +330,7 @@ mod tests {
         let mut set = WriteSet::new();
         set.upsert(t.clone(), batch(&t, &[("a", 1), ("b", 2)]));
         store.commit(set).unwrap();
-        let mut feed = store.subscribe(&t).unwrap();
+        let (mut feed, _) = crate::storage::ChangeFeed::open(&store, t.clone(), false).unwrap();
 
         let mut staged = Staged::new();
         store

@@ -1090,7 +1090,7 @@ impl PgHandlers {
             db: db.clone(),
             base,
             defaults: options.session.clone(),
-            metrics: FrontDoor::new("postgres"),
+            metrics: FrontDoor::new(db.metrics(), "postgres"),
             lifecycle: Arc::new(Lifecycle::default()),
             connections: connections.clone(),
             marker: Marker::new(),

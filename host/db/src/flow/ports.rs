@@ -1,0 +1,332 @@
+//! The flow runner's ports (`sandflow_flows`) over this database: the
+//! change log of the store, the sink table and flow metadata, and the guest
+//! in the sandbox.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use datafusion::arrow::compute::concat_batches;
+use sandflow_flows::{
+    Batch, ChangeLog, Chunk, Commit, Failure, Field, Guest, Position, SinkCommitter, TickOutput,
+    Waker,
+};
+
+use super::arrow::{batch_from_arrow, batch_to_arrow, schema_from_fields};
+use super::sink::{self, SinkColumn};
+use crate::catalog::Table;
+use crate::database::Core;
+use crate::runtime::{Digest, FlowInstance, FlowLimits, RuntimeError, Sandbox};
+use crate::storage::{Store, TableCursor, WriteSet};
+
+/// Meta key of a flow's snapshot: its positions (see [`encode_positions`]),
+/// then the guest's state.
+pub(crate) fn snapshot_key(name: &str) -> String {
+    format!("flow/snap/{name}")
+}
+
+/// Meta key of the positions the flow's sink reflects.
+pub(crate) fn written_key(name: &str) -> String {
+    format!("flow/written/{name}")
+}
+
+/// Keys of the format before per-source positions (one commit sequence):
+/// read at start, deleted with the flow.
+pub(crate) fn legacy_state_key(name: &str) -> String {
+    format!("flow/state/{name}")
+}
+
+pub(crate) fn legacy_pos_key(name: &str) -> String {
+    format!("flow/pos/{name}")
+}
+
+/// `count` (u32, big endian), then 12 bytes per position.
+pub(crate) fn encode_positions(positions: &[Position]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + 12 * positions.len());
+    out.extend_from_slice(&(positions.len() as u32).to_be_bytes());
+    for p in positions {
+        out.extend_from_slice(&p.to_bytes());
+    }
+    out
+}
+
+/// Reads [`encode_positions`]; returns the positions and the rest.
+pub(crate) fn decode_positions(bytes: &[u8]) -> Option<(Vec<Position>, &[u8])> {
+    let n = u32::from_be_bytes(bytes.get(..4)?.try_into().ok()?) as usize;
+    let end = n.checked_mul(12)?.checked_add(4)?;
+    let body = bytes.get(4..end)?;
+    let positions = body
+        .chunks_exact(12)
+        .map(Position::from_bytes)
+        .collect::<Option<Vec<_>>>()?;
+    Some((positions, &bytes[end..]))
+}
+
+fn failure_of(e: RuntimeError) -> Failure {
+    match e {
+        RuntimeError::CpuLimit { .. } => Failure::transient(e.to_string()),
+        other => Failure::permanent(other.to_string()),
+    }
+}
+
+/// A source's back-fill: its rows at commit `seq`, read part by part.
+struct Backfill {
+    seq: u64,
+    cursor: TableCursor,
+    next_part: u32,
+}
+
+/// The changes of a flow's sources: the back-fill first (when the flow is
+/// new), then the store's change log.
+pub(crate) struct StoreLog {
+    store: Arc<Store>,
+    sources: Vec<Arc<Table>>,
+    fields: Vec<Vec<Field>>,
+    backfill: Vec<Option<Backfill>>,
+}
+
+impl StoreLog {
+    /// `cursors[i]`: source i's rows at `seq`, read before its log (the
+    /// runner starts source i at `Position { seq, part: 0 }`).
+    pub(crate) fn new(
+        store: Arc<Store>,
+        sources: Vec<Arc<Table>>,
+        fields: Vec<Vec<Field>>,
+        seq: u64,
+        cursors: Vec<Option<TableCursor>>,
+    ) -> StoreLog {
+        let backfill = cursors
+            .into_iter()
+            .map(|c| {
+                c.map(|cursor| Backfill {
+                    seq,
+                    cursor,
+                    next_part: 1,
+                })
+            })
+            .collect();
+        StoreLog {
+            store,
+            sources,
+            fields,
+            backfill,
+        }
+    }
+
+    fn convert(
+        &self,
+        source: usize,
+        batch: &datafusion::arrow::record_batch::RecordBatch,
+        diffs: Vec<i64>,
+    ) -> Result<Batch, Failure> {
+        batch_from_arrow(batch, &self.fields[source], 0, diffs)
+            .map_err(|e| Failure::permanent(format!("cannot convert source rows: {e}")))
+    }
+}
+
+impl ChangeLog for StoreLog {
+    fn read(&mut self, source: u32, after: Position) -> Result<Option<Chunk>, Failure> {
+        let s = source as usize;
+        let table = self
+            .sources
+            .get(s)
+            .cloned()
+            .ok_or_else(|| Failure::permanent(format!("the flow has no source {s}")))?;
+        if let Some(b) = &mut self.backfill[s] {
+            let seq = b.seq;
+            if after.seq == seq && after.part != u32::MAX {
+                let part = b.next_part;
+                let read = b
+                    .cursor
+                    .next_part(&table)
+                    .map_err(|e| Failure::transient(format!("cannot read the back-fill: {e}")))?;
+                let (rows, last) = match read {
+                    Some((rows, last)) => (Some(rows), last),
+                    None => (None, true),
+                };
+                b.next_part += 1;
+                if last {
+                    self.backfill[s] = None;
+                }
+                let end = if last {
+                    Position::after_commit(seq)
+                } else {
+                    Position { seq, part }
+                };
+                let batch = match rows {
+                    Some(rows) => {
+                        let n = rows.num_rows();
+                        self.convert(s, &rows, vec![1; n])?
+                    }
+                    None => Batch::default(),
+                };
+                return Ok(Some(Chunk {
+                    batch,
+                    end,
+                    durable: last,
+                }));
+            }
+            self.backfill[s] = None;
+        }
+        let part = self
+            .store
+            .read_log_part(&table, after)
+            .map_err(|e| Failure::transient(format!("cannot read the change log: {e}")))?;
+        match part {
+            None => Ok(None),
+            Some(p) => {
+                let batch = if p.change.batch.num_rows() == 0 {
+                    Batch::default()
+                } else {
+                    self.convert(s, &p.change.batch, p.change.diffs)?
+                };
+                Ok(Some(Chunk {
+                    batch,
+                    end: p.end,
+                    durable: true,
+                }))
+            }
+        }
+    }
+}
+
+/// A flow's engine in its sandbox.
+pub(crate) struct SandboxGuest(pub FlowInstance);
+
+impl Guest for SandboxGuest {
+    fn push(&mut self, source: u32, batch: Batch) -> Result<(), Failure> {
+        self.0.push(source, batch).map_err(failure_of)
+    }
+
+    fn tick(&mut self, now: i64) -> Result<TickOutput, Failure> {
+        self.0.tick(now).map_err(failure_of)
+    }
+
+    fn snapshot(&mut self) -> Result<Vec<u8>, Failure> {
+        self.0.snapshot().map_err(failure_of)
+    }
+
+    fn state_size(&mut self) -> Result<u64, Failure> {
+        self.0.state_size().map_err(failure_of)
+    }
+}
+
+/// Restores a sleeping flow's engine in the sandbox.
+pub(crate) struct SandboxWaker {
+    pub sandbox: Arc<Sandbox>,
+    pub component: Digest,
+    pub limits: FlowLimits,
+}
+
+impl Waker for SandboxWaker {
+    fn restore(&self, state: &[u8]) -> Result<Box<dyn Guest>, Failure> {
+        let instance = self
+            .sandbox
+            .restore_flow(&self.component, state, self.limits)
+            .map_err(failure_of)?;
+        Ok(Box::new(SandboxGuest(instance)))
+    }
+}
+
+/// Writes a flow's output into its sink table, with its positions and
+/// snapshot, in one commit, refused once the flow's fence moved on.
+pub(crate) struct StoreSink {
+    pub core: std::sync::Weak<Core>,
+    pub name: String,
+    pub output: Vec<Field>,
+    pub sink: Arc<Table>,
+    pub mapping: Vec<SinkColumn>,
+    /// The fence of the flow's current run.
+    pub fence: Arc<AtomicU64>,
+}
+
+impl SinkCommitter for StoreSink {
+    fn commit(&mut self, c: Commit<'_>) -> Result<u64, Failure> {
+        let core = self
+            .core
+            .upgrade()
+            .ok_or_else(|| Failure::transient("the database is closing"))?;
+        let mut set = WriteSet::new();
+        let mut rows = 0;
+        if !c.output.is_empty() {
+            let mut arrow = Vec::with_capacity(c.output.len());
+            let mut diffs = Vec::new();
+            for b in c.output {
+                arrow.push(
+                    batch_to_arrow(b, &self.output)
+                        .map_err(|e| Failure::permanent(e.to_string()))?,
+                );
+                diffs.extend_from_slice(&b.diffs);
+            }
+            let all = concat_batches(&schema_from_fields(&self.output), &arrow)
+                .map_err(|e| Failure::permanent(format!("cannot gather the flow's output: {e}")))?;
+            let writes = sink::writes(&self.sink, &self.mapping, &all, &diffs, c.now)
+                .map_err(Failure::permanent)?;
+            rows = writes.rows();
+            if rows > 0 {
+                // The sink may have been dropped and recreated: write to the live table.
+                let sink = core
+                    .catalog
+                    .table(&self.sink.info.database, &self.sink.info.name)
+                    .map_err(|e| Failure::transient(e.to_string()))?
+                    .filter(|t| t.id() == self.sink.id())
+                    .ok_or_else(|| {
+                        Failure::permanent(format!(
+                            "sink table '{}' no longer exists",
+                            self.sink.qualified_name()
+                        ))
+                    })?;
+                if let Some(d) = writes.deletes {
+                    set.delete(sink.clone(), d);
+                }
+                if let Some(u) = writes.upserts {
+                    set.upsert(sink, u);
+                }
+            }
+        }
+        let positions = encode_positions(c.positions);
+        if let Some(state) = c.snapshot {
+            let mut value = positions.clone();
+            value.extend_from_slice(state);
+            set.put_meta(snapshot_key(&self.name), value);
+        }
+        set.put_meta(written_key(&self.name), positions);
+        let (fence, mine) = (self.fence.clone(), c.fence);
+        set.fence(Arc::new(move || {
+            if fence.load(Ordering::SeqCst) == mine {
+                Ok(())
+            } else {
+                crate::error::FlowSnafu {
+                    message: "a newer run of the flow owns its sink".to_string(),
+                }
+                .fail()
+            }
+        }));
+        match core.store.commit(set) {
+            Ok(_) => Ok(rows),
+            Err(_) if self.fence.load(Ordering::SeqCst) != mine => Err(Failure::fenced(format!(
+                "flow '{}' was restarted elsewhere: this run stops without writing",
+                self.name
+            ))),
+            Err(e) => Err(Failure::transient(format!(
+                "cannot write to sink table '{}': {e}",
+                self.sink.qualified_name()
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_round_trip_with_the_state_behind_them() {
+        let ps = vec![Position::after_commit(7), Position { seq: 9, part: 2 }];
+        let mut bytes = encode_positions(&ps);
+        bytes.extend_from_slice(b"state");
+        let (back, rest) = decode_positions(&bytes).unwrap();
+        assert_eq!(back, ps);
+        assert_eq!(rest, b"state");
+        assert!(decode_positions(&[0, 0, 0, 9, 1]).is_none());
+    }
+}

@@ -1,0 +1,430 @@
+//! The durable change log of the tables somebody reads (flows, library
+//! feeds), and how readers pull from it.
+//!
+//! A commit that changes a table with at least one live [`LogReader`]
+//! appends one entry to the table's log space, keyed by the commit sequence
+//! (8 bytes, big endian), in the same transaction; then it wakes the
+//! readers (a call, no data). Readers pull the entries after their
+//! [`Position`] one part (at most [`PART_ROWS`] changes) at a time, in a read
+//! transaction: a writer never waits for a reader, and a reader that does not
+//! read costs nothing but its log on disk. Entries every reader has behind
+//! its `keep_from` position are trimmed by [`Store::trim_logs`].
+//!
+//! A new reader that wants the table's current rows too (a flow's back-fill)
+//! gets a [`TableCursor`]: a read transaction taken at the commit where its
+//! log starts, read part by part.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use datafusion::arrow::record_batch::RecordBatch;
+pub use sandflow_flows::{Position, PART_ROWS};
+
+use super::codec::RowDecoder;
+use super::kv::{KvReadTxn, Space};
+use super::{poisoned, ChangeBatch, Store};
+use crate::catalog::{Table, TableId};
+use crate::error::{Result, StorageSnafu};
+
+/// Wakes a reader: a commit with this sequence changed its table.
+pub type Wake = Box<dyn Fn(u64) + Send + Sync>;
+
+/// One reader of one table's change log. Dropping the last `Arc` of it
+/// unregisters it; a table without readers is no longer logged.
+pub struct LogReader {
+    table: TableId,
+    /// The log may be trimmed up to here, as far as this reader is concerned.
+    keep_from: Mutex<Position>,
+    /// Set when the table is dropped: nothing more will come.
+    closed: AtomicBool,
+    wake: Wake,
+}
+
+impl std::fmt::Debug for LogReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogReader")
+            .field("table", &self.table)
+            .field("keep_from", &self.keep_from())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LogReader {
+    /// Entries at or before `p` are no longer needed by this reader.
+    pub fn keep_from_position(&self, p: Position) {
+        if let Ok(mut k) = self.keep_from.lock() {
+            *k = (*k).max(p);
+        }
+    }
+
+    pub fn keep_from(&self) -> Position {
+        self.keep_from.lock().map(|k| *k).unwrap_or_default()
+    }
+
+    /// Whether the table was dropped.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    pub(super) fn wake(&self, seq: u64) {
+        (self.wake)(seq)
+    }
+
+    pub(super) fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        (self.wake)(0)
+    }
+}
+
+/// What [`Store::follow`] hands over.
+pub struct Following {
+    /// The last commit before the readers were registered: their logs start
+    /// after it.
+    pub seq: u64,
+    /// One reader per table, in the order asked.
+    pub readers: Vec<Arc<LogReader>>,
+    /// Per table, its rows at `seq` (when asked for).
+    pub cursors: Vec<Option<TableCursor>>,
+}
+
+/// One part of a table's changes.
+#[derive(Debug, Clone)]
+pub struct LogPart {
+    /// The changes, as a batch in the table's schema with one diff per row.
+    pub change: ChangeBatch,
+    /// The position after this part.
+    pub end: Position,
+}
+
+/// A table's rows at one commit, read part by part (a flow's back-fill).
+pub struct TableCursor {
+    txn: Box<dyn KvReadTxn>,
+    table: TableId,
+    /// The last key returned.
+    last: Option<Vec<u8>>,
+    done: bool,
+}
+
+impl std::fmt::Debug for TableCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TableCursor")
+            .field("table", &self.table)
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TableCursor {
+    /// The next (at most [`PART_ROWS`]) rows and whether they are the last;
+    /// `None` once everything was returned. The read transaction is released
+    /// with the last part.
+    pub fn next_part(&mut self, table: &Table) -> Result<Option<(RecordBatch, bool)>> {
+        if self.done {
+            return Ok(None);
+        }
+        let mut dec = RowDecoder::new(table, PART_ROWS.min(1024));
+        let mut failure = None;
+        let mut more = false;
+        let mut last: Option<Vec<u8>> = None;
+        let start = self.last.clone().unwrap_or_default();
+        let skip_first = self.last.is_some();
+        let mut first = true;
+        self.txn
+            .scan(Space::Table(self.table), &start, &mut |k, v| {
+                if std::mem::take(&mut first) && skip_first && k == start.as_slice() {
+                    return Ok(true);
+                }
+                if dec.len() >= PART_ROWS {
+                    more = true;
+                    return Ok(false);
+                }
+                if let Err(e) = dec.push(k, v) {
+                    failure = Some(e);
+                    return Ok(false);
+                }
+                last = Some(k.to_vec());
+                Ok(true)
+            })?;
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        let batch = dec.finish()?;
+        if last.is_some() {
+            self.last = last;
+        }
+        if !more {
+            self.done = true;
+            // Nothing more to read: let the engine reclaim what the snapshot pinned.
+            self.txn = Box::new(Released);
+        }
+        Ok(Some((batch, !more)))
+    }
+}
+
+/// What a finished cursor holds instead of its read transaction.
+struct Released;
+
+impl KvReadTxn for Released {
+    fn get(&self, _: Space, _: &[u8]) -> Result<Option<Vec<u8>>> {
+        Ok(None)
+    }
+    fn scan(&self, _: Space, _: &[u8], _: &mut super::kv::Visitor<'_>) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Registered readers, per table.
+pub(super) type Readers = std::collections::HashMap<TableId, Vec<Weak<LogReader>>>;
+
+/// Whether `table` has a live reader (and so is logged).
+pub(super) fn has_readers(readers: &Readers, table: TableId) -> bool {
+    readers
+        .get(&table)
+        .is_some_and(|v| v.iter().any(|r| r.strong_count() > 0))
+}
+
+/// Wakes the live readers of `table`, forgetting dead ones.
+pub(super) fn wake(readers: &mut Readers, table: TableId, seq: u64) {
+    if let Some(v) = readers.get_mut(&table) {
+        v.retain(|r| match r.upgrade() {
+            Some(r) => {
+                r.wake(seq);
+                true
+            }
+            None => false,
+        });
+        if v.is_empty() {
+            readers.remove(&table);
+        }
+    }
+}
+
+impl Store {
+    /// Registers one reader per table, all at the same commit (under the
+    /// commit lock, so that nothing is missed or seen twice): from the next
+    /// commit on, every change to those tables is logged and wakes the
+    /// reader. `make(i)` gives the wake-up of `tables[i]`'s reader;
+    /// `keep_from[i]` (default: the current commit) is where its log must be
+    /// kept from (a restored flow's snapshot). With `cursors`, each table's
+    /// current rows can be read too (at the same commit).
+    pub fn follow(
+        &self,
+        tables: &[Arc<Table>],
+        keep_from: Option<&[Position]>,
+        cursors: bool,
+        make: &mut dyn FnMut(usize) -> Wake,
+    ) -> Result<Following> {
+        let mut state = self.state.lock().map_err(|_| poisoned())?;
+        let seq = state.last_seq;
+        let mut out = Following {
+            seq,
+            readers: Vec::with_capacity(tables.len()),
+            cursors: Vec::with_capacity(tables.len()),
+        };
+        for (i, t) in tables.iter().enumerate() {
+            let keep = keep_from
+                .and_then(|k| k.get(i).copied())
+                .unwrap_or(Position::after_commit(seq));
+            let reader = Arc::new(LogReader {
+                table: t.id(),
+                keep_from: Mutex::new(keep),
+                closed: AtomicBool::new(false),
+                wake: make(i),
+            });
+            state
+                .readers
+                .entry(t.id())
+                .or_default()
+                .push(Arc::downgrade(&reader));
+            state.logs.insert(t.id());
+            out.readers.push(reader);
+            out.cursors.push(if cursors {
+                Some(TableCursor {
+                    txn: self.kv.begin_read()?,
+                    table: t.id(),
+                    last: None,
+                    done: false,
+                })
+            } else {
+                None
+            });
+        }
+        Ok(out)
+    }
+
+    /// The part of `table`'s logged changes right after `after`, or `None`
+    /// when there is none yet. A commit's changes are split into parts of
+    /// [`PART_ROWS`]: part 0 first; the last part ends at
+    /// [`Position::after_commit`].
+    pub fn read_log_part(&self, table: &Table, after: Position) -> Result<Option<LogPart>> {
+        let txn = self.kv.begin_read()?;
+        let (start, part) = if after.part == u32::MAX {
+            (after.seq.saturating_add(1), 0u32)
+        } else {
+            (after.seq, after.part.saturating_add(1))
+        };
+        let mut found: Option<(u64, Vec<u8>)> = None;
+        txn.scan(Space::Log(table.id()), &start.to_be_bytes(), &mut |k, v| {
+            let Ok(b) = <[u8; 8]>::try_from(k) else {
+                return Ok(true);
+            };
+            found = Some((u64::from_be_bytes(b), v.to_vec()));
+            Ok(false)
+        })?;
+        let Some((seq, bytes)) = found else {
+            return Ok(None);
+        };
+        // The rest of `after.seq` (a later part), or the next commit from its start.
+        let part = if seq == after.seq { part } else { 0 };
+        let (change, last) = decode_part(table, seq, &bytes, part)?;
+        let end = if last {
+            Position::after_commit(seq)
+        } else {
+            Position { seq, part }
+        };
+        Ok(Some(LogPart { change, end }))
+    }
+
+    /// Trims every change log up to where all its readers are past, and
+    /// drops the logs of tables nobody reads any more. Finds what to trim in
+    /// a read transaction; takes only the engine's write lock to delete.
+    pub fn trim_logs(&self) -> Result<()> {
+        let (trim, gone) = {
+            let mut state = self.state.lock().map_err(|_| poisoned())?;
+            let mut trim: Vec<(TableId, Position)> = Vec::new();
+            let mut gone: Vec<TableId> = Vec::new();
+            let tables: Vec<TableId> = state.logs.iter().copied().collect();
+            for t in tables {
+                let live: Vec<Arc<LogReader>> = state
+                    .readers
+                    .get(&t)
+                    .map(|v| v.iter().filter_map(Weak::upgrade).collect())
+                    .unwrap_or_default();
+                if live.is_empty() {
+                    state.readers.remove(&t);
+                    state.logs.remove(&t);
+                    gone.push(t);
+                } else if let Some(min) = live.iter().map(|r| r.keep_from()).min() {
+                    trim.push((t, min));
+                }
+            }
+            (trim, gone)
+        };
+        let txn = self.kv.begin_read()?;
+        let mut doomed: Vec<(TableId, Vec<Vec<u8>>)> = Vec::new();
+        for (t, keep) in trim {
+            // Whole commits before `keep` (and `keep`'s own when it is complete).
+            let upto = match keep.part {
+                u32::MAX => keep.seq,
+                _ => keep.seq.saturating_sub(1),
+            };
+            let mut keys = Vec::new();
+            txn.scan(
+                Space::Log(t),
+                &[],
+                &mut |k, _| match <[u8; 8]>::try_from(k) {
+                    Ok(b) if u64::from_be_bytes(b) <= upto => {
+                        keys.push(k.to_vec());
+                        Ok(true)
+                    }
+                    Ok(_) => Ok(false),
+                    Err(_) => Ok(true),
+                },
+            )?;
+            if !keys.is_empty() {
+                doomed.push((t, keys));
+            }
+        }
+        drop(txn);
+        if doomed.is_empty() && gone.is_empty() {
+            return Ok(());
+        }
+        if !doomed.is_empty() {
+            // Without the commit lock: only whole commits before every
+            // reader's position go, and the log only grows at its end.
+            let mut txn = self.kv.begin_write()?;
+            for (t, keys) in &doomed {
+                txn.space(Space::Log(*t), &mut |space| {
+                    for k in keys {
+                        space.delete(k)?;
+                    }
+                    Ok(())
+                })?;
+            }
+            txn.commit()?;
+        }
+        if !gone.is_empty() {
+            // In the commit's lock order (state, then the engine), so that a
+            // reader registered meanwhile keeps its log.
+            let state = self.state.lock().map_err(|_| poisoned())?;
+            let gone: Vec<TableId> = gone
+                .into_iter()
+                .filter(|t| !has_readers(&state.readers, *t))
+                .collect();
+            if !gone.is_empty() {
+                let mut txn = self.kv.begin_write()?;
+                for t in &gone {
+                    txn.drop_space(Space::Log(*t))?;
+                }
+                txn.commit()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Entries in `table`'s log (for tests and diagnostics).
+    pub fn log_len(&self, table: TableId) -> Result<usize> {
+        let txn = self.kv.begin_read()?;
+        let mut n = 0;
+        txn.scan(Space::Log(table), &[], &mut |_, _| {
+            n += 1;
+            Ok(true)
+        })?;
+        Ok(n)
+    }
+}
+
+fn corrupt() -> crate::Error {
+    StorageSnafu {
+        message: "corrupt change log entry".to_string(),
+    }
+    .build()
+}
+
+/// Part `part` of a log entry (see `encode_log`), and whether it is the last.
+fn decode_part(table: &Table, seq: u64, bytes: &[u8], part: u32) -> Result<(ChangeBatch, bool)> {
+    let mut pos = 0usize;
+    let mut take = |n: usize| -> Result<&[u8]> {
+        let end = pos.checked_add(n).ok_or_else(corrupt)?;
+        let s = bytes.get(pos..end).ok_or_else(corrupt)?;
+        pos = end;
+        Ok(s)
+    };
+    let u32_of = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
+    let count = u32_of(take(4)?);
+    let from = (part as usize).saturating_mul(PART_ROWS).min(count);
+    let to = from.saturating_add(PART_ROWS).min(count);
+    let mut dec = RowDecoder::new(table, to - from);
+    let mut diffs = Vec::with_capacity(to - from);
+    for i in 0..to {
+        let kl = u32_of(take(4)?);
+        let k = take(kl)?;
+        let vl = u32_of(take(4)?);
+        let v = take(vl)?;
+        let d = take(8)?;
+        if i >= from {
+            let d = i64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]]);
+            dec.push(k, v)?;
+            diffs.push(d);
+        }
+    }
+    Ok((
+        ChangeBatch {
+            table_id: table.id(),
+            seq,
+            batch: dec.finish()?,
+            diffs,
+        },
+        to >= count,
+    ))
+}
