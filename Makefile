@@ -7,7 +7,7 @@ export CARGO_TERM_COLOR ?= never
 
 DATA_DIR ?= ./sandflow-data
 
-.PHONY: setup build test lint unit run bench fmt clean-data
+.PHONY: setup build test lint deps unit run bench fmt clean-data
 
 ## Installs the toolchain pieces the build needs (idempotent).
 setup:
@@ -24,9 +24,23 @@ build: setup
 ## Formatting, lints, then every test: unit, engine, end-to-end.
 test: setup lint unit
 
-lint: setup
+lint: setup deps
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+## The crates' dependencies point one way (see ARCHITECTURE.md).
+deps:
+	@if $(CARGO) tree -p sandflow-flows -e normal --prefix none | grep -Eq '^(datafusion|redb|tokio|wasmtime)'; then \
+		echo "sandflow-flows must not depend on datafusion, redb, tokio or wasmtime:"; \
+		$(CARGO) tree -p sandflow-flows -e normal -i datafusion -i redb -i tokio -i wasmtime 2>/dev/null | head -20; exit 1; fi
+	@if $(CARGO) tree -p sandflow-sandbox -e normal --prefix none | grep -Eq '^(datafusion|redb)'; then \
+		echo "sandflow-sandbox must not depend on datafusion or redb"; exit 1; fi
+	@if $(CARGO) tree -p sandflow-contract -e normal --prefix none --no-default-features | grep -Eq '^(datafusion|redb|tokio|wasmtime)'; then \
+		echo "sandflow-contract must not depend on datafusion, redb, tokio or wasmtime"; exit 1; fi
+	@if grep -rqE 'crate::(catalog|flow|sql|session|database)\b' host/db/src/storage; then \
+		echo "host/db/src/storage must not use the catalog, flows, SQL or sessions:"; \
+		grep -rnE 'crate::(catalog|flow|sql|session|database)\b' host/db/src/storage; exit 1; fi
+	@echo "dependencies point one way"
 
 unit: setup
 	$(CARGO) test --workspace -- --test-threads=2

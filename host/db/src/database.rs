@@ -143,7 +143,50 @@ impl Core {
     }
 
     /// Column defaults of a table for DataFusion's INSERT planning (cached).
+    /// A `now()` in a default is the time on the database's clock when the
+    /// statement is planned.
     pub(crate) fn defaults(&self, table: &Table) -> Arc<HashMap<String, Expr>> {
+        self.at_clock_now(self.cached_defaults(table))
+    }
+
+    /// `map` with every `now()` replaced by the clock's time.
+    fn at_clock_now(&self, map: Arc<HashMap<String, Expr>>) -> Arc<HashMap<String, Expr>> {
+        use datafusion::common::tree_node::{Transformed, TreeNode};
+        let is_now = |e: &Expr| matches!(e, Expr::ScalarFunction(f) if f.name() == "now");
+        let has_now = map
+            .values()
+            .any(|e| e.exists(|e| Ok(is_now(e))).unwrap_or(false));
+        if !has_now {
+            return map;
+        }
+        let now = Expr::Literal(
+            datafusion::scalar::ScalarValue::TimestampNanosecond(
+                Some(self.clock.now_ms().saturating_mul(1_000_000)),
+                Some("+00:00".into()),
+            ),
+            None,
+        );
+        let replaced = map
+            .iter()
+            .map(|(k, e)| {
+                let e = e
+                    .clone()
+                    .transform(|e| {
+                        Ok(if is_now(&e) {
+                            Transformed::yes(now.clone())
+                        } else {
+                            Transformed::no(e)
+                        })
+                    })
+                    .map(|t| t.data)
+                    .unwrap_or_else(|_| e.clone());
+                (k.clone(), e)
+            })
+            .collect();
+        Arc::new(replaced)
+    }
+
+    fn cached_defaults(&self, table: &Table) -> Arc<HashMap<String, Expr>> {
         if let Ok(cache) = self.defaults.read() {
             if let Some(d) = cache.get(&table.id()) {
                 return d.clone();
@@ -288,8 +331,9 @@ fn session(core: &Arc<Core>) -> SessionContext {
 /// Where a database keeps its data.
 #[derive(Debug, Clone)]
 pub enum StorageConfig {
-    /// In a directory (created if missing), durably.
-    Dir(PathBuf),
+    /// In a directory (created if missing), durably, with a page cache of
+    /// `cache_bytes` (default [`crate::storage::redb::DEFAULT_CACHE_BYTES`]).
+    Dir { path: PathBuf, cache_bytes: usize },
     /// In memory: nothing survives the process.
     InMemory,
 }
@@ -318,7 +362,10 @@ impl DatabaseConfig {
     /// Data in `dir`, default flow settings, the system clock.
     pub fn dir(dir: impl AsRef<Path>) -> DatabaseConfig {
         DatabaseConfig {
-            storage: StorageConfig::Dir(dir.as_ref().to_path_buf()),
+            storage: StorageConfig::Dir {
+                path: dir.as_ref().to_path_buf(),
+                cache_bytes: crate::storage::redb::DEFAULT_CACHE_BYTES,
+            },
             flows: FlowSettings::default(),
             clock: ClockConfig::System,
         }
@@ -384,16 +431,16 @@ impl Database {
         flows.tick_interval = flows
             .tick_interval
             .max(std::time::Duration::from_millis(10));
-        let dir = match &storage {
-            StorageConfig::Dir(dir) => Some(dir.clone()),
-            StorageConfig::InMemory => None,
+        let (dir, cache_bytes) = match &storage {
+            StorageConfig::Dir { path, cache_bytes } => (Some(path.clone()), *cache_bytes),
+            StorageConfig::InMemory => (None, 0),
         };
         if flows.cache_dir.is_none() {
             flows.cache_dir = dir.as_ref().map(|d| d.join("wasm-cache"));
         }
         let (store, catalog) = blocking(move || {
             let store = Arc::new(match &dir {
-                Some(dir) => Store::open(dir)?,
+                Some(dir) => Store::open_with_cache(dir, cache_bytes)?,
                 None => Store::in_memory()?,
             });
             let catalog = Catalog::load(&store)?;
@@ -446,6 +493,8 @@ impl Database {
         let core = self.core.clone();
         blocking(move || core.flows.advance_to(to_ms)).await?;
         let mut last = self.expired.lock().await;
+        // On a virtual clock, rows expire exactly when their time comes.
+        last.clear();
         expire_due(&self.core, to_ms, &mut last).await;
         Ok(())
     }

@@ -8,7 +8,9 @@
 //! - `e2e_*`: the real binary over psql, drivers and HTTP;
 //! - `flows_differential`, `flows_limits`, `hostile_flows`, `crash_flows`:
 //!   flows under random writes, limits, attacks and kill -9;
-//! - `fuzz`: bounded fuzzing of everything untrusted input reaches.
+//! - `fuzz`: bounded fuzzing of everything untrusted input reaches;
+//! - `virtual_time`: the library with an in-memory store and a virtual
+//!   clock (deterministic flows, ttl and EXPIRE AFTER), separate metrics.
 //!
 //! Run one area with `cargo test -p sandflow-tests --test all e2e_pg`.
 
@@ -28,3 +30,4 @@ mod flows_limits;
 mod fuzz;
 mod hostile_flows;
 mod sandbox;
+mod virtual_time;

@@ -33,8 +33,8 @@ use datafusion::arrow::datatypes::{
 };
 use datafusion::arrow::record_batch::RecordBatch;
 
-use crate::catalog::{ColumnType, Table};
 use crate::error::{InternalSnafu, Result};
+use crate::schema::{ColumnType, Table};
 
 const VALUE_FORMAT: u8 = 1;
 
@@ -549,7 +549,7 @@ impl<'t> RowDecoder<'t> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::catalog::{ColumnSchema, TableInfo, TableSchema};
+    use crate::schema::{ColumnSchema, TableInfo, TableSchema};
     use datafusion::arrow::array::{
         Float64Array, Int32Array, StringArray, TimestampMillisecondArray,
     };

@@ -9,8 +9,8 @@ use tokio::sync::Notify;
 
 use super::log::{LogReader, Position};
 use super::{ChangeBatch, Store};
-use crate::catalog::Table;
 use crate::error::Result;
+use crate::schema::Table;
 
 /// Why [`ChangeFeed::try_recv`] returned no change.
 #[derive(Debug)]

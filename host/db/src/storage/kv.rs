@@ -2,8 +2,8 @@
 //! upsert semantics, change feed, catalog) is engine-independent; an engine
 //! only has to offer ordered key spaces and atomic, durable transactions.
 
-use crate::catalog::TableId;
 use crate::error::Result;
+use crate::schema::TableId;
 
 /// A key space: the metadata space, or one per table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -23,8 +23,8 @@ pub use sandflow_flows::{Position, PART_ROWS};
 use super::codec::RowDecoder;
 use super::kv::{KvReadTxn, Space};
 use super::{poisoned, ChangeBatch, Store};
-use crate::catalog::{Table, TableId};
 use crate::error::{Result, StorageSnafu};
+use crate::schema::{Table, TableId};
 
 /// Wakes a reader: a commit with this sequence changed its table.
 pub type Wake = Box<dyn Fn(u64) + Send + Sync>;

@@ -27,8 +27,8 @@ use datafusion::arrow::array::{new_null_array, Array, ArrayRef, BooleanArray};
 use datafusion::arrow::compute::{cast_with_options, CastOptions};
 use datafusion::arrow::record_batch::RecordBatch;
 
-use crate::catalog::{Table, TableId};
 use crate::error::{InternalSnafu, InvalidDataSnafu, Result};
+use crate::schema::{Table, TableId};
 use codec::{ColumnReader, RowDecoder};
 pub use feed::{ChangeFeed, TryRecvError};
 pub use kv::{KvReadTxn, KvSpace, KvStorage, KvWriteTxn, Space};
@@ -148,7 +148,7 @@ impl WriteSet {
     }
 
     /// Adds any metadata change, table creation included: the catalog's
-    /// staged DDL (`catalog::DdlBatch`) commits with the rows it makes room for.
+    /// staged DDL commits with the rows it makes room for.
     pub(crate) fn push_meta(&mut self, write: MetaWrite) -> &mut Self {
         self.meta.push(write);
         self
@@ -229,15 +229,21 @@ pub(crate) fn poisoned() -> crate::error::Error {
 }
 
 impl Store {
-    /// Opens the redb-backed store in `dir` (created if missing).
+    /// Opens the redb-backed store in `dir` (created if missing) with the
+    /// default page cache ([`redb::DEFAULT_CACHE_BYTES`]).
     pub fn open(dir: &Path) -> Result<Store> {
+        Store::open_with_cache(dir, redb::DEFAULT_CACHE_BYTES)
+    }
+
+    /// Opens the redb-backed store in `dir` with a page cache of `cache_bytes`.
+    pub fn open_with_cache(dir: &Path, cache_bytes: usize) -> Result<Store> {
         std::fs::create_dir_all(dir).map_err(|e| {
             crate::error::StorageSnafu {
                 message: format!("cannot create data dir {}: {e}", dir.display()),
             }
             .build()
         })?;
-        let kv = redb::RedbStorage::open(&dir.join("sandflow.redb"))?;
+        let kv = redb::RedbStorage::open(&dir.join("sandflow.redb"), cache_bytes)?;
         Store::with_engine(Box::new(kv))
     }
 

@@ -24,6 +24,13 @@ fn space_name(space: Space) -> String {
     }
 }
 
+/// The default of redb's page cache (redb's own default is 1 GiB). The
+/// operating system caches the file as well, so a small cache costs system
+/// calls, not disk reads: writing 1,000,000 rows took 14.4 s with 32 MiB
+/// against 16.1 s with 1 GiB (`make bench`, pull_log), and resident memory
+/// grew by 36 MiB instead of 79 MiB.
+pub const DEFAULT_CACHE_BYTES: usize = 32 << 20;
+
 type Def<'a> = TableDefinition<'a, &'static [u8], &'static [u8]>;
 
 pub struct RedbStorage {
@@ -31,17 +38,21 @@ pub struct RedbStorage {
 }
 
 impl RedbStorage {
-    /// Opens (or creates) the database file.
-    pub fn open(path: &Path) -> Result<RedbStorage> {
-        let db = redb::Database::create(path).map_err(|e| {
-            storage_err(
-                &format!(
-                    "cannot open data file {} (is another sandflow using this data dir?)",
-                    path.display()
-                ),
-                e,
-            )
-        })?;
+    /// Opens (or creates) the database file, with a page cache of
+    /// `cache_bytes`.
+    pub fn open(path: &Path, cache_bytes: usize) -> Result<RedbStorage> {
+        let db = redb::Builder::new()
+            .set_cache_size(cache_bytes)
+            .create(path)
+            .map_err(|e| {
+                storage_err(
+                    &format!(
+                        "cannot open data file {} (is another sandflow using this data dir?)",
+                        path.display()
+                    ),
+                    e,
+                )
+            })?;
         Ok(RedbStorage { db: Arc::new(db) })
     }
 

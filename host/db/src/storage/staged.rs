@@ -19,8 +19,8 @@ use datafusion::arrow::record_batch::RecordBatch;
 
 use super::codec::{self, RowDecoder};
 use super::{conform_batch, readers, Snapshot, Space, Store, SCAN_BATCH_ROWS};
-use crate::catalog::{Table, TableId};
 use crate::error::Result;
+use crate::schema::{Table, TableId};
 
 /// Visits one stored row (key, value).
 type RowVisitor<'a> = dyn FnMut(&[u8], &[u8]) -> Result<()> + 'a;
@@ -264,14 +264,13 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::catalog::{Catalog, ColumnSchema, ColumnType, TableSchema};
-    use crate::storage::WriteSet;
+    use crate::schema::{ColumnSchema, ColumnType, TableInfo, TableSchema};
+    use crate::storage::{MetaWrite, WriteSet};
     use datafusion::arrow::array::{Int64Array, StringArray, TimestampMillisecondArray};
 
     fn setup(append: bool) -> (tempfile::TempDir, Arc<Store>, Arc<Table>) {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(Store::open(dir.path()).unwrap());
-        let catalog = Catalog::load(&store).unwrap();
         let schema = TableSchema::new(
             vec![
                 ColumnSchema::new("k", ColumnType::String, true),
@@ -283,8 +282,15 @@ mod tests {
             append,
         )
         .unwrap();
-        let (t, _) = catalog
-            .create_table(&store, "public", "t", schema, Default::default(), false)
+        let t = Table::new(TableInfo {
+            id: 1,
+            database: "public".into(),
+            name: "t".into(),
+            schema,
+            options: Default::default(),
+        });
+        store
+            .commit_meta(vec![MetaWrite::CreateTable(t.id())])
             .unwrap();
         (dir, store, t)
     }

@@ -1,0 +1,273 @@
+//! What a table is: its columns, time index, primary key, options, and the
+//! Arrow schema of its rows. The catalog names and persists tables; storage
+//! stores their rows; both read these definitions, neither knows the other
+//! through them.
+
+mod types;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{InvalidDataSnafu, Result};
+
+pub use types::ColumnType;
+
+/// The catalog name seen by DataFusion (as in GreptimeDB).
+pub const DEFAULT_CATALOG: &str = "greptime";
+/// The database (schema) tables live in unless qualified.
+pub const DEFAULT_DATABASE: &str = "public";
+/// The `ttl` table option of a table that keeps no rows (see [`Table::instant`]).
+pub const TTL_INSTANT: &str = "instant";
+
+/// Identifies a table for its whole life; never reused.
+pub type TableId = u64;
+
+/// How a column takes part in the data model (GreptimeDB's semantic type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SemanticType {
+    /// A primary key column.
+    Tag,
+    /// The time index.
+    Timestamp,
+    /// Any other column.
+    Field,
+}
+
+impl SemanticType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SemanticType::Tag => "TAG",
+            SemanticType::Timestamp => "TIMESTAMP",
+            SemanticType::Field => "FIELD",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ColumnSchema {
+    pub name: String,
+    pub data_type: ColumnType,
+    pub nullable: bool,
+    /// The default as SQL expression text (e.g. `now()`, `0`, `'x'`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comment: Option<String>,
+}
+
+impl ColumnSchema {
+    pub fn new(name: impl Into<String>, data_type: ColumnType, nullable: bool) -> Self {
+        ColumnSchema {
+            name: name.into(),
+            data_type,
+            nullable,
+            default: None,
+            comment: None,
+        }
+    }
+
+    pub fn with_default(mut self, default_sql: impl Into<String>) -> Self {
+        self.default = Some(default_sql.into());
+        self
+    }
+}
+
+/// The shape of a table: columns, which one is the time index, which ones form
+/// the primary key, and whether rows with the same key are kept (append mode).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TableSchema {
+    pub columns: Vec<ColumnSchema>,
+    /// Index into `columns` of the time index (a NOT NULL timestamp).
+    pub time_index: usize,
+    /// Indices into `columns`, in key order.
+    pub primary_key: Vec<usize>,
+    #[serde(default)]
+    pub append_mode: bool,
+}
+
+impl TableSchema {
+    /// Builds a schema by column names and checks it (see [`TableSchema::validate`]).
+    pub fn new(
+        columns: Vec<ColumnSchema>,
+        time_index: &str,
+        primary_key: &[&str],
+        append_mode: bool,
+    ) -> Result<TableSchema> {
+        let find = |name: &str| {
+            columns.iter().position(|c| c.name == name).ok_or_else(|| {
+                InvalidDataSnafu {
+                    message: format!("column '{name}' is not defined in the table"),
+                }
+                .build()
+            })
+        };
+        let time_index = find(time_index)?;
+        let primary_key = primary_key
+            .iter()
+            .map(|n| find(n))
+            .collect::<Result<Vec<_>>>()?;
+        let mut schema = TableSchema {
+            columns,
+            time_index,
+            primary_key,
+            append_mode,
+        };
+        schema.columns[time_index].nullable = false;
+        schema.validate()?;
+        Ok(schema)
+    }
+
+    /// Checks the invariants every stored table keeps.
+    pub fn validate(&self) -> Result<()> {
+        let fail = |message: String| Err(InvalidDataSnafu { message }.build());
+        if self.columns.is_empty() {
+            return fail("a table needs at least one column".into());
+        }
+        let mut seen = std::collections::HashSet::new();
+        for c in &self.columns {
+            if !seen.insert(c.name.as_str()) {
+                return fail(format!("column '{}' is defined twice", c.name));
+            }
+        }
+        let Some(ts) = self.columns.get(self.time_index) else {
+            return fail("the time index refers to no column".into());
+        };
+        if !ts.data_type.is_timestamp() {
+            return fail(format!(
+                "time index column '{}' must be a TIMESTAMP, not {}",
+                ts.name,
+                ts.data_type.sql_name()
+            ));
+        }
+        if ts.nullable {
+            return fail(format!("time index column '{}' must be NOT NULL", ts.name));
+        }
+        let mut pk_seen = std::collections::HashSet::new();
+        for &i in &self.primary_key {
+            if i >= self.columns.len() {
+                return fail("the primary key refers to no column".into());
+            }
+            if i == self.time_index {
+                return fail(format!(
+                    "time index column '{}' cannot also be in the PRIMARY KEY",
+                    self.columns[i].name
+                ));
+            }
+            if !pk_seen.insert(i) {
+                return fail(format!(
+                    "column '{}' appears twice in the PRIMARY KEY",
+                    self.columns[i].name
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn column_index(&self, name: &str) -> Option<usize> {
+        self.columns.iter().position(|c| c.name == name)
+    }
+
+    pub fn time_index_column(&self) -> &ColumnSchema {
+        &self.columns[self.time_index]
+    }
+
+    pub fn primary_key_names(&self) -> Vec<&str> {
+        self.primary_key
+            .iter()
+            .map(|&i| self.columns[i].name.as_str())
+            .collect()
+    }
+
+    pub fn semantic_type(&self, column: usize) -> SemanticType {
+        if column == self.time_index {
+            SemanticType::Timestamp
+        } else if self.primary_key.contains(&column) {
+            SemanticType::Tag
+        } else {
+            SemanticType::Field
+        }
+    }
+
+    /// The Arrow schema of the table's rows (column order as declared).
+    pub fn arrow_schema(&self) -> SchemaRef {
+        let fields: Vec<Field> = self
+            .columns
+            .iter()
+            .map(|c| Field::new(&c.name, c.data_type.to_arrow(), c.nullable))
+            .collect();
+        Arc::new(Schema::new(fields))
+    }
+}
+
+/// Everything persisted about one table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TableInfo {
+    pub id: TableId,
+    pub database: String,
+    pub name: String,
+    pub schema: TableSchema,
+    /// The `WITH (...)` options as given (normalised keys).
+    #[serde(default)]
+    pub options: BTreeMap<String, String>,
+}
+
+/// A table as the running database sees it: its metadata plus derived,
+/// cached facts (Arrow schema, key layout).
+#[derive(Debug)]
+pub struct Table {
+    pub info: TableInfo,
+    pub arrow_schema: SchemaRef,
+    /// Columns stored in the key, in key order: primary key, then time index.
+    pub key_columns: Vec<usize>,
+    /// Columns stored in the value, in schema order.
+    pub value_columns: Vec<usize>,
+}
+
+impl Table {
+    pub fn new(info: TableInfo) -> Arc<Table> {
+        let schema = &info.schema;
+        let mut key_columns = schema.primary_key.clone();
+        key_columns.push(schema.time_index);
+        let value_columns = (0..schema.columns.len())
+            .filter(|i| !key_columns.contains(i))
+            .collect();
+        Arc::new(Table {
+            arrow_schema: schema.arrow_schema(),
+            info,
+            key_columns,
+            value_columns,
+        })
+    }
+
+    pub fn id(&self) -> TableId {
+        self.info.id
+    }
+
+    pub fn schema(&self) -> &TableSchema {
+        &self.info.schema
+    }
+
+    /// `WITH (ttl = 'instant')`: the table keeps no rows; its writes only
+    /// reach the flows that read it (GreptimeDB's flow-only source tables).
+    pub fn instant(&self) -> bool {
+        self.info.options.get("ttl").map(String::as_str) == Some(TTL_INSTANT)
+    }
+
+    /// `WITH (ttl = '7d')`: rows whose time index is older than now - ttl
+    /// expire (see `Store::expire`). None for no ttl, `forever` and `instant`.
+    pub fn ttl_ms(&self) -> Option<i64> {
+        let ttl = self.info.options.get("ttl")?;
+        if ttl == TTL_INSTANT {
+            return None;
+        }
+        crate::flow::options::parse_interval(ttl).ok()
+    }
+
+    /// `database.name`
+    pub fn qualified_name(&self) -> String {
+        format!("{}.{}", self.info.database, self.info.name)
+    }
+}

@@ -1,0 +1,259 @@
+//! The database as a library with an in-memory store and a virtual clock:
+//! flows tick, EXPIRE AFTER drops windows and ttl expires rows exactly at the
+//! virtual times, nothing runs unless driven, and the same statements at the
+//! same times give byte-identical sinks. Also: two databases in one process
+//! share no metrics.
+
+use std::sync::Arc;
+
+use datafusion::arrow::util::display::array_value_to_string;
+use sandflow::clock::VirtualClock;
+use sandflow::{Database, DatabaseConfig, Output};
+
+/// 2023-11-14T22:13:20Z, a whole second.
+const T0: i64 = 1_700_000_000_000;
+
+async fn open_virtual(start_ms: i64) -> (Arc<Database>, Arc<VirtualClock>) {
+    let clock = Arc::new(VirtualClock::new(start_ms));
+    let db = Database::open_config(DatabaseConfig::in_memory().with_virtual_clock(clock.clone()))
+        .await
+        .unwrap();
+    (db, clock)
+}
+
+/// Every row of `sql`'s result, cells joined by `|`, rows by `\n`.
+async fn rows(db: &Database, sql: &str) -> String {
+    let out = db
+        .execute(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let Some(Output::Rows { batches, .. }) = out.into_iter().last() else {
+        panic!("{sql}: no rows")
+    };
+    let mut lines = Vec::new();
+    for b in batches {
+        for r in 0..b.num_rows() {
+            let cells: Vec<String> = b
+                .columns()
+                .iter()
+                .map(|c| array_value_to_string(c, r).unwrap())
+                .collect();
+            lines.push(cells.join("|"));
+        }
+    }
+    lines.join("\n")
+}
+
+async fn run(db: &Database, sql: &str) {
+    db.execute(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    db.run_flows().await.unwrap();
+}
+
+const TOTALS: &str = "SELECT host, n FROM totals ORDER BY host";
+const PER_SEC: &str = "SELECT host, CAST(sec AS BIGINT) AS ms, n FROM per_sec ORDER BY ms, host";
+
+/// The scenario; returns everything it saw, and the sinks' whole contents
+/// (every column, the flows' update times included) at the end.
+async fn scenario() -> (Vec<String>, String) {
+    let (db, clock) = open_virtual(T0 - 1_000).await;
+    let mut seen = Vec::new();
+    run(
+        &db,
+        "CREATE TABLE req (host STRING, id INT, ts TIMESTAMP TIME INDEX, PRIMARY KEY (host, id)) \
+         WITH (ttl = '30s')",
+    )
+    .await;
+    run(
+        &db,
+        "CREATE FLOW totals SINK TO totals AS SELECT host, count(*) AS n FROM req GROUP BY host",
+    )
+    .await;
+    run(
+        &db,
+        "CREATE FLOW per_sec SINK TO per_sec EXPIRE AFTER '10 s' AS \
+         SELECT host, date_bin(INTERVAL '1 second', ts) AS sec, count(*) AS n \
+         FROM req GROUP BY host, sec",
+    )
+    .await;
+
+    // Ticks: an idle flow ticks at once; under more input, not before a
+    // tick interval (200 ms) after its last tick.
+    db.advance_time_to(T0).await.unwrap();
+    run(
+        &db,
+        &format!("INSERT INTO req VALUES ('a', 1, {T0}), ('b', 1, {T0})"),
+    )
+    .await;
+    assert_eq!(rows(&db, TOTALS).await, "a|1\nb|1", "ticked at once");
+    db.advance_time_to(T0 + 50).await.unwrap();
+    run(&db, &format!("INSERT INTO req VALUES ('a', 2, {T0})")).await;
+    assert_eq!(
+        rows(&db, TOTALS).await,
+        "a|1\nb|1",
+        "not before the interval"
+    );
+    db.advance_time_to(T0 + 199).await.unwrap();
+    assert_eq!(rows(&db, TOTALS).await, "a|1\nb|1", "not at 199 ms");
+    db.advance_time_to(T0 + 200).await.unwrap();
+    assert_eq!(rows(&db, TOTALS).await, "a|2\nb|1", "exactly at 200 ms");
+    seen.push(rows(&db, PER_SEC).await);
+    assert_eq!(seen[0], format!("a|{T0}|2\nb|{T0}|1"));
+
+    // EXPIRE AFTER '10 s': window T0 takes late rows while the tick time is
+    // at most T0 + 10 s, and none after.
+    db.advance_time_to(T0 + 10_000).await.unwrap();
+    run(&db, &format!("INSERT INTO req VALUES ('b', 2, {T0})")).await;
+    assert_eq!(
+        rows(&db, PER_SEC).await,
+        format!("a|{T0}|2\nb|{T0}|2"),
+        "a late row at the last moment counts"
+    );
+    db.advance_time_to(T0 + 10_001).await.unwrap();
+    run(&db, &format!("INSERT INTO req VALUES ('a', 3, {T0})")).await;
+    // The flows ticked at T0 + 10 s: the next tick is 200 ms later.
+    assert_eq!(
+        rows(&db, TOTALS).await,
+        "a|2\nb|2",
+        "not before the interval"
+    );
+    db.advance_time_to(T0 + 10_200).await.unwrap();
+    assert_eq!(
+        rows(&db, PER_SEC).await,
+        format!("a|{T0}|2\nb|{T0}|2"),
+        "a late row 1 ms after the window expired is ignored"
+    );
+    assert_eq!(
+        rows(&db, TOTALS).await,
+        "a|3\nb|2",
+        "a flow without EXPIRE AFTER counts it"
+    );
+    seen.push(rows(&db, TOTALS).await);
+
+    // ttl = '30s': rows whose time index is more than 30 s before the clock
+    // go, exactly then; the flows keep what they computed.
+    db.advance_time_to(T0 + 30_000).await.unwrap();
+    assert_eq!(
+        rows(&db, "SELECT count(*) FROM req").await,
+        "5",
+        "kept at 30 s"
+    );
+    db.advance_time_to(T0 + 30_001).await.unwrap();
+    assert_eq!(
+        rows(&db, "SELECT count(*) FROM req").await,
+        "0",
+        "gone 1 ms later"
+    );
+    seen.push(rows(&db, TOTALS).await);
+    assert_eq!(seen[2], "a|3\nb|2");
+
+    // Nothing runs unless driven: an insert is not in the sink until the
+    // flows run.
+    Box::pin(db.execute(&format!("INSERT INTO req VALUES ('c', 1, {})", T0 + 30_001)))
+        .await
+        .unwrap();
+    assert_eq!(rows(&db, TOTALS).await, "a|3\nb|2");
+    db.run_flows().await.unwrap();
+    assert_eq!(rows(&db, TOTALS).await, "a|3\nb|2\nc|1");
+    assert_eq!(clock.now_ms(), T0 + 30_001);
+
+    // DEFAULT now() is the virtual time.
+    run(
+        &db,
+        "CREATE TABLE d (k INT, ts TIMESTAMP DEFAULT now() TIME INDEX, PRIMARY KEY (k))",
+    )
+    .await;
+    run(&db, "INSERT INTO d (k) VALUES (1)").await;
+    assert_eq!(
+        rows(&db, "SELECT CAST(ts AS BIGINT) FROM d").await,
+        (T0 + 30_001).to_string()
+    );
+
+    let all = format!(
+        "{}\n--\n{}",
+        rows(&db, "SELECT * FROM totals ORDER BY host").await,
+        rows(&db, "SELECT * FROM per_sec ORDER BY host, sec").await
+    );
+    (seen, all)
+}
+
+use sandflow::clock::Clock as _;
+
+/// Runs `f` on a runtime of its own on a thread with a deep stack (in a
+/// debug build the scenario's future takes more than a test thread's 2 MiB).
+fn on_big_stack(f: impl std::future::Future<Output = ()> + Send + 'static) {
+    std::thread::Builder::new()
+        .stack_size(64 << 20)
+        .spawn(move || {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(f)
+        })
+        .unwrap()
+        .join()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e));
+}
+
+#[test]
+fn flows_ttl_and_expire_after_act_at_virtual_times_and_repeat_exactly() {
+    on_big_stack(async {
+        let first = Box::pin(scenario()).await;
+        let second = Box::pin(scenario()).await;
+        assert_eq!(
+            first, second,
+            "the same statements at the same times give the same sinks"
+        );
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn time_only_moves_forward() {
+    let (db, _) = open_virtual(T0).await;
+    let e = db.advance_time_to(T0 - 1).await.unwrap_err().to_string();
+    assert!(e.contains("backwards"), "{e}");
+    let real = Database::open_config(DatabaseConfig::in_memory())
+        .await
+        .unwrap();
+    let e = real.advance_time_to(T0).await.unwrap_err().to_string();
+    assert!(e.contains("real clock"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_databases_in_one_process_have_separate_metrics() {
+    let (one, _) = open_virtual(T0).await;
+    let (two, _) = open_virtual(T0 + 5_000).await;
+    for (db, flow) in [(&one, "only_in_one"), (&two, "only_in_two")] {
+        run(
+            db,
+            "CREATE TABLE t (k INT, ts TIMESTAMP TIME INDEX, PRIMARY KEY (k))",
+        )
+        .await;
+        run(
+            db,
+            &format!("CREATE FLOW {flow} SINK TO s AS SELECT count(*) AS n FROM t"),
+        )
+        .await;
+    }
+    let (a, b) = (one.metrics().render(), two.metrics().render());
+    assert!(
+        a.contains("flow=\"only_in_one\"") && !a.contains("only_in_two"),
+        "{a}"
+    );
+    assert!(
+        b.contains("flow=\"only_in_two\"") && !b.contains("only_in_one"),
+        "{b}"
+    );
+    // Each registry is its own: a series added to one is not in the other.
+    one.metrics()
+        .counter("embedder_events_total", "An embedder's own series.", &[])
+        .add(3);
+    assert!(one.metrics().render().contains("embedder_events_total 3"));
+    assert!(!two.metrics().render().contains("embedder_events_total"));
+    // Their clocks are their own too.
+    assert_eq!(one.now_ms(), T0);
+    assert_eq!(two.now_ms(), T0 + 5_000);
+}
