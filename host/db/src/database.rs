@@ -492,6 +492,8 @@ impl Database {
     pub async fn advance_time_to(&self, to_ms: i64) -> Result<()> {
         let core = self.core.clone();
         blocking(move || core.flows.advance_to(to_ms)).await?;
+        // Automatic restarts that came due on the way run now.
+        self.core.flows.restart_due(&self.core, &self.ctx).await;
         let mut last = self.expired.lock().await;
         // On a virtual clock, rows expire exactly when their time comes.
         last.clear();

@@ -394,9 +394,7 @@ pub async fn write(db: &Database, database: &str, body: &str, precision: Precisi
         database.to_string()
     };
     let body = body.to_string();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as i64);
+    let now = db.now_ms().saturating_mul(1_000_000);
     blocking(move || {
         let points = parse(&body).map_err(|e| invalid(format!("invalid line protocol: {e}")))?;
         write_points(&core, &database, &points, precision, now)

@@ -285,6 +285,24 @@ impl Runner {
             out.again = more;
             return Ok(());
         }
+        if event == Event::Stop && !self.pending && !self.silent {
+            if let Slot::Asleep(state) = &self.guest {
+                // A sleeping flow's state is its snapshot: keep it without
+                // waking the guest.
+                if self.status.snapshot_positions.as_deref() != Some(&self.consumed[..]) {
+                    let state = state.clone();
+                    self.sink.commit(Commit {
+                        output: &[],
+                        now,
+                        positions: &self.consumed,
+                        snapshot: Some(&state),
+                        fence: self.cfg.fence,
+                    })?;
+                    self.status.snapshot_positions = Some(self.consumed.clone());
+                }
+                return Ok(());
+            }
+        }
         let tick_due = self.pending
             && self
                 .last_tick
@@ -746,6 +764,42 @@ mod tests {
         r.step(Event::Input);
         assert!(!r.status().asleep);
         assert_eq!(sink.0.lock().unwrap().value, Some(7));
+    }
+
+    #[test]
+    fn a_sleeping_runner_stops_without_waking_its_guest() {
+        let clock = Arc::new(VirtualClock::new(0));
+        let log = Log(Arc::new(Mutex::new(vec![vec![(1, vec![3])]])));
+        let sink = Sink::default();
+        let mut r = runner(&clock, &log, &sink, fresh(1));
+        r.step(Event::Input);
+        // More input, written back 100 ms later without a snapshot (the
+        // snapshot interval is 1 s).
+        log.0.lock().unwrap()[0].push((2, vec![4]));
+        clock.set(10).unwrap();
+        r.step(Event::Input);
+        clock.set(100).unwrap();
+        let out = r.step(Event::Timer);
+        assert_eq!(sink.0.lock().unwrap().value, Some(7));
+        let snapped = sink.0.lock().unwrap().snapshot.clone().unwrap().0;
+        assert_eq!(snapped, vec![Position::after_commit(1)]);
+        clock.set(out.wake_at.unwrap()).unwrap();
+        r.step(Event::Timer);
+        assert!(r.status().asleep);
+        // Stopping keeps the sleeping state as the snapshot, at its position,
+        // without waking the guest.
+        let out = r.step(Event::Stop);
+        assert_eq!(out.failed, None);
+        assert!(r.status().asleep, "still asleep");
+        let s = sink.0.lock().unwrap();
+        let (positions, state) = s.snapshot.clone().unwrap();
+        assert_eq!(positions, vec![Position::after_commit(2)]);
+        assert_eq!(&state[..8], &7i64.to_le_bytes());
+        drop(s);
+        // Stopping again writes nothing more.
+        let commits = sink.0.lock().unwrap().commits.len();
+        r.step(Event::Stop);
+        assert_eq!(sink.0.lock().unwrap().commits.len(), commits);
     }
 
     #[test]

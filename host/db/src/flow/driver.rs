@@ -259,8 +259,12 @@ impl Driver {
         self.inner.closed.store(true, Ordering::SeqCst);
         self.inner.cv.notify_all();
         let threads = std::mem::take(&mut *lock(&self.threads));
+        let me = std::thread::current().id();
         for t in threads {
-            let _ = t.join();
+            // Dropped by one of its own threads: that one ends by itself.
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
         }
     }
 }

@@ -257,9 +257,12 @@ pub struct FlowManager {
     flows: RwLock<BTreeMap<String, Arc<FlowHandle>>>,
     /// Serialises CREATE / DROP FLOW.
     ddl: tokio::sync::Mutex<()>,
-    /// Where failed flows ask for an automatic restart (see [`supervise`]);
-    /// taken at shutdown, which ends the supervisor.
-    restarts: Mutex<Option<tokio::sync::mpsc::UnboundedSender<RestartRequest>>>,
+    /// Automatic restarts asked for by failed flows, each due at a time on
+    /// the database's clock (see [`supervise`], [`FlowManager::restart_due`]);
+    /// `None` until the supervisor starts, and again at shutdown.
+    restarts: Mutex<Option<Vec<RestartRequest>>>,
+    /// Wakes the supervisor when a restart is asked for.
+    restart_asked: Arc<tokio::sync::Notify>,
     /// Source of [`FlowHandle::incarnation`].
     incarnations: AtomicU64,
     /// Set at shutdown: nothing starts any more.
@@ -273,12 +276,12 @@ pub struct FlowManager {
     fences: Mutex<HashMap<String, Arc<AtomicU64>>>,
 }
 
-/// A failed flow's request to be restarted after `delay`.
+/// A failed flow's request to be restarted at `at_ms` (the database's clock).
 #[derive(Debug)]
 pub(crate) struct RestartRequest {
     name: String,
     incarnation: u64,
-    delay: Duration,
+    at_ms: i64,
 }
 
 impl std::fmt::Debug for FlowManager {
@@ -295,37 +298,37 @@ fn restart_delay(initial: Duration, attempts: u32) -> Duration {
         .max(Duration::from_millis(10))
 }
 
-/// Runs automatic restarts when they are due, one at a time, until the
-/// database shuts down (its sender is dropped) or is gone.
+/// Runs automatic restarts when they are due on the database's (real)
+/// clock, one at a time, until the database shuts down or is gone.
 async fn supervise(
     core: std::sync::Weak<Core>,
     session: fn(&Arc<Core>) -> SessionContext,
-    mut rx: tokio::sync::mpsc::UnboundedReceiver<RestartRequest>,
+    asked: Arc<tokio::sync::Notify>,
 ) {
-    let mut due: Vec<(tokio::time::Instant, RestartRequest)> = Vec::new();
     loop {
-        let next = due.iter().map(|(at, _)| *at).min();
-        let request = match next {
-            Some(at) => tokio::select! {
-                r = rx.recv() => r.map(Some),
-                _ = tokio::time::sleep_until(at) => Some(None),
-            },
-            None => rx.recv().await.map(Some),
-        };
-        match request {
-            None => return,
-            Some(Some(req)) => due.push((tokio::time::Instant::now() + req.delay, req)),
-            Some(None) => {
-                let now = tokio::time::Instant::now();
-                let (ready, later): (Vec<_>, Vec<_>) =
-                    due.into_iter().partition(|(at, _)| *at <= now);
-                due = later;
-                for (_, req) in ready {
-                    let Some(core) = core.upgrade() else { return };
-                    let ctx = session(&core);
+        let next = {
+            let Some(core) = core.upgrade() else { return };
+            let now = core.flows.now_ms();
+            let Some((ready, next)) = core.flows.take_due_restarts(now) else {
+                return;
+            };
+            if !ready.is_empty() {
+                let ctx = session(&core);
+                for req in ready {
                     core.flows.auto_restart(&core, &ctx, req).await;
                 }
+                continue;
             }
+            next.map(|at| Duration::from_millis((at - now).clamp(1, 60_000) as u64))
+        };
+        match next {
+            Some(wait) => {
+                tokio::select! {
+                    _ = asked.notified() => {}
+                    _ = tokio::time::sleep(wait) => {}
+                }
+            }
+            None => asked.notified().await,
         }
     }
 }
@@ -374,6 +377,7 @@ impl FlowManager {
             flows: RwLock::new(BTreeMap::new()),
             ddl: tokio::sync::Mutex::new(()),
             restarts: Mutex::new(None),
+            restart_asked: Arc::new(tokio::sync::Notify::new()),
             incarnations: AtomicU64::new(1),
             closed: std::sync::atomic::AtomicBool::new(false),
         })
@@ -489,6 +493,7 @@ impl FlowManager {
         if let Ok(mut r) = self.restarts.lock() {
             r.take();
         }
+        self.restart_asked.notify_one();
         let handles: Vec<_> = match self.flows.write() {
             Ok(mut f) => std::mem::take(&mut *f).into_values().collect(),
             Err(_) => return,
@@ -900,11 +905,11 @@ impl FlowManager {
         attempts: u32,
     ) {
         let max = self.settings.max_restarts;
-        let sender = self.restarts.lock().ok().and_then(|r| r.clone());
+        let running = self.restarts.lock().map(|r| r.is_some()).unwrap_or(false);
         let mut s = status.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(sender) = sender.filter(|_| max > 0) else {
+        if !running || max == 0 {
             return;
-        };
+        }
         if attempts >= max {
             if let Some(e) = &mut s.error {
                 e.push_str(&format!(
@@ -915,12 +920,40 @@ impl FlowManager {
             return;
         }
         let delay = restart_delay(self.settings.restart_backoff, attempts);
-        s.next_restart_ms = Some(self.now_ms() + delay.as_millis() as i64);
-        let _ = sender.send(RestartRequest {
-            name: name.to_string(),
-            incarnation,
-            delay,
-        });
+        let at_ms = self.now_ms() + delay.as_millis() as i64;
+        s.next_restart_ms = Some(at_ms);
+        if let Ok(mut r) = self.restarts.lock() {
+            if let Some(due) = r.as_mut() {
+                due.push(RestartRequest {
+                    name: name.to_string(),
+                    incarnation,
+                    at_ms,
+                });
+            }
+        }
+        self.restart_asked.notify_one();
+    }
+
+    /// Takes the restarts due at `now_ms`, and says when the next one is.
+    fn take_due_restarts(&self, now_ms: i64) -> Option<(Vec<RestartRequest>, Option<i64>)> {
+        let mut r = self.restarts.lock().ok()?;
+        let all = r.as_mut()?;
+        let (ready, later): (Vec<_>, Vec<_>) = std::mem::take(all)
+            .into_iter()
+            .partition(|q| q.at_ms <= now_ms);
+        let next = later.iter().map(|q| q.at_ms).min();
+        *all = later;
+        Some((ready, next))
+    }
+
+    /// Runs the automatic restarts due now (a virtual clock: they run when
+    /// time is moved past them).
+    pub(crate) async fn restart_due(&self, core: &Arc<Core>, ctx: &SessionContext) {
+        if let Some((ready, _)) = self.take_due_restarts(self.now_ms()) {
+            for req in ready {
+                self.auto_restart(core, ctx, req).await;
+            }
+        }
     }
 
     /// Starts the task that runs automatic restarts when they are due. It
@@ -930,11 +963,16 @@ impl FlowManager {
         core: &Arc<Core>,
         session: fn(&Arc<Core>) -> SessionContext,
     ) {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         if let Ok(mut r) = self.restarts.lock() {
-            *r = Some(tx);
+            *r = Some(Vec::new());
         }
-        tokio::spawn(supervise(Arc::downgrade(core), session, rx));
+        if !self.driver.is_manual() {
+            tokio::spawn(supervise(
+                Arc::downgrade(core),
+                session,
+                self.restart_asked.clone(),
+            ));
+        }
     }
 
     /// `ADMIN FLUSH_FLOW('name')`: processes everything committed to the
