@@ -40,6 +40,9 @@ deps:
 	@if grep -rqE 'crate::(catalog|flow|sql|session|database)\b' host/db/src/storage; then \
 		echo "host/db/src/storage must not use the catalog, flows, SQL or sessions:"; \
 		grep -rnE 'crate::(catalog|flow|sql|session|database)\b' host/db/src/storage; exit 1; fi
+	@if grep -rqE 'sandflow::(storage|catalog)\b' host/server/src; then \
+		echo "host/server must use the sandflow library's database API, not its storage or catalog:"; \
+		grep -rnE 'sandflow::(storage|catalog)\b' host/server/src; exit 1; fi
 	@echo "dependencies point one way"
 
 unit: setup

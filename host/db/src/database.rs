@@ -414,7 +414,7 @@ impl Database {
     }
 
     /// Opens (or creates) the database in `dir`; its flows tick and run with
-    /// `flows`. Flows defined earlier start again, rebuilt from their sources.
+    /// `flows`. Flows defined earlier start again from their snapshots.
     pub async fn open_with(dir: impl AsRef<Path>, flows: FlowSettings) -> Result<Arc<Database>> {
         Self::open_config(DatabaseConfig::dir(dir).with_flows(flows)).await
     }

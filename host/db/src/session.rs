@@ -365,7 +365,7 @@ fn millis(v: &str) -> std::result::Result<String, String> {
             Err(format!("'{v}' is negative"))
         };
     }
-    crate::flow::options::parse_interval(v).map(|ms| ms.to_string())
+    crate::schema::interval::parse_interval(v).map(|ms| ms.to_string())
 }
 
 fn float_digits(v: &str) -> std::result::Result<String, String> {

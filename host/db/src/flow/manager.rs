@@ -1,21 +1,23 @@
 //! The flow manager: the catalog of flows (persisted as `flow/def/<name>`
-//! metadata), CREATE / DROP / FLUSH, and the threads that run flows.
+//! metadata), CREATE / DROP / FLUSH / RESUME, recovery and automatic
+//! restarts. The runners themselves run under the driver (`driver`).
 //!
 //! Creating a flow: compile its SQL to Substrait (`compile`), instantiate its
 //! guest (which accepts or rejects the plan), find the sink and check that it
 //! fits, or derive the schema of the sink to create (`sink`), then commit the
 //! definition together with the sink it creates in ONE storage transaction
-//! (a crash leaves both or neither), then subscribe to the sources (with a
-//! snapshot for the back-fill) and start its thread (`worker`). Every check
-//! runs before the old flow of an `OR REPLACE` is stopped, and should the
-//! commit still fail, the old flow is started again: a failed replacement
-//! leaves it running.
+//! (a crash leaves both or neither), then register its readers of the
+//! sources' change logs (with a read snapshot for the back-fill) and put its
+//! runner under the driver (`launch`). Every check runs before the old flow
+//! of an `OR REPLACE` is stopped, and should the commit still fail, the old
+//! flow is started again: a failed replacement leaves it running.
 //!
-//! At start every persisted flow is rebuilt from its sources (the back-fill
-//! recomputes its state; durable snapshots are a later step).
+//! At start every persisted flow is restored from its snapshot and replays
+//! its sources' logs from the snapshot's positions (silently up to what its
+//! sink already shows); a flow without a snapshot is rebuilt from its
+//! sources.
 
-use std::collections::HashMap;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};

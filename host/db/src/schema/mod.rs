@@ -3,6 +3,7 @@
 //! stores their rows; both read these definitions, neither knows the other
 //! through them.
 
+pub mod interval;
 mod types;
 
 use std::collections::BTreeMap;
@@ -263,7 +264,7 @@ impl Table {
         if ttl == TTL_INSTANT {
             return None;
         }
-        crate::flow::options::parse_interval(ttl).ok()
+        interval::parse_interval(ttl).ok()
     }
 
     /// `database.name`

@@ -663,7 +663,7 @@ pub fn schema_from_create(ct: &CreateTable) -> Result<(TableSchema, BTreeMap<Str
                 // Rows are kept forever anyway.
                 "forever" | "" => {}
                 other => {
-                    crate::flow::options::parse_interval(other).map_err(|e| {
+                    crate::schema::interval::parse_interval(other).map_err(|e| {
                         SqlSnafu {
                             message: format!(
                                 "ttl: {e}; use a duration such as '7d' or '12 hours', \
