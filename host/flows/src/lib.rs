@@ -16,7 +16,9 @@
 //!   restores a flow that fell asleep;
 //! - [`SinkCommitter`]: the tick's output, the flow's positions and (now and
 //!   then) its snapshot, committed atomically, refused if the runner's
-//!   fence is stale.
+//!   fence is stale;
+//! - [`FlowStore`]: the definitions and snapshots kept, where a flow that
+//!   starts again finds its [`Stored`] state and positions.
 //!
 //! Positions are per source, so that a log on another machine can supply
 //! them. Must not know tokio, redb, DataFusion or wasmtime.
@@ -27,7 +29,8 @@ pub mod runner;
 
 pub use clock::{Clock, SystemClock, VirtualClock};
 pub use ports::{
-    ChangeLog, Chunk, Commit, Failure, Guest, Position, SinkCommitter, Waker, PART_ROWS,
+    decode_positions, encode_positions, ChangeLog, Chunk, Commit, Failure, FlowStore, Guest,
+    Position, SinkCommitter, Stored, Waker, PART_ROWS,
 };
 pub use runner::{Event, Outcome, Recovery, RunStatus, Runner, RunnerConfig};
 pub use sandflow_contract::{Batch, Field, TickOutput};

@@ -47,6 +47,30 @@ impl Position {
     }
 }
 
+/// Writes positions as `count` (u32, big endian) then 12 bytes each
+/// ([`Position::to_bytes`]): the form a [`FlowStore`] keeps them in.
+pub fn encode_positions(positions: &[Position]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + 12 * positions.len());
+    out.extend_from_slice(&(positions.len() as u32).to_be_bytes());
+    for p in positions {
+        out.extend_from_slice(&p.to_bytes());
+    }
+    out
+}
+
+/// Reads [`encode_positions`]; returns the positions and the bytes after
+/// them, or `None` for anything else.
+pub fn decode_positions(bytes: &[u8]) -> Option<(Vec<Position>, &[u8])> {
+    let n = u32::from_be_bytes(bytes.get(..4)?.try_into().ok()?) as usize;
+    let end = n.checked_mul(12)?.checked_add(4)?;
+    let body = bytes.get(4..end)?;
+    let positions = body
+        .chunks_exact(12)
+        .map(Position::from_bytes)
+        .collect::<Option<Vec<_>>>()?;
+    Some((positions, &bytes[end..]))
+}
+
 /// Why a port or the guest failed, and whether trying again later may
 /// succeed (a CPU budget missed on a busy machine, a storage error) or not (a
 /// trap, a limit, a broken contract).
@@ -153,6 +177,27 @@ pub trait SinkCommitter: Send {
     fn commit(&mut self, commit: Commit<'_>) -> Result<u64, Failure>;
 }
 
+/// A flow's last snapshot, and what its sink already shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored {
+    /// The guest's state at `positions`.
+    pub state: Vec<u8>,
+    /// Per source, the position the state reflects.
+    pub positions: Vec<Position>,
+    /// Per source, the position the sink reflects (at least `positions`).
+    pub written: Vec<Position>,
+}
+
+/// Where flows' definitions and snapshots are kept (what a
+/// [`SinkCommitter`] commits, read back when a flow starts again).
+pub trait FlowStore: Send + Sync {
+    /// Every stored flow definition, by name; opaque to the runner.
+    fn definitions(&self) -> Result<Vec<(String, Vec<u8>)>, Failure>;
+    /// The flow's last snapshot for `sources` sources, or `None` without
+    /// one (or with one of another shape: the flow is rebuilt).
+    fn stored(&self, flow: &str, sources: usize) -> Result<Option<Stored>, Failure>;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,5 +213,17 @@ mod tests {
             assert!(p.to_bytes() <= c.to_bytes() || p == c);
         }
         assert_eq!(Position::from_bytes(&[1, 2, 3]), None);
+    }
+
+    #[test]
+    fn position_lists_round_trip_with_the_bytes_behind_them() {
+        let ps = vec![Position::after_commit(7), Position { seq: 9, part: 2 }];
+        let mut bytes = encode_positions(&ps);
+        bytes.extend_from_slice(b"state");
+        let (back, rest) = decode_positions(&bytes).unwrap();
+        assert_eq!(back, ps);
+        assert_eq!(rest, b"state");
+        assert!(decode_positions(&[0, 0, 0, 9, 1]).is_none());
+        assert!(decode_positions(&[0, 0]).is_none());
     }
 }

@@ -257,3 +257,47 @@ async fn two_databases_in_one_process_have_separate_metrics() {
     assert_eq!(one.now_ms(), T0);
     assert_eq!(two.now_ms(), T0 + 5_000);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_databases_can_share_one_sandbox() {
+    use sandflow::flow::FlowSettings;
+    use sandflow::runtime::{Digest, RuntimeConfig, Sandbox};
+    let sandbox = Arc::new(Sandbox::new(RuntimeConfig::default()).unwrap());
+    let mut dbs = Vec::new();
+    for i in 0..2 {
+        let clock = Arc::new(VirtualClock::new(T0));
+        let flows = FlowSettings {
+            sandbox: Some(sandbox.clone()),
+            ..FlowSettings::default()
+        };
+        let db = Database::open_config(
+            DatabaseConfig::in_memory()
+                .with_flows(flows)
+                .with_virtual_clock(clock),
+        )
+        .await
+        .unwrap();
+        run(
+            &db,
+            "CREATE TABLE t (k INT, ts TIMESTAMP TIME INDEX, PRIMARY KEY (k))",
+        )
+        .await;
+        run(
+            &db,
+            "CREATE FLOW f SINK TO s AS SELECT count(*) AS n FROM t",
+        )
+        .await;
+        run(&db, &format!("INSERT INTO t VALUES ({i}, 0), (10, 0)")).await;
+        dbs.push(db);
+    }
+    for db in &dbs {
+        db.flush_flow("f").await.unwrap();
+        assert_eq!(rows(db, "SELECT n FROM s").await, "2");
+    }
+    // One engine component in the one registry, compiled once.
+    assert!(sandbox.is_registered(&Digest::of(sandflow::engine::component())));
+    assert!(
+        Arc::strong_count(&sandbox) >= 3,
+        "both databases hold the same sandbox"
+    );
+}

@@ -26,7 +26,7 @@ use std::time::Duration;
 use datafusion::common::TableReference;
 use datafusion::prelude::SessionContext;
 use sandflow_flows::{
-    Clock, Position, Recovery as RunRecovery, Runner, RunnerConfig, VirtualClock,
+    Clock, FlowStore, Position, Recovery as RunRecovery, Runner, RunnerConfig, Stored, VirtualClock,
 };
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
@@ -35,8 +35,8 @@ use super::compile::{compile, CompiledFlow};
 use super::driver::{Driver, Slot};
 use super::options::{format_interval, parse_interval, parse_options, FlowOptions};
 use super::ports::{
-    decode_positions, legacy_pos_key, legacy_state_key, snapshot_key, written_key, SandboxGuest,
-    SandboxWaker, StoreLog, StoreSink,
+    legacy_pos_key, legacy_state_key, snapshot_key, written_key, MetaStore, SandboxGuest,
+    SandboxWaker, StoreLog, StoreSink, DEF_PREFIX,
 };
 use super::sink;
 use super::status::{failure_message, FlowStatus, SharedStatus};
@@ -50,7 +50,6 @@ use crate::sql::parser::CreateFlow;
 use crate::sql::provider::blocking;
 use crate::storage::{LogReader, MetaWrite, WriteSet};
 
-const DEF_PREFIX: &str = "flow/def/";
 const NEXT_ID_KEY: &str = "flow/next_id";
 
 /// Server-wide settings of flows.
@@ -80,6 +79,10 @@ pub struct FlowSettings {
     pub sleep_after: Option<Duration>,
     /// Threads that step the flows' runners (with the real clock).
     pub threads: usize,
+    /// The sandbox flows run in. `None`: the database makes its own with the
+    /// first flow. Databases of one process that are given the same sandbox
+    /// share one wasmtime `Engine` and one registry of compiled components.
+    pub sandbox: Option<Arc<Sandbox>>,
     /// Only for tests of the sandbox through the whole database: flows this
     /// selects run another guest component instead of sandflow's own. The
     /// server never sets it; nothing in SQL, flags or files can.
@@ -122,6 +125,7 @@ impl Default for FlowSettings {
             max_flows: DEFAULT_MAX_FLOWS,
             sleep_after: Some(DEFAULT_SLEEP_AFTER),
             threads: default_threads(),
+            sandbox: None,
             untrusted_guest: None,
         }
     }
@@ -526,7 +530,9 @@ impl FlowManager {
     /// FLOW adopts it, or DROP TABLE removes it. Dropping it here could
     /// destroy a user's data.
     pub(crate) async fn start_all(&self, core: &Arc<Core>, ctx: &SessionContext) -> Result<()> {
-        let defs = core.store.scan_meta(DEF_PREFIX)?;
+        let defs = MetaStore(core.store.clone())
+            .definitions()
+            .map_err(|f| flow_err(f.message))?;
         // Every flow registers its log readers (and so keeps the logs of its
         // sources from its snapshot on) before any of them runs: a flow's
         // first step must neither trim log entries another flow has yet to
@@ -537,7 +543,7 @@ impl FlowManager {
             let def: FlowDef = match serde_json::from_slice(&bytes) {
                 Ok(d) => d,
                 Err(e) => {
-                    warn!("ignoring unreadable flow definition {key}: {e}");
+                    warn!("ignoring unreadable definition of flow {key}: {e}");
                     continue;
                 }
             };
@@ -1224,17 +1230,23 @@ impl FlowManager {
         // First flow: compiling or loading the engine takes a while.
         let cell = self.sandbox.clone();
         let cache_dir = self.settings.cache_dir.clone();
+        let given = self.settings.sandbox.clone();
         let sb = tokio::task::spawn_blocking(move || {
             cell.get_or_init(|| {
-                let config = RuntimeConfig {
-                    cache_dir,
-                    ..RuntimeConfig::default()
+                let sandbox = match given {
+                    Some(sandbox) => sandbox,
+                    None => {
+                        let config = RuntimeConfig {
+                            cache_dir,
+                            ..RuntimeConfig::default()
+                        };
+                        Arc::new(Sandbox::new(config).map_err(|e| e.to_string())?)
+                    }
                 };
-                let sandbox = Sandbox::new(config).map_err(|e| e.to_string())?;
                 let engine = sandbox
                     .register(crate::engine::component())
                     .map_err(|e| e.to_string())?;
-                Ok((Arc::new(sandbox), engine))
+                Ok((sandbox, engine))
             })
             .clone()
         })
@@ -1500,61 +1512,12 @@ fn unregister_metrics(core: &Core, name: &str) {
 
 /// Where a restarting flow resumes: its snapshot, and per source the
 /// positions of the snapshot and of its last sink write.
-pub(crate) struct Recovery {
-    state: Vec<u8>,
-    positions: Vec<Position>,
-    written: Vec<Position>,
-}
+pub(crate) type Recovery = Stored;
 
-/// The flow's snapshot and written positions, in the current format or the
-/// one before per-source positions (one commit sequence for all sources).
-/// `None` without a snapshot, or one for another number of sources.
 fn load_recovery(core: &Core, name: &str, sources: usize) -> Result<Option<Recovery>> {
-    if let Some(bytes) = core.store.get_meta(&snapshot_key(name))? {
-        let Some((positions, state)) = decode_positions(&bytes) else {
-            warn!(flow = %name, "unreadable snapshot; rebuilding the flow from its sources");
-            return Ok(None);
-        };
-        if positions.len() != sources {
-            warn!(flow = %name, "snapshot of another shape; rebuilding the flow from its sources");
-            return Ok(None);
-        }
-        let written = match core.store.get_meta(&written_key(name))? {
-            Some(w) => match decode_positions(&w) {
-                Some((w, _)) if w.len() == sources => w
-                    .into_iter()
-                    .zip(&positions)
-                    .map(|(w, p)| w.max(*p))
-                    .collect(),
-                _ => positions.clone(),
-            },
-            None => positions.clone(),
-        };
-        return Ok(Some(Recovery {
-            state: state.to_vec(),
-            positions,
-            written,
-        }));
-    }
-    let Some(bytes) = core.store.get_meta(&legacy_state_key(name))? else {
-        return Ok(None);
-    };
-    let seq_of =
-        |b: &[u8]| -> Option<u64> { Some(u64::from_be_bytes(b.get(..8)?.try_into().ok()?)) };
-    let Some(snapshot_seq) = seq_of(&bytes) else {
-        return Ok(None);
-    };
-    let written_seq = core
-        .store
-        .get_meta(&legacy_pos_key(name))?
-        .and_then(|w| (w.len() == 8).then(|| seq_of(&w)).flatten())
-        .unwrap_or(snapshot_seq)
-        .max(snapshot_seq);
-    Ok(Some(Recovery {
-        state: bytes[8..].to_vec(),
-        positions: vec![Position::after_commit(snapshot_seq); sources],
-        written: vec![Position::after_commit(written_seq); sources],
-    }))
+    MetaStore(core.store.clone())
+        .stored(name, sources)
+        .map_err(|f| flow_err(f.message))
 }
 
 struct Prepared {
@@ -1738,8 +1701,8 @@ mod tests {
             for name in ["f", "g"] {
                 let state = store.get_meta(&snapshot_key(name)).unwrap().unwrap();
                 let pos = store.get_meta(&written_key(name)).unwrap().unwrap();
-                let (snapped, _) = decode_positions(&state).unwrap();
-                let (written, _) = decode_positions(&pos).unwrap();
+                let (snapped, _) = sandflow_flows::decode_positions(&state).unwrap();
+                let (written, _) = sandflow_flows::decode_positions(&pos).unwrap();
                 assert_eq!(snapped, written, "{name}: snapshot at the last write");
             }
             // Corrupt g's snapshot (keep its positions).

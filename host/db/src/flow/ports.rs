@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use datafusion::arrow::compute::concat_batches;
 use sandflow_flows::{
-    Batch, ChangeLog, Chunk, Commit, Failure, Field, Guest, Position, SinkCommitter, TickOutput,
-    Waker,
+    decode_positions, encode_positions, Batch, ChangeLog, Chunk, Commit, Failure, Field, FlowStore,
+    Guest, Position, SinkCommitter, Stored, TickOutput, Waker,
 };
 
 use super::arrow::{batch_from_arrow, batch_to_arrow, schema_from_fields};
@@ -17,6 +17,9 @@ use crate::catalog::Table;
 use crate::database::Core;
 use crate::runtime::{Digest, FlowInstance, FlowLimits, RuntimeError, Sandbox};
 use crate::storage::{Store, TableCursor, WriteSet};
+
+/// Meta key of a flow's definition (JSON of `FlowDef`).
+pub(crate) const DEF_PREFIX: &str = "flow/def/";
 
 /// Meta key of a flow's snapshot: its positions (see [`encode_positions`]),
 /// then the guest's state.
@@ -37,28 +40,6 @@ pub(crate) fn legacy_state_key(name: &str) -> String {
 
 pub(crate) fn legacy_pos_key(name: &str) -> String {
     format!("flow/pos/{name}")
-}
-
-/// `count` (u32, big endian), then 12 bytes per position.
-pub(crate) fn encode_positions(positions: &[Position]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(4 + 12 * positions.len());
-    out.extend_from_slice(&(positions.len() as u32).to_be_bytes());
-    for p in positions {
-        out.extend_from_slice(&p.to_bytes());
-    }
-    out
-}
-
-/// Reads [`encode_positions`]; returns the positions and the rest.
-pub(crate) fn decode_positions(bytes: &[u8]) -> Option<(Vec<Position>, &[u8])> {
-    let n = u32::from_be_bytes(bytes.get(..4)?.try_into().ok()?) as usize;
-    let end = n.checked_mul(12)?.checked_add(4)?;
-    let body = bytes.get(4..end)?;
-    let positions = body
-        .chunks_exact(12)
-        .map(Position::from_bytes)
-        .collect::<Option<Vec<_>>>()?;
-    Some((positions, &bytes[end..]))
 }
 
 fn failure_of(e: RuntimeError) -> Failure {
@@ -315,18 +296,68 @@ impl SinkCommitter for StoreSink {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// Flow definitions and snapshots in the store's metadata.
+pub(crate) struct MetaStore(pub Arc<Store>);
 
-    #[test]
-    fn positions_round_trip_with_the_state_behind_them() {
-        let ps = vec![Position::after_commit(7), Position { seq: 9, part: 2 }];
-        let mut bytes = encode_positions(&ps);
-        bytes.extend_from_slice(b"state");
-        let (back, rest) = decode_positions(&bytes).unwrap();
-        assert_eq!(back, ps);
-        assert_eq!(rest, b"state");
-        assert!(decode_positions(&[0, 0, 0, 9, 1]).is_none());
+fn storage_failure(e: crate::Error) -> Failure {
+    Failure::transient(format!("cannot read flow metadata: {e}"))
+}
+
+impl FlowStore for MetaStore {
+    fn definitions(&self) -> Result<Vec<(String, Vec<u8>)>, Failure> {
+        let defs = self.0.scan_meta(DEF_PREFIX).map_err(storage_failure)?;
+        Ok(defs
+            .into_iter()
+            .map(|(k, v)| (k[DEF_PREFIX.len()..].to_string(), v))
+            .collect())
+    }
+
+    /// The current format, or the one before per-source positions (one
+    /// commit sequence for all sources).
+    fn stored(&self, name: &str, sources: usize) -> Result<Option<Stored>, Failure> {
+        let get = |key: String| self.0.get_meta(&key).map_err(storage_failure);
+        if let Some(bytes) = get(snapshot_key(name))? {
+            let Some((positions, state)) = decode_positions(&bytes) else {
+                tracing::warn!(flow = %name, "unreadable snapshot; rebuilding the flow from its sources");
+                return Ok(None);
+            };
+            if positions.len() != sources {
+                tracing::warn!(flow = %name, "snapshot of another shape; rebuilding the flow from its sources");
+                return Ok(None);
+            }
+            let written = match get(written_key(name))? {
+                Some(w) => match decode_positions(&w) {
+                    Some((w, _)) if w.len() == sources => w
+                        .into_iter()
+                        .zip(&positions)
+                        .map(|(w, p)| w.max(*p))
+                        .collect(),
+                    _ => positions.clone(),
+                },
+                None => positions.clone(),
+            };
+            return Ok(Some(Stored {
+                state: state.to_vec(),
+                positions,
+                written,
+            }));
+        }
+        let Some(bytes) = get(legacy_state_key(name))? else {
+            return Ok(None);
+        };
+        let seq_of =
+            |b: &[u8]| -> Option<u64> { Some(u64::from_be_bytes(b.get(..8)?.try_into().ok()?)) };
+        let Some(snapshot_seq) = seq_of(&bytes) else {
+            return Ok(None);
+        };
+        let written_seq = get(legacy_pos_key(name))?
+            .and_then(|w| (w.len() == 8).then(|| seq_of(&w)).flatten())
+            .unwrap_or(snapshot_seq)
+            .max(snapshot_seq);
+        Ok(Some(Stored {
+            state: bytes[8..].to_vec(),
+            positions: vec![Position::after_commit(snapshot_seq); sources],
+            written: vec![Position::after_commit(written_seq); sources],
+        }))
     }
 }
