@@ -170,6 +170,16 @@ async fn scenario() -> (Vec<String>, String) {
         (T0 + 30_001).to_string()
     );
 
+    // So are now() and current_timestamp in queries.
+    assert_eq!(
+        rows(
+            &db,
+            "SELECT CAST(now() AS BIGINT), CAST(current_timestamp AS BIGINT)"
+        )
+        .await,
+        format!("{0}|{0}", (T0 + 30_001) * 1_000_000)
+    );
+
     let all = format!(
         "{}\n--\n{}",
         rows(&db, "SELECT * FROM totals ORDER BY host").await,

@@ -62,7 +62,9 @@ pub(crate) async fn execute_statement(
     params: Option<ParamValues>,
 ) -> Result<Output> {
     match (stmt, params) {
-        (Stmt::Query(stmt), params) => run_datafusion(ctx, *stmt, params).await,
+        (Stmt::Query(stmt), params) => {
+            run_datafusion(ctx, *stmt, params, core.clock.now_ms()).await
+        }
         (other, _) => execute_stmt(core, ctx, other).await,
     }
 }
@@ -81,6 +83,22 @@ fn sql_options() -> SQLOptions {
 /// Plans a statement for DataFusion, refusing what clients may not do.
 async fn plan_statement(
     ctx: &SessionContext,
+    stmt: datafusion::sql::sqlparser::ast::Statement,
+) -> Result<LogicalPlan> {
+    plan_statement_in(&ctx.state(), stmt).await
+}
+
+/// A session state whose `now()` is `now_ms` (the database's clock).
+fn state_at(ctx: &SessionContext, now_ms: i64) -> datafusion::execution::SessionState {
+    let mut state = ctx.state();
+    if let Some(t) = chrono::DateTime::from_timestamp_millis(now_ms) {
+        state.execution_props_mut().query_execution_start_time = Some(t);
+    }
+    state
+}
+
+async fn plan_statement_in(
+    state: &datafusion::execution::SessionState,
     mut stmt: datafusion::sql::sqlparser::ast::Statement,
 ) -> Result<LogicalPlan> {
     use datafusion::sql::sqlparser::ast::Statement as Sql;
@@ -107,7 +125,6 @@ async fn plan_statement(
     if let Some(message) = not_yet {
         return UnsupportedSnafu { message }.fail();
     }
-    let state = ctx.state();
     let plan = state
         .statement_to_plan(DFStatement::Statement(Box::new(stmt)))
         .await
@@ -388,7 +405,7 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
             )
         }
         Stmt::Admin { function, args } => admin(core, ctx, &function, &args).await,
-        Stmt::Query(stmt) => run_datafusion(ctx, *stmt, None).await,
+        Stmt::Query(stmt) => run_datafusion(ctx, *stmt, None, core.clock.now_ms()).await,
     }
 }
 
@@ -475,12 +492,15 @@ async fn admin(
     }
 }
 
+/// Plans and runs a statement with DataFusion; `now()` is `now_ms`.
 async fn run_datafusion(
     ctx: &SessionContext,
     stmt: datafusion::sql::sqlparser::ast::Statement,
     params: Option<ParamValues>,
+    now_ms: i64,
 ) -> Result<Output> {
-    let mut plan = plan_statement(ctx, stmt).await?;
+    let state = state_at(ctx, now_ms);
+    let mut plan = plan_statement_in(&state, stmt).await?;
     if let Some(values) = params {
         plan = plan.with_param_values(values).map_err(from_df)?;
     }
@@ -493,7 +513,14 @@ async fn run_datafusion(
         },
         _ => None,
     };
-    let df = ctx.execute_logical_plan(plan).await.map_err(from_df)?;
+    // DDL and statements are refused by `sql_options`; anything else runs
+    // in the state whose clock was set.
+    let df = match plan {
+        LogicalPlan::Ddl(_) | LogicalPlan::Statement(_) => {
+            ctx.execute_logical_plan(plan).await.map_err(from_df)?
+        }
+        plan => datafusion::dataframe::DataFrame::new(state, plan),
+    };
     let schema = Arc::new(df.schema().as_arrow().clone());
     let batches = df.collect().await.map_err(from_df)?;
     match tag {
