@@ -336,6 +336,10 @@ pub enum StorageConfig {
     Dir { path: PathBuf, cache_bytes: usize },
     /// In memory: nothing survives the process.
     InMemory,
+    /// In this in-memory store (see [`crate::storage::redb::RedbStorage::in_memory`]):
+    /// what a database committed there is still there when another opens
+    /// it (a test's restart).
+    Shared(crate::storage::redb::RedbStorage),
 }
 
 /// The time a database runs on.
@@ -431,17 +435,19 @@ impl Database {
         flows.tick_interval = flows
             .tick_interval
             .max(std::time::Duration::from_millis(10));
-        let (dir, cache_bytes) = match &storage {
-            StorageConfig::Dir { path, cache_bytes } => (Some(path.clone()), *cache_bytes),
-            StorageConfig::InMemory => (None, 0),
+        let (dir, cache_bytes, shared) = match &storage {
+            StorageConfig::Dir { path, cache_bytes } => (Some(path.clone()), *cache_bytes, None),
+            StorageConfig::InMemory => (None, 0, None),
+            StorageConfig::Shared(kv) => (None, 0, Some(kv.clone())),
         };
         if flows.cache_dir.is_none() {
             flows.cache_dir = dir.as_ref().map(|d| d.join("wasm-cache"));
         }
         let (store, catalog) = blocking(move || {
-            let store = Arc::new(match &dir {
-                Some(dir) => Store::open_with_cache(dir, cache_bytes)?,
-                None => Store::in_memory()?,
+            let store = Arc::new(match (&dir, shared) {
+                (Some(dir), _) => Store::open_with_cache(dir, cache_bytes)?,
+                (None, Some(kv)) => Store::with_engine(Box::new(kv))?,
+                (None, None) => Store::in_memory()?,
             });
             let catalog = Catalog::load(&store)?;
             Ok((store, catalog))
@@ -473,6 +479,14 @@ impl Database {
             ctx,
             expired: tokio::sync::Mutex::new(HashMap::new()),
         }))
+    }
+
+    /// Closes the database as a crash would: flows stop where they are,
+    /// without writing back what they have not written yet; only what was
+    /// committed remains (for tests of recovery).
+    pub fn crash(self: Arc<Self>) {
+        self.core.flows.halt_all();
+        drop(self);
     }
 
     /// This database's metrics registry (what `GET /metrics` renders).

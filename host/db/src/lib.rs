@@ -18,6 +18,7 @@ pub use sandflow_sandbox as runtime;
 pub mod session;
 pub mod sql;
 pub mod storage;
+pub mod testing;
 
 pub use database::{ClockConfig, Database, DatabaseConfig, Output, StorageConfig};
 pub use error::{Error, Result};

@@ -17,8 +17,16 @@ use sandflow::database::Database;
 /// The whole binary: parses the command line and runs it.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Test(args) = &cli.command {
+        // Quiet unless asked: the report is the output.
+        if std::env::var_os("RUST_LOG").is_some() {
+            init_tracing();
+        }
+        return run_tests(args);
+    }
     init_tracing();
     match cli.command {
+        Command::Test(_) => ExitCode::SUCCESS,
         Command::Start(args) => {
             let config = match Config::resolve(&args) {
                 Ok(c) => c,
@@ -46,6 +54,73 @@ pub fn main() -> ExitCode {
                 }
             }
         }
+    }
+}
+
+/// `sandflow test`: runs the files, prints a line each, writes the JUnit
+/// report; exit status 0 only if every file passed (2 for bad arguments).
+fn run_tests(args: &crate::config::TestArgs) -> ExitCode {
+    use sandflow::testing::slt;
+    match args.engine.as_str() {
+        "wasm" => {}
+        "native" => {
+            eprintln!(
+                "sandflow test: --engine native is not implemented yet; flows run in the wasm \
+                 sandbox (--engine wasm, the default), as in production"
+            );
+            return ExitCode::from(2);
+        }
+        other => {
+            eprintln!("sandflow test: unknown engine '{other}'; use wasm or native");
+            return ExitCode::from(2);
+        }
+    }
+    let files = match slt::collect_files(&args.paths) {
+        Ok(f) if f.is_empty() => {
+            eprintln!("sandflow test: no .slt files in the paths given");
+            return ExitCode::from(2);
+        }
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("sandflow test: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sandflow test: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let options = slt::Options {
+        override_results: args.override_results,
+    };
+    let mut results = Vec::new();
+    for file in files {
+        let r = runtime.block_on(slt::run_file(&file, &options));
+        println!("{}", r.report());
+        results.push(r);
+    }
+    let failed = results.iter().filter(|r| !r.passed()).count();
+    println!(
+        "{} files, {} passed, {failed} failed",
+        results.len(),
+        results.len() - failed
+    );
+    if let Some(path) = &args.junit {
+        if let Err(e) = std::fs::write(path, slt::junit(&results)) {
+            eprintln!("sandflow test: cannot write {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }
 

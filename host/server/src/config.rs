@@ -115,7 +115,31 @@ pub enum Command {
     /// with SIGINT or SIGTERM: it stops accepting, finishes the requests in
     /// flight and closes the database. Log verbosity follows RUST_LOG
     /// (default "info").
-    Start(StartArgs),
+    Start(Box<StartArgs>),
+    /// Run scenario files (sqllogictest format) against a fresh in-memory
+    /// database each, on a virtual clock: `sleep 5s` moves time without
+    /// waiting, `control time|flush|restart|crash` drive the database.
+    /// Prints one line per file; exits 0 only if every file passes.
+    Test(TestArgs),
+}
+
+/// `sandflow test`.
+#[derive(Debug, Clone, Args)]
+pub struct TestArgs {
+    /// Rewrite the expected rows of queries whose results differ, in place
+    /// (every other byte of the file stays).
+    #[arg(long = "override")]
+    pub override_results: bool,
+    /// The engine flows run in: `wasm` (the sandbox, as in production) or
+    /// `native`.
+    #[arg(long, value_name = "wasm|native", default_value = "wasm")]
+    pub engine: String,
+    /// Also write a JUnit XML report here.
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<PathBuf>,
+    /// Files, or directories searched for `*.slt`.
+    #[arg(required = true, value_name = "PATH")]
+    pub paths: Vec<PathBuf>,
 }
 
 #[derive(Debug, Clone, Default, Args)]

@@ -510,6 +510,24 @@ impl FlowManager {
         self.driver.close();
     }
 
+    /// Stops every flow where it is, writing nothing more (a simulated
+    /// crash; see [`crate::Database::crash`]).
+    pub fn halt_all(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        if let Ok(mut r) = self.restarts.lock() {
+            r.take();
+        }
+        self.restart_asked.notify_one();
+        let handles: Vec<_> = match self.flows.write() {
+            Ok(mut f) => std::mem::take(&mut *f).into_values().collect(),
+            Err(_) => return,
+        };
+        for h in &handles {
+            self.halt(h);
+        }
+        self.driver.close();
+    }
+
     /// Trims the change logs up to where every reader is past, and drops the
     /// logs nobody reads.
     fn trim_logs(&self, core: &Core) {

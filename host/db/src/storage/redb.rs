@@ -33,8 +33,17 @@ pub const DEFAULT_CACHE_BYTES: usize = 32 << 20;
 
 type Def<'a> = TableDefinition<'a, &'static [u8], &'static [u8]>;
 
+/// A redb database; clones share it (an in-memory one outlives a
+/// `Database` that closes, for a test's restart).
+#[derive(Clone)]
 pub struct RedbStorage {
     db: Arc<redb::Database>,
+}
+
+impl std::fmt::Debug for RedbStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RedbStorage")
+    }
 }
 
 impl RedbStorage {
