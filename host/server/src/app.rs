@@ -61,20 +61,14 @@ pub fn main() -> ExitCode {
 /// report; exit status 0 only if every file passed (2 for bad arguments).
 fn run_tests(args: &crate::config::TestArgs) -> ExitCode {
     use sandflow::testing::slt;
-    match args.engine.as_str() {
-        "wasm" => {}
-        "native" => {
-            eprintln!(
-                "sandflow test: --engine native is not implemented yet; flows run in the wasm \
-                 sandbox (--engine wasm, the default), as in production"
-            );
-            return ExitCode::from(2);
-        }
+    let engine = match args.engine.as_str() {
+        "wasm" => sandflow::flow::FlowEngine::Wasm,
+        "native" => sandflow::flow::FlowEngine::Native,
         other => {
             eprintln!("sandflow test: unknown engine '{other}'; use wasm or native");
             return ExitCode::from(2);
         }
-    }
+    };
     let files = match slt::collect_files(&args.paths) {
         Ok(f) if f.is_empty() => {
             eprintln!("sandflow test: no .slt files in the paths given");
@@ -96,8 +90,23 @@ fn run_tests(args: &crate::config::TestArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // One sandbox for every file: the engine component is compiled once.
+    let sandbox = match engine {
+        sandflow::flow::FlowEngine::Native => None,
+        sandflow::flow::FlowEngine::Wasm => {
+            match sandflow::runtime::Sandbox::new(sandflow::runtime::RuntimeConfig::default()) {
+                Ok(s) => Some(Arc::new(s)),
+                Err(e) => {
+                    eprintln!("sandflow test: cannot set up the sandbox: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+    };
     let options = slt::Options {
         override_results: args.override_results,
+        engine,
+        sandbox,
     };
     let mut results = Vec::new();
     for file in files {

@@ -50,6 +50,14 @@ fn the_repository_scenarios_pass_and_repeat_exactly() {
     for _ in 0..2 {
         assert_eq!(results(&sandflow_test(&[dir.to_str().unwrap()])), report);
     }
+    // The engine compiled in gives the same results as the one in wasm.
+    let native = sandflow_test(&["--engine", "native", dir.to_str().unwrap()]);
+    assert!(
+        native.status.success(),
+        "{}",
+        String::from_utf8_lossy(&native.stdout)
+    );
+    assert_eq!(results(&native), report);
 }
 
 const WRONG: &str = "# A scenario with one wrong expectation.\n\
@@ -130,11 +138,11 @@ fn bad_runs_are_refused_clearly() {
         stdout.contains(&format!("{}:3:", file.display())) && stdout.contains("backwards"),
         "{stdout}"
     );
-    // No such path; the native engine is not there yet.
+    // No such path; no such engine.
     let out = sandflow_test(&["/nonexistent/x.slt"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no such file"));
-    let out = sandflow_test(&["--engine", "native", file.to_str().unwrap()]);
+    let out = sandflow_test(&["--engine", "jit", file.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not implemented yet"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown engine 'jit'"));
 }

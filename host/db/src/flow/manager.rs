@@ -35,8 +35,8 @@ use super::compile::{compile, CompiledFlow};
 use super::driver::{Driver, Slot};
 use super::options::{format_interval, parse_interval, parse_options, FlowOptions};
 use super::ports::{
-    legacy_pos_key, legacy_state_key, snapshot_key, written_key, MetaStore, SandboxGuest,
-    SandboxWaker, StoreLog, StoreSink, DEF_PREFIX,
+    legacy_pos_key, legacy_state_key, snapshot_key, written_key, MetaStore, NativeGuest,
+    SandboxGuest, SandboxWaker, StoreLog, StoreSink, DEF_PREFIX,
 };
 use super::sink;
 use super::status::{failure_message, FlowStatus, SharedStatus};
@@ -45,7 +45,7 @@ use crate::database::Core;
 use crate::error::{
     FlowSnafu, InternalSnafu, NotFoundSnafu, Result, SqlSnafu, TooComplexSnafu, UnsupportedSnafu,
 };
-use crate::runtime::{Digest, FlowInstance, FlowLimits, RuntimeConfig, RuntimeError, Sandbox};
+use crate::runtime::{Digest, FlowLimits, RuntimeConfig, RuntimeError, Sandbox};
 use crate::sql::parser::CreateFlow;
 use crate::sql::provider::blocking;
 use crate::storage::{LogReader, MetaWrite, WriteSet};
@@ -79,6 +79,8 @@ pub struct FlowSettings {
     pub sleep_after: Option<Duration>,
     /// Threads that step the flows' runners (with the real clock).
     pub threads: usize,
+    /// Where flows' engines run.
+    pub engine: FlowEngine,
     /// The sandbox flows run in. `None`: the database makes its own with the
     /// first flow. Databases of one process that are given the same sandbox
     /// share one wasmtime `Engine` and one registry of compiled components.
@@ -125,10 +127,23 @@ impl Default for FlowSettings {
             max_flows: DEFAULT_MAX_FLOWS,
             sleep_after: Some(DEFAULT_SLEEP_AFTER),
             threads: default_threads(),
+            engine: FlowEngine::Wasm,
             sandbox: None,
             untrusted_guest: None,
         }
     }
+}
+
+/// Where flows' engines run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum FlowEngine {
+    /// In the wasm sandbox, each with its memory and CPU limits (production).
+    #[default]
+    Wasm,
+    /// Compiled into this process, without a sandbox and without memory or
+    /// CPU limits: for tests (`sandflow test --engine native`), to check
+    /// that the engine gives the same results natively and in wasm.
+    Native,
 }
 
 /// Default of [`FlowSettings::threads`]: the cores, at least 4 (a flow
@@ -344,6 +359,15 @@ fn flow_err(message: impl Into<String>) -> crate::error::Error {
         message: message.into(),
     }
     .build()
+}
+
+/// The native engine's refusal of a flow, as the sandbox's would be.
+fn native_error(name: &str, error: crate::runtime::FlowError) -> crate::error::Error {
+    let message = format!("cannot create flow '{name}': {error}");
+    match error {
+        crate::runtime::FlowError::Unsupported(_) => UnsupportedSnafu { message }.build(),
+        _ => SqlSnafu { message }.build(),
+    }
 }
 
 fn guest_error(name: &str, e: RuntimeError) -> crate::error::Error {
@@ -1111,11 +1135,6 @@ impl FlowManager {
             sources.push(core.catalog.require_table(&d, &t)?);
         }
         let limits = limits(&self.settings.default_limits, &options);
-        let (sandbox, engine) = self.sandbox().await?;
-        let component = match &self.settings.untrusted_guest {
-            Some(u) if (u.runs)(&def.name) => self.untrusted(u.component.clone()).await?,
-            _ => engine,
-        };
         let mut guest_options = Vec::new();
         if let Some(ms) = def.expire_after_ms {
             guest_options.push((
@@ -1127,23 +1146,74 @@ impl FlowManager {
         let schemas: Vec<_> = compiled.sources.iter().map(|s| s.schema.clone()).collect();
         let name = def.name.clone();
         let state = recovery.map(|r| r.state.clone());
-        let guest_sandbox = sandbox.clone();
-        let instance = tokio::task::spawn_blocking(move || match state {
-            Some(state) => sandbox
-                .restore_flow(&component, &state, limits)
-                .map_err(|e| {
-                    flow_err(format!(
-                        "cannot restore flow '{name}' from its snapshot: {e}; \
-                     recreate it with CREATE OR REPLACE FLOW"
-                    ))
-                }),
-            None => sandbox
-                .create_flow(&component, &plan, &schemas, &guest_options, limits)
-                .map_err(|e| guest_error(&name, e)),
-        })
-        .await
-        .map_err(|e| flow_err(format!("flow setup task failed: {e}")))??;
-        let output = instance.output_schema().to_vec();
+        let restore_failed = |e: &dyn std::fmt::Display| {
+            flow_err(format!(
+                "cannot restore flow '{name}' from its snapshot: {e}; \
+                 recreate it with CREATE OR REPLACE FLOW"
+            ))
+        };
+        let (guest, waker, output): (
+            Box<dyn sandflow_flows::Guest>,
+            Arc<dyn sandflow_flows::Waker>,
+            Vec<crate::runtime::Field>,
+        ) = match self.settings.engine {
+            FlowEngine::Native => {
+                let started = match state {
+                    Some(state) => {
+                        NativeGuest::start(move || sandflow_engine::Flow::restore(&state), limits)
+                            .map_err(|e| restore_failed(&e))?
+                    }
+                    None => {
+                        let (plan, options) = (plan.clone(), guest_options.clone());
+                        NativeGuest::start(
+                            move || sandflow_engine::Flow::create(&plan, schemas, options),
+                            limits,
+                        )
+                        .map_err(|error| native_error(&name, error))?
+                    }
+                };
+                let (guest, output) = started;
+                (
+                    Box::new(guest),
+                    Arc::new(super::ports::NativeWaker { limits }),
+                    output,
+                )
+            }
+            FlowEngine::Wasm => {
+                let (sandbox, engine) = self.sandbox().await?;
+                let component = match &self.settings.untrusted_guest {
+                    Some(u) if (u.runs)(&def.name) => self.untrusted(u.component.clone()).await?,
+                    _ => engine,
+                };
+                let guest_sandbox = sandbox.clone();
+                let name = name.clone();
+                let instance = tokio::task::spawn_blocking(move || match state {
+                    Some(state) => sandbox
+                        .restore_flow(&component, &state, limits)
+                        .map_err(|e| {
+                            flow_err(format!(
+                                "cannot restore flow '{name}' from its snapshot: {e}; \
+                                 recreate it with CREATE OR REPLACE FLOW"
+                            ))
+                        }),
+                    None => sandbox
+                        .create_flow(&component, &plan, &schemas, &guest_options, limits)
+                        .map_err(|e| guest_error(&name, e)),
+                })
+                .await
+                .map_err(|e| flow_err(format!("flow setup task failed: {e}")))??;
+                let output = instance.output_schema().to_vec();
+                (
+                    Box::new(SandboxGuest(instance)),
+                    Arc::new(SandboxWaker {
+                        sandbox: guest_sandbox,
+                        component,
+                        limits,
+                    }),
+                    output,
+                )
+            }
+        };
         // Nothing is created here: a new sink commits with the definition.
         let (sink, fitting) = match core.catalog.table(&def.sink_database, &def.sink_table)? {
             Some(t) => (SinkPlan::Existing(t.clone()), t),
@@ -1173,9 +1243,9 @@ impl FlowManager {
         let mapping =
             sink::fit(&fitting, &output).map_err(|message| SqlSnafu { message }.build())?;
         Ok(Prepared {
-            instance,
-            sandbox: guest_sandbox,
-            component,
+            guest,
+            waker,
+            limits,
             output,
             sources,
             source_fields: compiled
@@ -1331,7 +1401,7 @@ impl FlowManager {
                 }
             }
         };
-        let limits = p.instance.limits();
+        let limits = p.limits;
         let mut cfg = RunnerConfig::new(def.name.clone());
         cfg.tick_interval_ms = self.settings.tick_interval.as_millis() as i64;
         cfg.snapshot_interval_ms = self.settings.snapshot_interval.as_millis() as i64;
@@ -1354,18 +1424,13 @@ impl FlowManager {
             mapping: p.mapping,
             fence,
         };
-        let waker = SandboxWaker {
-            sandbox: p.sandbox,
-            component: p.component,
-            limits,
-        };
         let runner = Runner::new(
             cfg,
             self.clock.clone(),
             Box::new(log),
             Box::new(committer),
-            Arc::new(waker),
-            Box::new(SandboxGuest(p.instance)),
+            p.waker,
+            p.guest,
             run_recovery,
         );
         let after = self.after_step(core, &def.name, incarnation, &status, &following.readers);
@@ -1539,9 +1604,11 @@ fn load_recovery(core: &Core, name: &str, sources: usize) -> Result<Option<Recov
 }
 
 struct Prepared {
-    instance: FlowInstance,
-    sandbox: Arc<Sandbox>,
-    component: Digest,
+    /// The flow's engine, created or restored.
+    guest: Box<dyn sandflow_flows::Guest>,
+    /// Where the engine comes from again after it slept.
+    waker: Arc<dyn sandflow_flows::Waker>,
+    limits: FlowLimits,
     output: Vec<crate::runtime::Field>,
     sources: Vec<Arc<Table>>,
     source_fields: Vec<Vec<crate::runtime::Field>>,

@@ -26,7 +26,7 @@ pub use compile::{FLOW_MAX_EXPRESSION_DEPTH, FLOW_MAX_PLAN_DEPTH};
 #[doc(hidden)]
 pub use manager::UntrustedGuest;
 pub use manager::{
-    default_threads, FlowDef, FlowInfo, FlowManager, FlowSettings, DEFAULT_MAX_FLOWS,
+    default_threads, FlowDef, FlowEngine, FlowInfo, FlowManager, FlowSettings, DEFAULT_MAX_FLOWS,
     DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_BACKOFF, DEFAULT_SLEEP_AFTER, DEFAULT_TICK_INTERVAL,
     MAX_RESTART_BACKOFF,
 };

@@ -191,6 +191,142 @@ impl Guest for SandboxGuest {
     }
 }
 
+/// A flow's engine compiled into this process, without a sandbox
+/// (`FlowEngine::Native`: tests). The engine is not `Send` (its operators
+/// share state through `Rc`), so it lives on a thread of its own and each
+/// call waits for that thread's answer. Its output is checked and expanded
+/// as the sandbox does with a guest's.
+pub(crate) struct NativeGuest {
+    calls: std::sync::mpsc::Sender<Call>,
+}
+
+type Reply<T> = std::sync::mpsc::Sender<Result<T, Failure>>;
+
+enum Call {
+    Push(u32, Batch, Reply<()>),
+    Tick(i64, Reply<TickOutput>),
+    Snapshot(Reply<Vec<u8>>),
+    StateSize(Reply<u64>),
+}
+
+fn native_failure(e: sandflow_contract::FlowError) -> Failure {
+    Failure::permanent(e.to_string())
+}
+
+impl NativeGuest {
+    /// Starts the engine's thread with the engine `make` builds there;
+    /// returns the guest and its output schema, or why `make` failed.
+    pub(crate) fn start(
+        make: impl FnOnce() -> Result<sandflow_engine::Flow, sandflow_contract::FlowError>
+            + Send
+            + 'static,
+        limits: FlowLimits,
+    ) -> Result<(NativeGuest, Vec<Field>), sandflow_contract::FlowError> {
+        let (calls, rx) = std::sync::mpsc::channel::<Call>();
+        let (ready_tx, ready) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("native-flow".into())
+            .spawn(move || {
+                let mut flow = match make() {
+                    Ok(flow) => {
+                        let _ = ready_tx.send(Ok(flow.output_schema()));
+                        flow
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let output = flow.output_schema();
+                while let Ok(call) = rx.recv() {
+                    match call {
+                        Call::Push(source, batch, reply) => {
+                            let _ = reply.send(flow.push(source, batch).map_err(native_failure));
+                        }
+                        Call::Tick(now, reply) => {
+                            let _ = reply.send(native_tick(&mut flow, &output, now, limits));
+                        }
+                        Call::Snapshot(reply) => {
+                            let _ = reply.send(flow.snapshot().map_err(native_failure));
+                        }
+                        Call::StateSize(reply) => {
+                            let _ = reply.send(Ok(flow.state_size()));
+                        }
+                    }
+                }
+            })
+            .map_err(|e| {
+                sandflow_contract::FlowError::Internal(format!(
+                    "cannot start the native engine's thread: {e}"
+                ))
+            })?;
+        let output = ready.recv().map_err(|_| {
+            sandflow_contract::FlowError::Internal("the native engine's thread ended".into())
+        })??;
+        Ok((NativeGuest { calls }, output))
+    }
+
+    fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Call) -> Result<T, Failure> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.calls
+            .send(make(tx))
+            .map_err(|_| Failure::permanent("the native engine's thread ended"))?;
+        rx.recv()
+            .map_err(|_| Failure::permanent("the native engine's thread ended"))?
+    }
+}
+
+fn native_tick(
+    flow: &mut sandflow_engine::Flow,
+    output: &[Field],
+    now: i64,
+    limits: FlowLimits,
+) -> Result<TickOutput, Failure> {
+    let mut out = flow
+        .tick(now, limits.max_output_rows)
+        .map_err(native_failure)?;
+    sandflow_contract::validate_batch(output, &out.output)
+        .map_err(|e| Failure::permanent(format!("malformed output batch: {e}")))?;
+    let rows = out.output.rows as usize;
+    let b = &mut out.output;
+    b.times = sandflow_contract::expand_per_row(std::mem::take(&mut b.times), rows);
+    b.diffs = sandflow_contract::expand_per_row(std::mem::take(&mut b.diffs), rows);
+    Ok(out)
+}
+
+impl Guest for NativeGuest {
+    fn push(&mut self, source: u32, batch: Batch) -> Result<(), Failure> {
+        self.call(|r| Call::Push(source, batch, r))
+    }
+
+    fn tick(&mut self, now: i64) -> Result<TickOutput, Failure> {
+        self.call(|r| Call::Tick(now, r))
+    }
+
+    fn snapshot(&mut self) -> Result<Vec<u8>, Failure> {
+        self.call(Call::Snapshot)
+    }
+
+    fn state_size(&mut self) -> Result<u64, Failure> {
+        self.call(Call::StateSize)
+    }
+}
+
+/// Restores a sleeping native engine.
+pub(crate) struct NativeWaker {
+    pub limits: FlowLimits,
+}
+
+impl Waker for NativeWaker {
+    fn restore(&self, state: &[u8]) -> Result<Box<dyn Guest>, Failure> {
+        let state = state.to_vec();
+        let (guest, _) =
+            NativeGuest::start(move || sandflow_engine::Flow::restore(&state), self.limits)
+                .map_err(native_failure)?;
+        Ok(Box::new(guest))
+    }
+}
+
 /// Restores a sleeping flow's engine in the sandbox.
 pub(crate) struct SandboxWaker {
     pub sandbox: Arc<Sandbox>,

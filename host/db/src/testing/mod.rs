@@ -61,8 +61,21 @@ impl TestDatabase {
         TestDatabase::with_flows(FlowSettings::default()).await
     }
 
-    /// A fresh database whose flows run with `flows`.
+    /// A fresh database whose flows run with `flows`. Without a sandbox in
+    /// `flows`, it makes one that its restarts keep (the engine is compiled
+    /// once).
     pub async fn with_flows(flows: FlowSettings) -> Result<TestDatabase> {
+        let mut flows = flows;
+        if flows.engine == crate::flow::FlowEngine::Wasm && flows.sandbox.is_none() {
+            let sandbox = crate::runtime::Sandbox::new(crate::runtime::RuntimeConfig::default())
+                .map_err(|e| {
+                    InternalSnafu {
+                        message: format!("cannot set up the sandbox: {e}"),
+                    }
+                    .build()
+                })?;
+            flows.sandbox = Some(Arc::new(sandbox));
+        }
         let storage = RedbStorage::in_memory()?;
         let clock = Arc::new(VirtualClock::new(0));
         let db = open(&storage, &clock, &flows).await?;

@@ -35,6 +35,11 @@ pub struct Options {
     /// Rewrite the expected rows of queries whose results differ, in place,
     /// leaving every other byte of the file as it was.
     pub override_results: bool,
+    /// Where the flows' engines run (the wasm sandbox, or natively).
+    pub engine: crate::flow::FlowEngine,
+    /// The sandbox every file's database shares (the engine is compiled
+    /// once); `None`: one per file.
+    pub sandbox: Option<std::sync::Arc<crate::runtime::Sandbox>>,
 }
 
 /// One record that did not do what the file says.
@@ -246,10 +251,17 @@ async fn run_text(
     options: &Options,
     rewrites: &mut Vec<Rewrite>,
 ) -> Result<(), Mismatch> {
-    let mut t = TestDatabase::new().await.map_err(|e| Mismatch {
-        line: 1,
-        message: format!("cannot open the test database: {e}"),
-    })?;
+    let flows = crate::flow::FlowSettings {
+        engine: options.engine,
+        sandbox: options.sandbox.clone(),
+        ..Default::default()
+    };
+    let mut t = TestDatabase::with_flows(flows)
+        .await
+        .map_err(|e| Mismatch {
+            line: 1,
+            message: format!("cannot open the test database: {e}"),
+        })?;
     let labels: HashSet<String> = [ENGINE_LABEL.to_string()].into();
     let mut sort_mode: Option<SortMode> = None;
     for piece in pieces(text) {
