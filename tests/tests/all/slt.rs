@@ -146,3 +146,43 @@ fn bad_runs_are_refused_clearly() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown engine 'jit'"));
 }
+
+/// Each scenario file run 20 times in one process (one sandbox, so the
+/// engine compiles once): every run passes, in both engines.
+#[test]
+fn each_file_passes_twenty_times_in_both_engines() {
+    use sandflow::flow::FlowEngine;
+    use sandflow::runtime::{RuntimeConfig, Sandbox};
+    use sandflow::testing::slt;
+    let files = slt::collect_files(&[slt_dir()]).unwrap();
+    assert!(files.len() >= 3, "{files:?}");
+    std::thread::Builder::new()
+        .stack_size(64 << 20)
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            let sandbox = std::sync::Arc::new(Sandbox::new(RuntimeConfig::default()).unwrap());
+            for (engine, sandbox) in [
+                (FlowEngine::Wasm, Some(sandbox)),
+                (FlowEngine::Native, None),
+            ] {
+                let options = slt::Options {
+                    override_results: false,
+                    engine,
+                    sandbox,
+                };
+                for _ in 0..20 {
+                    for f in &files {
+                        let r = rt.block_on(slt::run_file(f, &options));
+                        assert!(r.passed(), "{engine:?}: {}", r.report());
+                    }
+                }
+            }
+        })
+        .unwrap()
+        .join()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e));
+}
