@@ -428,3 +428,125 @@ fn decode_part(table: &Table, seq: u64, bytes: &[u8], part: u32) -> Result<(Chan
         to >= count,
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::{ColumnSchema, ColumnType, TableInfo, TableSchema};
+    use crate::storage::{MetaWrite, WriteSet};
+    use datafusion::arrow::array::{Int64Array, TimestampMillisecondArray};
+
+    fn setup() -> (Arc<Store>, Arc<Table>) {
+        let store = Arc::new(Store::in_memory().unwrap());
+        let schema = TableSchema::new(
+            vec![
+                ColumnSchema::new("k", ColumnType::Int64, false),
+                ColumnSchema::new("ts", ColumnType::TimestampMillisecond, false),
+            ],
+            "ts",
+            &["k"],
+            false,
+        )
+        .unwrap();
+        let t = Table::new(TableInfo {
+            id: 7,
+            database: "public".into(),
+            name: "t".into(),
+            schema,
+            options: Default::default(),
+        });
+        store
+            .commit_meta(vec![MetaWrite::CreateTable(t.id())])
+            .unwrap();
+        (store, t)
+    }
+
+    fn insert(store: &Store, t: &Arc<Table>, keys: std::ops::Range<i64>) -> u64 {
+        let n = keys.clone().count();
+        let batch = RecordBatch::try_new(
+            t.arrow_schema.clone(),
+            vec![
+                Arc::new(Int64Array::from_iter_values(keys)),
+                Arc::new(TimestampMillisecondArray::from(vec![0; n])),
+            ],
+        )
+        .unwrap();
+        let mut set = WriteSet::new();
+        set.upsert(t.clone(), batch);
+        store.commit(set).unwrap().seq
+    }
+
+    fn keys(b: &RecordBatch) -> Vec<i64> {
+        let a = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+        a.values().to_vec()
+    }
+
+    #[test]
+    fn a_large_commit_is_read_in_parts_from_any_position() {
+        let (store, t) = setup();
+        // Rows before the reader: its back-fill, read in parts at that commit.
+        insert(&store, &t, 0..10_000);
+        let mut f = store
+            .follow(std::slice::from_ref(&t), None, true, &mut |_| {
+                Box::new(|_| {})
+            })
+            .unwrap();
+        let mut cursor = f.cursors.pop().flatten().unwrap();
+        let (a, last_a) = cursor.next_part(&t).unwrap().unwrap();
+        let (b, last_b) = cursor.next_part(&t).unwrap().unwrap();
+        assert_eq!(
+            (a.num_rows(), last_a, b.num_rows(), last_b),
+            (PART_ROWS, false, 10_000 - PART_ROWS, true)
+        );
+        assert_eq!(
+            keys(&b)[0],
+            PART_ROWS as i64,
+            "the second part goes on after the first"
+        );
+        assert!(cursor.next_part(&t).unwrap().is_none());
+        // Not logged: the commit before the reader.
+        let start = Position::after_commit(f.seq);
+        assert!(store.read_log_part(&t, start).unwrap().is_none());
+
+        // A commit of 20,000 changes after it: three parts.
+        let seq = insert(&store, &t, 100_000..120_000);
+        let p0 = store.read_log_part(&t, start).unwrap().unwrap();
+        assert_eq!(p0.end, Position { seq, part: 0 });
+        assert_eq!(p0.change.batch.num_rows(), PART_ROWS);
+        let p1 = store.read_log_part(&t, p0.end).unwrap().unwrap();
+        assert_eq!(p1.end, Position { seq, part: 1 });
+        let p2 = store.read_log_part(&t, p1.end).unwrap().unwrap();
+        assert_eq!(p2.end, Position::after_commit(seq));
+        assert_eq!(p2.change.batch.num_rows(), 20_000 - 2 * PART_ROWS);
+        let mut all = keys(&p0.change.batch);
+        all.extend(keys(&p1.change.batch));
+        all.extend(keys(&p2.change.batch));
+        assert_eq!(
+            all,
+            (100_000..120_000).collect::<Vec<_>>(),
+            "every change once, in order"
+        );
+        assert!(store.read_log_part(&t, p2.end).unwrap().is_none());
+        // A reader that stopped inside the commit (a restart) goes on from there.
+        let again = store
+            .read_log_part(&t, Position { seq, part: 1 })
+            .unwrap()
+            .unwrap();
+        assert_eq!(keys(&again.change.batch), keys(&p2.change.batch));
+
+        // Trimming keeps what the reader has not passed, then drops it.
+        let reader = f.readers.pop().unwrap();
+        assert_eq!(store.log_len(t.id()).unwrap(), 1);
+        reader.keep_from_position(p1.end);
+        store.trim_logs().unwrap();
+        assert_eq!(store.log_len(t.id()).unwrap(), 1, "inside the commit: kept");
+        reader.keep_from_position(p2.end);
+        store.trim_logs().unwrap();
+        assert_eq!(store.log_len(t.id()).unwrap(), 0);
+        // No reader left: the table is no longer logged.
+        drop(reader);
+        store.trim_logs().unwrap();
+        insert(&store, &t, 0..5);
+        assert_eq!(store.log_len(t.id()).unwrap(), 0);
+    }
+}
