@@ -1522,25 +1522,10 @@ fn literals(values: &ParamValues) -> Result<Vec<String>> {
     }
 }
 
-/// Splits and parses a script; every statement is parsed before any runs.
+/// Parses a script (lexed once); every statement is parsed before any runs.
 fn parse_script(sql: &str, dialect: Dialect) -> Result<Vec<Statement>> {
-    let pieces = parser::split(sql, dialect)?;
-    let mut out = Vec::with_capacity(pieces.len());
-    for text in pieces {
-        let mut stmts = parser::parse_dialect(&text, dialect)?;
-        match stmts.len() {
-            0 => {}
-            1 => out.push(Statement {
-                stmt: stmts.remove(0),
-                text,
-            }),
-            n => {
-                return SqlSnafu {
-                    message: format!("expected one statement, found {n} in {text:?}"),
-                }
-                .fail()
-            }
-        }
-    }
-    Ok(out)
+    Ok(parser::parse_script(sql, dialect)?
+        .into_iter()
+        .map(|(text, stmt)| Statement { stmt, text })
+        .collect())
 }

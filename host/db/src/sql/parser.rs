@@ -879,6 +879,86 @@ pub fn parse_dialect(sql: &str, dialect: Dialect) -> Result<Vec<Stmt>> {
     Ok(out)
 }
 
+/// Lexes a script once, cuts it at its `;` tokens (as [`split`] does) and
+/// parses each statement from its own tokens; returns each statement's text
+/// (trimmed, without the `;`) with its parse. Every statement is parsed
+/// before any runs; one that holds only whitespace and comments is dropped.
+pub fn parse_script(sql: &str, dialect: Dialect) -> Result<Vec<(String, Stmt)>> {
+    let tokens = dialect.tokens(sql)?;
+    let lines = Lines::new(sql);
+    let mut out = Vec::new();
+    let mut group: Vec<TokenWithSpan> = Vec::new();
+    let mut start = 0usize;
+    let mut has_code = false;
+    for t in tokens {
+        match &t.token {
+            Token::SemiColon => {
+                let at = lines.offset(t.span.start.line, t.span.start.column);
+                if has_code {
+                    let text = sql[start..at].trim().to_string();
+                    // The `;` ends the statement for the parser too.
+                    group.push(t);
+                    out.extend(parse_statement(
+                        std::mem::take(&mut group),
+                        sql,
+                        text,
+                        dialect,
+                    )?);
+                }
+                group.clear();
+                start = at + 1;
+                has_code = false;
+                continue;
+            }
+            Token::Whitespace(_) | Token::EOF => {}
+            _ => has_code = true,
+        }
+        group.push(t);
+    }
+    if has_code {
+        let text = sql[start..].trim().to_string();
+        out.extend(parse_statement(group, sql, text, dialect)?);
+    }
+    Ok(out)
+}
+
+/// Parses the tokens of one statement of `sql` (their locations are in `sql`).
+fn parse_statement(
+    tokens: Vec<TokenWithSpan>,
+    sql: &str,
+    text: String,
+    dialect: Dialect,
+) -> Result<Option<(String, Stmt)>> {
+    check_nesting_tokens(&tokens, dialect.reader())?;
+    let mut p = match dialect {
+        Dialect::Generic => Parser::new(&GenericDialect {}),
+        Dialect::Postgres => Parser::new(&PostgreSqlDialect {}),
+    }
+    .with_tokens_with_locations(tokens);
+    let mut stmts = Vec::new();
+    loop {
+        while p.consume_token(&Token::SemiColon) {}
+        if p.peek_token().token == Token::EOF {
+            break;
+        }
+        stmts.push(parse_one(&mut p, sql)?);
+        if !p.consume_token(&Token::SemiColon) && p.peek_token().token != Token::EOF {
+            return Err(syntax(format!(
+                "expected ; or end of statement, found {}",
+                p.peek_token().token
+            )));
+        }
+    }
+    match stmts.len() {
+        0 => Ok(None),
+        1 => Ok(stmts.pop().map(|s| (text, s))),
+        n => SqlSnafu {
+            message: format!("expected one statement, found {n} in {text:?}"),
+        }
+        .fail(),
+    }
+}
+
 /// Byte offsets of tokenizer locations (1-based line and column, in chars) in one text.
 struct Lines<'a> {
     sql: &'a str,
@@ -1529,6 +1609,37 @@ pub fn like_match(pattern: &str, text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_script_is_lexed_once_and_cut_at_its_semicolons() {
+        let script = "-- lead\nCREATE FLOW f SINK TO s AS\n  SELECT 'a;b' AS x FROM t;  ;\n\
+                      /* only a comment */ ;\nINSERT INTO t VALUES (1, ';')\n";
+        for dialect in [Dialect::Generic, Dialect::Postgres] {
+            let stmts = parse_script(script, dialect).unwrap();
+            let texts: Vec<&str> = stmts.iter().map(|(t, _)| t.as_str()).collect();
+            assert_eq!(
+                texts,
+                [
+                    "-- lead\nCREATE FLOW f SINK TO s AS\n  SELECT 'a;b' AS x FROM t",
+                    "INSERT INTO t VALUES (1, ';')"
+                ],
+                "the same pieces as split: {:?}",
+                split(script, dialect).unwrap()
+            );
+            assert_eq!(split(script, dialect).unwrap(), texts);
+            let Stmt::CreateFlow(f) = &stmts[0].1 else {
+                panic!("{:?}", stmts[0].1)
+            };
+            // The flow's query ends at its own `;`, not at the script's end.
+            assert_eq!(f.query, "SELECT 'a;b' AS x FROM t");
+        }
+        // A statement that does not parse fails the whole script, naming it.
+        let e = parse_script("SELECT 1; SELEC 2", Dialect::Generic).unwrap_err();
+        assert!(e.to_string().contains("SELEC"), "{e}");
+        assert!(parse_script("  ; -- nothing\n", Dialect::Generic)
+            .unwrap()
+            .is_empty());
+    }
 
     #[test]
     fn create_table_forms() {
