@@ -1,5 +1,16 @@
 //! sandflow: a time-series database whose continuous queries (flows) each run
-//! in their own WebAssembly sandbox. See ARCHITECTURE.md for the map.
+//! in their own WebAssembly sandbox, as a library ([`Database`],
+//! [`DatabaseConfig`]). See ARCHITECTURE.md for the map.
+//!
+//! Inside, dependencies point one way: `schema` (what a table is) ← `storage`
+//! (rows, metadata, the change log) ← `catalog` ← `sql`, `session` and
+//! `flow` (the flow host: compile, sink mapping, the driver and the ports of
+//! `sandflow-flows`) ← `database`. Storage must not know the catalog, SQL or
+//! flows (`make deps` checks it).
+//!
+//! Must not know the front doors (PostgreSQL, HTTP) or the engine's
+//! internals: flows reach the engine through `sandflow-sandbox` (or, for
+//! tests, the engine crate behind the same `Guest` port).
 
 pub mod catalog;
 /// The database's time (the `sandflow-flows` clock port).

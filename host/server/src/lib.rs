@@ -1,7 +1,7 @@
 //! sandflow-server: the front doors of a sandflow database and the `sandflow`
 //! binary. The PostgreSQL wire protocol (`pg`), HTTP with the InfluxDB line
 //! protocol (`http`), the settings from flags, environment and TOML
-//! (`config`), and `sandflow start` (`app`).
+//! (`config`), `sandflow start` and `sandflow test` (`app`).
 //!
 //! Must not know storage, the catalog's internals or flows' insides: it
 //! reaches the database through `sandflow::Database` and
