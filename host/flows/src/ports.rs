@@ -47,6 +47,16 @@ impl Position {
     }
 }
 
+impl std::fmt::Display for Position {
+    /// `seq` after a whole commit, `seq.part` inside one.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.part {
+            u32::MAX => write!(f, "{}", self.seq),
+            part => write!(f, "{}.{part}", self.seq),
+        }
+    }
+}
+
 /// Writes positions as `count` (u32, big endian) then 12 bytes each
 /// ([`Position::to_bytes`]): the form a [`FlowStore`] keeps them in.
 pub fn encode_positions(positions: &[Position]) -> Vec<u8> {
@@ -213,6 +223,7 @@ mod tests {
             assert!(p.to_bytes() <= c.to_bytes() || p == c);
         }
         assert_eq!(Position::from_bytes(&[1, 2, 3]), None);
+        assert_eq!(format!("{b} {a}"), "3 3.1");
     }
 
     #[test]

@@ -603,8 +603,12 @@ impl FlowManager {
                     match &recovery {
                         Some(r) => info!(
                             flow = %name,
-                            "flow restored from its snapshot at {:?}, replaying its sources' changes since",
+                            "flow restored from its snapshot at commit {}, replaying its sources' changes since",
                             r.positions
+                                .iter()
+                                .map(|p| p.to_string())
+                                .collect::<Vec<_>>()
+                                .join(", ")
                         ),
                         None => {
                             info!(flow = %name, "flow restarted without a snapshot; rebuilding its state from its sources")
