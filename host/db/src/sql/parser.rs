@@ -855,7 +855,12 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
 
 /// Parses `;`-separated statements in `dialect`.
 pub fn parse_dialect(sql: &str, dialect: Dialect) -> Result<Vec<Stmt>> {
-    let tokens = dialect.tokens(sql)?;
+    parse_tokens(dialect.tokens(sql)?, sql, dialect)
+}
+
+/// Parses `;`-separated statements from `tokens`, whose locations are in
+/// `sql`, after the nesting guard.
+fn parse_tokens(tokens: Vec<TokenWithSpan>, sql: &str, dialect: Dialect) -> Result<Vec<Stmt>> {
     check_nesting_tokens(&tokens, dialect.reader())?;
     let mut p = match dialect {
         Dialect::Generic => Parser::new(&GenericDialect {}),
@@ -884,7 +889,27 @@ pub fn parse_dialect(sql: &str, dialect: Dialect) -> Result<Vec<Stmt>> {
 /// (trimmed, without the `;`) with its parse. Every statement is parsed
 /// before any runs; one that holds only whitespace and comments is dropped.
 pub fn parse_script(sql: &str, dialect: Dialect) -> Result<Vec<(String, Stmt)>> {
-    let tokens = dialect.tokens(sql)?;
+    let mut out = Vec::new();
+    for (text, tokens) in cut(dialect.tokens(sql)?, sql) {
+        let mut stmts = parse_tokens(tokens, sql, dialect)?;
+        match stmts.len() {
+            0 => {}
+            1 => out.extend(stmts.pop().map(|s| (text, s))),
+            n => {
+                return SqlSnafu {
+                    message: format!("expected one statement, found {n} in {text:?}"),
+                }
+                .fail()
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Cuts a script's tokens at its `;` tokens: per statement that holds more
+/// than whitespace and comments, its text (trimmed, without the `;`) and its
+/// tokens, the `;` included (it ends the statement for the parser too).
+fn cut(tokens: Vec<TokenWithSpan>, sql: &str) -> Vec<(String, Vec<TokenWithSpan>)> {
     let lines = Lines::new(sql);
     let mut out = Vec::new();
     let mut group: Vec<TokenWithSpan> = Vec::new();
@@ -894,16 +919,12 @@ pub fn parse_script(sql: &str, dialect: Dialect) -> Result<Vec<(String, Stmt)>> 
         match &t.token {
             Token::SemiColon => {
                 let at = lines.offset(t.span.start.line, t.span.start.column);
+                group.push(t);
                 if has_code {
-                    let text = sql[start..at].trim().to_string();
-                    // The `;` ends the statement for the parser too.
-                    group.push(t);
-                    out.extend(parse_statement(
+                    out.push((
+                        sql[start..at].trim().to_string(),
                         std::mem::take(&mut group),
-                        sql,
-                        text,
-                        dialect,
-                    )?);
+                    ));
                 }
                 group.clear();
                 start = at + 1;
@@ -916,47 +937,9 @@ pub fn parse_script(sql: &str, dialect: Dialect) -> Result<Vec<(String, Stmt)>> 
         group.push(t);
     }
     if has_code {
-        let text = sql[start..].trim().to_string();
-        out.extend(parse_statement(group, sql, text, dialect)?);
+        out.push((sql[start..].trim().to_string(), group));
     }
-    Ok(out)
-}
-
-/// Parses the tokens of one statement of `sql` (their locations are in `sql`).
-fn parse_statement(
-    tokens: Vec<TokenWithSpan>,
-    sql: &str,
-    text: String,
-    dialect: Dialect,
-) -> Result<Option<(String, Stmt)>> {
-    check_nesting_tokens(&tokens, dialect.reader())?;
-    let mut p = match dialect {
-        Dialect::Generic => Parser::new(&GenericDialect {}),
-        Dialect::Postgres => Parser::new(&PostgreSqlDialect {}),
-    }
-    .with_tokens_with_locations(tokens);
-    let mut stmts = Vec::new();
-    loop {
-        while p.consume_token(&Token::SemiColon) {}
-        if p.peek_token().token == Token::EOF {
-            break;
-        }
-        stmts.push(parse_one(&mut p, sql)?);
-        if !p.consume_token(&Token::SemiColon) && p.peek_token().token != Token::EOF {
-            return Err(syntax(format!(
-                "expected ; or end of statement, found {}",
-                p.peek_token().token
-            )));
-        }
-    }
-    match stmts.len() {
-        0 => Ok(None),
-        1 => Ok(stmts.pop().map(|s| (text, s))),
-        n => SqlSnafu {
-            message: format!("expected one statement, found {n} in {text:?}"),
-        }
-        .fail(),
-    }
+    out
 }
 
 /// Byte offsets of tokenizer locations (1-based line and column, in chars) in one text.
@@ -994,29 +977,10 @@ impl<'a> Lines<'a> {
 /// tokenizer (the one that then reads each statement, so that what is split is
 /// what runs), dropping statements that hold only whitespace and comments.
 pub fn split(sql: &str, dialect: Dialect) -> Result<Vec<String>> {
-    let tokens = dialect.tokens(sql)?;
-    let lines = Lines::new(sql);
-    let mut out = Vec::new();
-    let mut start = 0usize;
-    let mut has_code = false;
-    for t in &tokens {
-        match &t.token {
-            Token::SemiColon => {
-                let at = lines.offset(t.span.start.line, t.span.start.column);
-                if has_code {
-                    out.push(sql[start..at].trim().to_string());
-                }
-                start = at + 1;
-                has_code = false;
-            }
-            Token::Whitespace(_) | Token::EOF => {}
-            _ => has_code = true,
-        }
-    }
-    if has_code {
-        out.push(sql[start..].trim().to_string());
-    }
-    Ok(out)
+    Ok(cut(dialect.tokens(sql)?, sql)
+        .into_iter()
+        .map(|(text, _)| text)
+        .collect())
 }
 
 /// The highest `$n` placeholder of a statement (0 when it has none).
