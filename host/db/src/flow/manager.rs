@@ -361,6 +361,14 @@ fn flow_err(message: impl Into<String>) -> crate::error::Error {
     .build()
 }
 
+/// A snapshot that does not restore (in either engine).
+fn restore_error(name: &str, e: impl std::fmt::Display) -> crate::error::Error {
+    flow_err(format!(
+        "cannot restore flow '{name}' from its snapshot: {e}; \
+         recreate it with CREATE OR REPLACE FLOW"
+    ))
+}
+
 /// The native engine's refusal of a flow, as the sandbox's would be.
 fn native_error(name: &str, error: crate::runtime::FlowError) -> crate::error::Error {
     let message = format!("cannot create flow '{name}': {error}");
@@ -516,18 +524,24 @@ impl FlowManager {
             .collect()
     }
 
-    /// Stops every flow after its last write-back and snapshot (the
-    /// database is closing).
-    pub fn shutdown(&self) {
+    /// Marks the manager closed (nothing starts or restarts any more, the
+    /// supervisor ends) and takes every flow out of it.
+    fn close(&self) -> Vec<Arc<FlowHandle>> {
         self.closed.store(true, Ordering::SeqCst);
         if let Ok(mut r) = self.restarts.lock() {
             r.take();
         }
         self.restart_asked.notify_one();
-        let handles: Vec<_> = match self.flows.write() {
+        match self.flows.write() {
             Ok(mut f) => std::mem::take(&mut *f).into_values().collect(),
-            Err(_) => return,
-        };
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// Stops every flow after its last write-back and snapshot (the
+    /// database is closing).
+    pub fn shutdown(&self) {
+        let handles = self.close();
         // Every flow is told first so that their final write-backs overlap.
         let slots: Vec<Arc<Slot>> = handles.iter().filter_map(|h| h.slot.clone()).collect();
         self.driver.stop(&slots);
@@ -537,16 +551,7 @@ impl FlowManager {
     /// Stops every flow where it is, writing nothing more (a simulated
     /// crash; see [`crate::Database::crash`]).
     pub fn halt_all(&self) {
-        self.closed.store(true, Ordering::SeqCst);
-        if let Ok(mut r) = self.restarts.lock() {
-            r.take();
-        }
-        self.restart_asked.notify_one();
-        let handles: Vec<_> = match self.flows.write() {
-            Ok(mut f) => std::mem::take(&mut *f).into_values().collect(),
-            Err(_) => return,
-        };
-        for h in &handles {
+        for h in &self.close() {
             self.halt(h);
         }
         self.driver.close();
@@ -1150,33 +1155,23 @@ impl FlowManager {
         let schemas: Vec<_> = compiled.sources.iter().map(|s| s.schema.clone()).collect();
         let name = def.name.clone();
         let state = recovery.map(|r| r.state.clone());
-        let restore_failed = |e: &dyn std::fmt::Display| {
-            flow_err(format!(
-                "cannot restore flow '{name}' from its snapshot: {e}; \
-                 recreate it with CREATE OR REPLACE FLOW"
-            ))
-        };
         let (guest, waker, output): (
             Box<dyn sandflow_flows::Guest>,
             Arc<dyn sandflow_flows::Waker>,
             Vec<crate::runtime::Field>,
         ) = match self.settings.engine {
             FlowEngine::Native => {
-                let started = match state {
+                let (guest, output) = match state {
                     Some(state) => {
                         NativeGuest::start(move || sandflow_engine::Flow::restore(&state), limits)
-                            .map_err(|e| restore_failed(&e))?
+                            .map_err(|e| restore_error(&name, e))?
                     }
-                    None => {
-                        let (plan, options) = (plan.clone(), guest_options.clone());
-                        NativeGuest::start(
-                            move || sandflow_engine::Flow::create(&plan, schemas, options),
-                            limits,
-                        )
-                        .map_err(|error| native_error(&name, error))?
-                    }
+                    None => NativeGuest::start(
+                        move || sandflow_engine::Flow::create(&plan, schemas, guest_options),
+                        limits,
+                    )
+                    .map_err(|error| native_error(&name, error))?,
                 };
-                let (guest, output) = started;
                 (
                     Box::new(guest),
                     Arc::new(super::ports::NativeWaker { limits }),
@@ -1194,12 +1189,7 @@ impl FlowManager {
                 let instance = tokio::task::spawn_blocking(move || match state {
                     Some(state) => sandbox
                         .restore_flow(&component, &state, limits)
-                        .map_err(|e| {
-                            flow_err(format!(
-                                "cannot restore flow '{name}' from its snapshot: {e}; \
-                                 recreate it with CREATE OR REPLACE FLOW"
-                            ))
-                        }),
+                        .map_err(|e| restore_error(&name, e)),
                     None => sandbox
                         .create_flow(&component, &plan, &schemas, &guest_options, limits)
                         .map_err(|e| guest_error(&name, e)),
