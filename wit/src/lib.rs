@@ -266,6 +266,18 @@ pub struct TickOutput {
     pub next_wakeup: Option<i64>,
 }
 
+impl TickOutput {
+    /// Gives the output batch one time and one diff per row, as a host
+    /// expects after checking it (the contract lets a guest send one entry
+    /// for all rows).
+    pub fn expand(&mut self) {
+        let rows = self.output.rows as usize;
+        let b = &mut self.output;
+        b.times = expand_per_row(std::mem::take(&mut b.times), rows);
+        b.diffs = expand_per_row(std::mem::take(&mut b.diffs), rows);
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FlowError {
     BadInput(String),

@@ -169,15 +169,6 @@ pub fn validate_output(
     })
 }
 
-/// Gives a validated output batch one time and one diff per row, as the rest of the host
-/// expects (the contract lets a guest send one entry for all rows).
-pub fn expand_output(out: &mut TickOutput) {
-    let rows = out.output.rows as usize;
-    let b = &mut out.output;
-    b.times = sandflow_contract::expand_per_row(std::mem::take(&mut b.times), rows);
-    b.diffs = sandflow_contract::expand_per_row(std::mem::take(&mut b.diffs), rows);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,7 +197,7 @@ mod tests {
             more: false,
             next_wakeup: None,
         };
-        expand_output(&mut out);
+        out.expand();
         assert_eq!(out.output.times, vec![5; 3]);
         assert_eq!(out.output.diffs, vec![-1; 3]);
     }

@@ -553,7 +553,7 @@ impl FlowInstance {
             self.failed = Some(error.clone());
             return Err(error);
         }
-        convert::expand_output(&mut output);
+        output.expand();
         Ok(output)
     }
 

@@ -287,10 +287,7 @@ fn native_tick(
         .map_err(native_failure)?;
     sandflow_contract::validate_batch(output, &out.output)
         .map_err(|e| Failure::permanent(format!("malformed output batch: {e}")))?;
-    let rows = out.output.rows as usize;
-    let b = &mut out.output;
-    b.times = sandflow_contract::expand_per_row(std::mem::take(&mut b.times), rows);
-    b.diffs = sandflow_contract::expand_per_row(std::mem::take(&mut b.diffs), rows);
+    out.expand();
     Ok(out)
 }
 
