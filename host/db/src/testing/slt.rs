@@ -20,7 +20,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use sqllogictest::{
-    Condition, Control, DefaultColumnType, QueryExpect, Record, SortMode, StatementExpect,
+    Condition, Control, DefaultColumnType, ExpectedError, QueryExpect, Record, SortMode,
+    StatementExpect,
 };
 
 use super::TestDatabase;
@@ -343,9 +344,16 @@ async fn run_record(
             let line = at(&loc);
             let fail = |message: String| Mismatch { line, message };
             let out = t.execute(&sql).await;
-            match (expected, out) {
-                (StatementExpect::Ok, Ok(_)) => {}
-                (StatementExpect::Count(n), Ok(out)) => {
+            match expected {
+                StatementExpect::Error(e) => {
+                    expect_error("statement", &e, out, &sql).map_err(fail)?
+                }
+                StatementExpect::Ok => {
+                    out.map_err(|err| fail(format!("the statement failed: {err}\n    {sql}")))?;
+                }
+                StatementExpect::Count(n) => {
+                    let out =
+                        out.map_err(|err| fail(format!("the statement failed: {err}\n    {sql}")))?;
                     let got = match out.last() {
                         Some(Output::Affected { rows, .. }) => *rows,
                         Some(Output::Rows { batches, .. }) => {
@@ -358,22 +366,6 @@ async fn run_record(
                             "statement count {n}: {got} rows were affected\n    {sql}"
                         )));
                     }
-                }
-                (StatementExpect::Error(e), Err(err)) => {
-                    let msg = err.to_string();
-                    if !e.is_match(&msg, None) {
-                        return Err(fail(format!(
-                            "the statement failed, but not as expected:\n    expected: {e}\n    actual:   {msg}\n    {sql}"
-                        )));
-                    }
-                }
-                (StatementExpect::Error(e), Ok(_)) => {
-                    return Err(fail(format!(
-                        "the statement succeeded, but an error was expected ({e})\n    {sql}"
-                    )));
-                }
-                (_, Err(err)) => {
-                    return Err(fail(format!("the statement failed: {err}\n    {sql}")));
                 }
             }
         }
@@ -390,15 +382,15 @@ async fn run_record(
             let line = at(&loc);
             let fail = |message: String| Mismatch { line, message };
             let out = t.query(&sql).await;
-            match (expected, out) {
-                (
-                    QueryExpect::Results {
-                        results,
-                        sort_mode: own,
-                        ..
-                    },
-                    Ok(rows),
-                ) => {
+            match expected {
+                QueryExpect::Error(e) => expect_error("query", &e, out, &sql).map_err(fail)?,
+                QueryExpect::Results {
+                    results,
+                    sort_mode: own,
+                    ..
+                } => {
+                    let rows =
+                        out.map_err(|err| fail(format!("the query failed: {err}\n    {sql}")))?;
                     let actual = arrange(rows, own.as_ref().or(sort_mode.as_ref()));
                     let expected: Vec<String> = results.iter().map(|r| normalize(r)).collect();
                     if actual != expected {
@@ -411,22 +403,6 @@ async fn run_record(
                             )));
                         }
                     }
-                }
-                (QueryExpect::Error(e), Err(err)) => {
-                    let msg = err.to_string();
-                    if !e.is_match(&msg, None) {
-                        return Err(fail(format!(
-                            "the query failed, but not as expected:\n    expected: {e}\n    actual:   {msg}\n    {sql}"
-                        )));
-                    }
-                }
-                (QueryExpect::Error(e), Ok(_)) => {
-                    return Err(fail(format!(
-                        "the query succeeded, but an error was expected ({e})\n    {sql}"
-                    )));
-                }
-                (QueryExpect::Results { .. }, Err(err)) => {
-                    return Err(fail(format!("the query failed: {err}\n    {sql}")));
                 }
             }
         }
@@ -448,6 +424,30 @@ async fn run_record(
         _ => {}
     }
     Ok(false)
+}
+
+/// Whether a statement or query (`what`) that expects error `e` failed so.
+fn expect_error<T>(
+    what: &str,
+    e: &ExpectedError,
+    out: crate::Result<T>,
+    sql: &str,
+) -> Result<(), String> {
+    match out {
+        Ok(_) => Err(format!(
+            "the {what} succeeded, but an error was expected ({e})\n    {sql}"
+        )),
+        Err(err) => {
+            let msg = err.to_string();
+            if e.is_match(&msg, None) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "the {what} failed, but not as expected:\n    expected: {e}\n    actual:   {msg}\n    {sql}"
+                ))
+            }
+        }
+    }
 }
 
 /// One value per space, as the expected rows are compared.
