@@ -17,17 +17,16 @@ use sandflow::database::Database;
 /// The whole binary: parses the command line and runs it.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Command::Test(args) = &cli.command {
-        // Quiet unless asked: the report is the output.
-        if std::env::var_os("RUST_LOG").is_some() {
-            init_tracing();
-        }
-        return run_tests(args);
-    }
-    init_tracing();
     match cli.command {
-        Command::Test(_) => ExitCode::SUCCESS,
+        Command::Test(args) => {
+            // Quiet unless asked: the report is the output.
+            if std::env::var_os("RUST_LOG").is_some() {
+                init_tracing();
+            }
+            run_tests(&args)
+        }
         Command::Start(args) => {
+            init_tracing();
             let config = match Config::resolve(&args) {
                 Ok(c) => c,
                 Err(e) => {
@@ -36,15 +35,9 @@ pub fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-            {
+            let runtime = match runtime("sandflow") {
                 Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("sandflow: cannot start the async runtime: {e}");
-                    return ExitCode::FAILURE;
-                }
+                Err(code) => return code,
             };
             match runtime.block_on(start(config, shutdown_signal())) {
                 Ok(()) => ExitCode::SUCCESS,
@@ -55,6 +48,18 @@ pub fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// The multi-threaded async runtime, or the exit status after saying why
+/// it cannot start (`who` names the command).
+fn runtime(who: &str) -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("{who}: cannot start the async runtime: {e}");
+            ExitCode::FAILURE
+        })
 }
 
 /// `sandflow test`: runs the files, prints a line each, writes the JUnit
@@ -80,15 +85,9 @@ fn run_tests(args: &crate::config::TestArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime("sandflow test") {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("sandflow test: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     // One sandbox for every file: the engine component is compiled once.
     let sandbox = match engine {
