@@ -95,14 +95,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Driver {
     /// A driver on the real clock with `threads` threads.
     pub(crate) fn threaded(clock: Arc<dyn Clock>, threads: usize) -> std::io::Result<Driver> {
-        let inner = Arc::new(Inner {
-            clock,
-            manual: None,
-            queue: Mutex::new(Queue::default()),
-            cv: Condvar::new(),
-            closed: AtomicBool::new(false),
-            ids: AtomicU64::new(1),
-        });
+        let inner = Inner::new(clock, None);
         let mut handles = Vec::new();
         for i in 0..threads.max(1) {
             let inner = inner.clone();
@@ -122,14 +115,7 @@ impl Driver {
     /// and [`Driver::advance_to`].
     pub(crate) fn manual(clock: Arc<VirtualClock>) -> Driver {
         Driver {
-            inner: Arc::new(Inner {
-                clock: clock.clone(),
-                manual: Some(clock),
-                queue: Mutex::new(Queue::default()),
-                cv: Condvar::new(),
-                closed: AtomicBool::new(false),
-                ids: AtomicU64::new(1),
-            }),
+            inner: Inner::new(clock.clone(), Some(clock)),
             threads: Mutex::new(Vec::new()),
         }
     }
@@ -276,6 +262,23 @@ impl Drop for Driver {
 }
 
 impl Inner {
+    fn new(clock: Arc<dyn Clock>, manual: Option<Arc<VirtualClock>>) -> Arc<Inner> {
+        Arc::new(Inner {
+            clock,
+            manual,
+            queue: Mutex::new(Queue::default()),
+            cv: Condvar::new(),
+            closed: AtomicBool::new(false),
+            ids: AtomicU64::new(1),
+        })
+    }
+
+    /// Puts `slot` (marked queued) at the end of the ready queue.
+    fn enqueue(&self, slot: &Arc<Slot>) {
+        lock(&self.queue).ready.push_back(slot.clone());
+        self.cv.notify_one();
+    }
+
     /// Records an event for `slot` and queues it unless it is queued or
     /// running (a running slot is queued again when its step ends).
     fn notify(&self, slot: &Arc<Slot>, event: impl FnOnce(&mut Sched)) {
@@ -292,8 +295,7 @@ impl Inner {
             queue
         };
         if queue {
-            lock(&self.queue).ready.push_back(slot.clone());
-            self.cv.notify_one();
+            self.enqueue(slot);
         }
     }
 
@@ -431,7 +433,6 @@ fn step(inner: &Inner, slot: &Arc<Slot>) {
         requeue
     };
     if requeue {
-        lock(&inner.queue).ready.push_back(slot.clone());
-        inner.cv.notify_one();
+        inner.enqueue(slot);
     }
 }
