@@ -1460,6 +1460,7 @@ impl FlowManager {
         let core = Arc::downgrade(core);
         let name = name.to_string();
         let status = status.clone();
+        let sources: Vec<u64> = readers.iter().map(|r| r.table()).collect();
         let readers: Vec<std::sync::Weak<LogReader>> = readers.iter().map(Arc::downgrade).collect();
         let base = status.lock().map(|s| s.rows_written).unwrap_or(0);
         let snapshot_at: Mutex<Option<Vec<Position>>> = Mutex::new(None);
@@ -1506,7 +1507,10 @@ impl FlowManager {
                     }
                 }
                 drop(at);
-                core.flows.trim_logs(&core);
+                // Only this flow's sources can have moved on.
+                if let Err(e) = core.store.trim_logs_of(&sources) {
+                    warn!(flow = %name, "cannot trim the change logs: {e}");
+                }
             }
         })
     }

@@ -123,7 +123,7 @@ impl ChangeFeed {
                 if self.since_trim >= 64 {
                     // What this feed read need not stay on disk for it.
                     self.since_trim = 0;
-                    if let Err(e) = self.store.trim_logs() {
+                    if let Err(e) = self.store.trim_logs_of(&[self.table.id()]) {
                         tracing::warn!("cannot trim change logs: {e}");
                     }
                 }

@@ -57,6 +57,11 @@ impl LogReader {
         }
     }
 
+    /// The table this reader reads.
+    pub fn table(&self) -> TableId {
+        self.table
+    }
+
     pub fn keep_from(&self) -> Position {
         self.keep_from.lock().map(|k| *k).unwrap_or_default()
     }
@@ -263,24 +268,30 @@ impl Store {
         } else {
             (after.seq, after.part.saturating_add(1))
         };
-        let mut found: Option<(u64, Vec<u8>)> = None;
+        // Decoded where it lies: a commit's entry may be large, and only one
+        // part of it is wanted.
+        let mut found: Option<Result<(Position, ChangeBatch, bool)>> = None;
         txn.scan(Space::Log(table.id()), &start.to_be_bytes(), &mut |k, v| {
             let Ok(b) = <[u8; 8]>::try_from(k) else {
                 return Ok(true);
             };
-            found = Some((u64::from_be_bytes(b), v.to_vec()));
+            let seq = u64::from_be_bytes(b);
+            // The rest of `after.seq` (a later part), or the next commit from its start.
+            let at = Position {
+                seq,
+                part: if seq == after.seq { part } else { 0 },
+            };
+            found = Some(decode_part(table, seq, v, at.part).map(|(c, last)| (at, c, last)));
             Ok(false)
         })?;
-        let Some((seq, bytes)) = found else {
+        let Some(found) = found else {
             return Ok(None);
         };
-        // The rest of `after.seq` (a later part), or the next commit from its start.
-        let part = if seq == after.seq { part } else { 0 };
-        let (change, last) = decode_part(table, seq, &bytes, part)?;
+        let (at, change, last) = found?;
         let end = if last {
-            Position::after_commit(seq)
+            Position::after_commit(at.seq)
         } else {
-            Position { seq, part }
+            at
         };
         Ok(Some(LogPart { change, end }))
     }
@@ -289,11 +300,28 @@ impl Store {
     /// drops the logs of tables nobody reads any more. Finds what to trim in
     /// a read transaction; takes only the engine's write lock to delete.
     pub fn trim_logs(&self) -> Result<()> {
+        self.trim(None)
+    }
+
+    /// Trims the change logs of `tables` only, up to where all their readers
+    /// are past (a reader that moved on: only its tables can shrink).
+    pub fn trim_logs_of(&self, tables: &[TableId]) -> Result<()> {
+        self.trim(Some(tables))
+    }
+
+    fn trim(&self, only: Option<&[TableId]>) -> Result<()> {
         let (trim, gone) = {
             let mut state = self.state.lock().map_err(|_| poisoned())?;
             let mut trim: Vec<(TableId, Position)> = Vec::new();
             let mut gone: Vec<TableId> = Vec::new();
-            let tables: Vec<TableId> = state.logs.iter().copied().collect();
+            let tables: Vec<TableId> = match only {
+                Some(only) => only
+                    .iter()
+                    .copied()
+                    .filter(|t| state.logs.contains(t))
+                    .collect(),
+                None => state.logs.iter().copied().collect(),
+            };
             for t in tables {
                 let live: Vec<Arc<LogReader>> = state
                     .readers
