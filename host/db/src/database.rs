@@ -534,6 +534,24 @@ impl Database {
         self.core.flows.flush(name).await
     }
 
+    /// Starts recording flow `name` (or starts its recording anew): it
+    /// begins at a snapshot taken now; returns its positions. See
+    /// [`crate::flow::recording`].
+    pub async fn start_recording(&self, name: &str) -> Result<Vec<sandflow_flows::Position>> {
+        self.core.flows.start_recording(name).await
+    }
+
+    /// Stops recording flow `name`; `false` if it was not being recorded.
+    pub async fn stop_recording(&self, name: &str) -> Result<bool> {
+        self.core.flows.stop_recording(&self.core, name).await
+    }
+
+    /// Flow `name`'s recording, from its start up to everything committed
+    /// so far; the recording goes on.
+    pub async fn recording(&self, name: &str) -> Result<crate::flow::recording::Recording> {
+        self.core.flows.recording(&self.core, name).await
+    }
+
     /// Every flow with its definition and run-time status.
     pub fn flows(&self) -> Vec<FlowInfo> {
         self.core.flows.infos()

@@ -57,6 +57,22 @@ impl std::fmt::Display for Position {
     }
 }
 
+impl std::str::FromStr for Position {
+    type Err = String;
+
+    /// Reads the [`Display`](std::fmt::Display) form back.
+    fn from_str(s: &str) -> Result<Position, String> {
+        let bad = || format!("'{s}' is not a change log position (`seq` or `seq.part`)");
+        match s.split_once('.') {
+            None => Ok(Position::after_commit(s.parse().map_err(|_| bad())?)),
+            Some((seq, part)) => Ok(Position {
+                seq: seq.parse().map_err(|_| bad())?,
+                part: part.parse().map_err(|_| bad())?,
+            }),
+        }
+    }
+}
+
 /// Writes positions as `count` (u32, big endian) then 12 bytes each
 /// ([`Position::to_bytes`]): the form a [`FlowStore`] keeps them in.
 pub fn encode_positions(positions: &[Position]) -> Vec<u8> {
@@ -179,12 +195,27 @@ pub struct Commit<'a> {
     pub snapshot: Option<&'a [u8]>,
     /// The runner's fence; the commit is refused if it is not current.
     pub fence: u64,
+    /// Whether the guest ticked at `now` for this commit (false: a sleeping
+    /// flow's state kept as a snapshot at a stop, without a tick).
+    pub ticked: bool,
 }
 
 /// Writes a flow's output to its sink, atomically with its positions and
 /// snapshot. Returns the sink rows written.
 pub trait SinkCommitter: Send {
     fn commit(&mut self, commit: Commit<'_>) -> Result<u64, Failure>;
+
+    /// Whether every tick must be committed, also one without output or
+    /// snapshot (a recording keeps the time of every tick).
+    fn journaling(&self) -> bool {
+        false
+    }
+
+    /// Whether the next tick must carry a snapshot, even if nothing moved
+    /// since the last one (a recording starts at a snapshot).
+    fn wants_snapshot(&self) -> bool {
+        false
+    }
 }
 
 /// A flow's last snapshot, and what its sink already shows.
@@ -224,6 +255,11 @@ mod tests {
         }
         assert_eq!(Position::from_bytes(&[1, 2, 3]), None);
         assert_eq!(format!("{b} {a}"), "3 3.1");
+        for p in [a, b, c, Position::START] {
+            assert_eq!(p.to_string().parse::<Position>(), Ok(p));
+        }
+        assert!("3.x".parse::<Position>().is_err());
+        assert!("".parse::<Position>().is_err());
     }
 
     #[test]

@@ -297,6 +297,7 @@ impl Runner {
                         positions: &self.consumed,
                         snapshot: Some(&state),
                         fence: self.cfg.fence,
+                        ticked: false,
                     })?;
                     self.status.snapshot_positions = Some(self.consumed.clone());
                 }
@@ -462,18 +463,20 @@ impl Runner {
                 .last_snapshot
                 .is_none_or(|t| now - t >= self.cfg.snapshot_interval_ms);
         let moved = self.status.snapshot_positions.as_deref() != Some(&self.consumed[..]);
-        let snapshot = if snapshot_due && (moved || self.needs_snapshot) {
+        let wanted = self.sink.wants_snapshot();
+        let snapshot = if wanted || (snapshot_due && (moved || self.needs_snapshot)) {
             Some(self.guest()?.snapshot()?)
         } else {
             None
         };
-        let written = if rows > 0 || snapshot.is_some() {
+        let written = if rows > 0 || snapshot.is_some() || self.sink.journaling() {
             self.sink.commit(Commit {
                 output: &output,
                 now,
                 positions: &self.consumed,
                 snapshot: snapshot.as_deref(),
                 fence: self.cfg.fence,
+                ticked: true,
             })?
         } else {
             0
@@ -650,6 +653,10 @@ mod tests {
         snapshot: Option<(Vec<Position>, Vec<u8>)>,
         written: Vec<Position>,
         fence: u64,
+        /// Commit every tick (as a recording does).
+        journal: bool,
+        /// Ask for a snapshot at the next tick (as a recording's start does).
+        want_snapshot: bool,
     }
 
     impl SinkCommitter for Sink {
@@ -676,7 +683,18 @@ mod tests {
                 s.snapshot = Some((c.positions.to_vec(), state.to_vec()));
             }
             s.written = c.positions.to_vec();
+            if c.snapshot.is_some() {
+                s.want_snapshot = false;
+            }
             Ok(n)
+        }
+
+        fn journaling(&self) -> bool {
+            self.0.lock().unwrap().journal
+        }
+
+        fn wants_snapshot(&self) -> bool {
+            self.0.lock().unwrap().want_snapshot
         }
     }
 
@@ -747,6 +765,46 @@ mod tests {
             "rows since the start: +5, -5 +7, -7 +8"
         );
         assert_eq!(sink.0.lock().unwrap().value, Some(8));
+    }
+
+    #[test]
+    fn a_journaling_sink_sees_every_tick_and_gets_the_snapshot_it_asks_for() {
+        let clock = Arc::new(VirtualClock::new(1_000));
+        let log = Log(Arc::new(Mutex::new(vec![vec![(1, vec![5])]])));
+        let sink = Sink::default();
+        let mut r = runner(&clock, &log, &sink, fresh(1));
+        r.step(Event::Input);
+        assert_eq!(sink.0.lock().unwrap().commits.len(), 1);
+        // Input that leaves the output as it is (+0): without a journal, the
+        // tick writes nothing.
+        log.0.lock().unwrap()[0].push((2, vec![0]));
+        clock.set(1_100).unwrap();
+        r.step(Event::Input);
+        assert_eq!(sink.0.lock().unwrap().commits.len(), 1);
+        // With one, it is committed, with its time and positions.
+        sink.0.lock().unwrap().journal = true;
+        log.0.lock().unwrap()[0].push((3, vec![0]));
+        clock.set(1_200).unwrap();
+        r.step(Event::Input);
+        assert_eq!(
+            sink.0.lock().unwrap().commits.last(),
+            Some(&(1_200, vec![Position::after_commit(3)], false))
+        );
+        // A wanted snapshot comes with the next tick, even with nothing new
+        // since the last one.
+        sink.0.lock().unwrap().want_snapshot = true;
+        clock.set(1_300).unwrap();
+        r.step(Event::Flush);
+        let s = sink.0.lock().unwrap();
+        assert_eq!(
+            s.commits.last(),
+            Some(&(1_300, vec![Position::after_commit(3)], true))
+        );
+        assert_eq!(
+            s.snapshot.as_ref().map(|(p, _)| p.clone()),
+            Some(vec![Position::after_commit(3)])
+        );
+        assert!(!s.want_snapshot);
     }
 
     #[test]

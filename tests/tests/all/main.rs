@@ -9,6 +9,7 @@
 //! - `flows_differential`, `flows_limits`, `hostile_flows`, `crash_flows`:
 //!   flows under random writes, limits, attacks and kill -9;
 //! - `fuzz`: bounded fuzzing of everything untrusted input reaches;
+//! - `recording`: recording flows and replaying them offline;
 //! - `slt`: `sandflow test` on the scenario files in `tests/slt/`;
 //! - `virtual_time`: the library with an in-memory store and a virtual
 //!   clock (deterministic flows, ttl and EXPIRE AFTER), separate metrics.
@@ -30,6 +31,7 @@ mod flows_differential;
 mod flows_limits;
 mod fuzz;
 mod hostile_flows;
+mod recording;
 mod sandbox;
 mod slt;
 mod virtual_time;

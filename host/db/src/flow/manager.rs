@@ -38,6 +38,7 @@ use super::ports::{
     legacy_pos_key, legacy_state_key, snapshot_key, written_key, MetaStore, NativeGuest,
     SandboxGuest, SandboxWaker, StoreLog, StoreSink, DEF_PREFIX,
 };
+use super::recording::{self, RecordingState};
 use super::sink;
 use super::status::{failure_message, FlowStatus, SharedStatus};
 use crate::catalog::{display_name, Table, TableInfo, TableSchema, DEFAULT_DATABASE};
@@ -262,6 +263,10 @@ struct FlowHandle {
     /// Which run of the flow this is (a restart gets a new one), so that an
     /// automatic restart never replaces a newer run; also the run's fence.
     incarnation: u64,
+    /// The flow's recording, if one is on (see [`super::recording`]).
+    recording: Arc<RecordingState>,
+    /// The source tables the run reads, in the guest's order.
+    sources: Vec<Arc<Table>>,
 }
 
 /// A sandbox and the digest of sandflow's engine registered in it.
@@ -641,12 +646,12 @@ impl FlowManager {
                         .filter_map(|(d, t)| core.catalog.table(d, t).ok().flatten())
                         .collect();
                     let source_ids = sources.iter().map(|t| t.id()).collect();
+                    let recording = Arc::new(RecordingState::load(&core.store, &name)?);
                     let readers = match (&recovery, sources.len() == def.sources.len()) {
                         (Some(r), true) => {
+                            let floor = log_floor(&r.positions, &recording);
                             core.store
-                                .follow(&sources, Some(&r.positions), false, &mut |_| {
-                                    Box::new(|_| {})
-                                })?
+                                .follow(&sources, Some(&floor), false, &mut |_| Box::new(|_| {}))?
                                 .readers
                         }
                         _ => Vec::new(),
@@ -663,6 +668,8 @@ impl FlowManager {
                         slot: None,
                         _readers: readers,
                         incarnation: self.incarnations.fetch_add(1, Ordering::Relaxed),
+                        recording,
+                        sources,
                         def,
                     })
                 }
@@ -857,6 +864,11 @@ impl FlowManager {
         let c = core.clone();
         let mut writes = vec![MetaWrite::Delete(format!("{DEF_PREFIX}{name}"))];
         writes.extend(run_keys(name).into_iter().map(MetaWrite::Delete));
+        writes.extend(
+            recording::stored_keys(&core.store, name)?
+                .into_iter()
+                .map(MetaWrite::Delete),
+        );
         blocking(move || c.store.commit_meta(writes)).await?;
         self.trim_logs(core);
         info!(flow = %name, "flow dropped");
@@ -1032,6 +1044,82 @@ impl FlowManager {
                 self.restart_asked.clone(),
             ));
         }
+    }
+
+    /// Starts recording flow `name` (see [`super::recording`]), or starts
+    /// its recording anew: the flow writes back what is pending and takes a
+    /// snapshot, where the recording begins. Returns the start's positions.
+    pub async fn start_recording(&self, name: &str) -> Result<Vec<Position>> {
+        let handle = self.require(name)?;
+        handle.recording.request();
+        let flushed = self.flush(name).await;
+        let started = handle.recording.started();
+        flushed?;
+        started.map_err(|e| flow_err(format!("cannot start recording flow '{name}': {e}")))
+    }
+
+    /// Stops recording flow `name` and forgets its recording (its logs may
+    /// then be trimmed). `false` if it was not being recorded.
+    pub(crate) async fn stop_recording(&self, core: &Arc<Core>, name: &str) -> Result<bool> {
+        let handle = self.require(name)?;
+        let was = handle.recording.stop();
+        let keys = recording::stored_keys(&core.store, name)?;
+        let any = !keys.is_empty();
+        if any {
+            let c = core.clone();
+            blocking(move || {
+                c.store
+                    .commit_meta(keys.into_iter().map(MetaWrite::Delete).collect())
+            })
+            .await?;
+        }
+        Ok(was || any)
+    }
+
+    /// Flow `name`'s recording from its start up to now, after a flush (so
+    /// that it holds everything committed to the flow's sources so far).
+    pub(crate) async fn recording(
+        &self,
+        core: &Arc<Core>,
+        name: &str,
+    ) -> Result<recording::Recording> {
+        let handle = self.require(name)?;
+        if handle.recording.start_positions().is_none() {
+            return NotFoundSnafu {
+                message: format!(
+                    "flow '{name}' is not being recorded; start a recording first \
+                     (POST /v1/flows/{name}/recording, or `sandflow record --start {name}`)"
+                ),
+            }
+            .fail();
+        }
+        self.flush(name).await?;
+        let sink = core
+            .catalog
+            .require_table(&handle.def.sink_database, &handle.def.sink_table)?;
+        let (core, now_ms) = (core.clone(), self.now_ms());
+        blocking(move || {
+            recording::export(
+                &core.store,
+                recording::ExportSource {
+                    name: &handle.def.name,
+                    create_statement: handle.def.create_statement(),
+                    sources: &handle.sources,
+                    sink: &sink,
+                    now_ms,
+                },
+            )
+        })
+        .await
+    }
+
+    fn require(&self, name: &str) -> Result<Arc<FlowHandle>> {
+        self.find(name).ok_or_else(|| {
+            NotFoundSnafu {
+                message: format!("flow '{name}' does not exist; see SHOW FLOWS"),
+            }
+            .build()
+        })
     }
 
     /// `ADMIN FLUSH_FLOW('name')`: processes everything committed to the
@@ -1360,21 +1448,26 @@ impl FlowManager {
         core.store
             .under_commit_lock(|| fence.store(incarnation, Ordering::SeqCst))?;
         let backfill = recovery.is_none() && p.options.backfill();
+        // A recording keeps the logs from its start, before the snapshot.
+        let recording = Arc::new(match recovery {
+            Some(_) => RecordingState::load(&core.store, &def.name)?,
+            None => RecordingState::default(),
+        });
+        let keep_from = recovery
+            .as_ref()
+            .map(|r| log_floor(&r.positions, &recording));
         // The runner's wake-up is known only once it is under the driver.
         let wake: Arc<OnceLock<Box<dyn Fn() + Send + Sync>>> = Arc::new(OnceLock::new());
-        let following = core.store.follow(
-            &p.sources,
-            recovery.as_ref().map(|r| r.positions.as_slice()),
-            backfill,
-            &mut |_| {
-                let wake = wake.clone();
-                Box::new(move |_| {
-                    if let Some(w) = wake.get() {
-                        w()
-                    }
-                })
-            },
-        )?;
+        let following =
+            core.store
+                .follow(&p.sources, keep_from.as_deref(), backfill, &mut |_| {
+                    let wake = wake.clone();
+                    Box::new(move |_| {
+                        if let Some(w) = wake.get() {
+                            w()
+                        }
+                    })
+                })?;
         let seq = following.seq;
         let sources = p.sources.len();
         let run_recovery = match recovery {
@@ -1417,6 +1510,7 @@ impl FlowManager {
             sink: sink.clone(),
             mapping: p.mapping,
             fence,
+            recording: recording.clone(),
         };
         let runner = Runner::new(
             cfg,
@@ -1427,7 +1521,14 @@ impl FlowManager {
             p.guest,
             run_recovery,
         );
-        let after = self.after_step(core, &def.name, incarnation, &status, &following.readers);
+        let after = self.after_step(
+            core,
+            &def.name,
+            incarnation,
+            &status,
+            &following.readers,
+            &recording,
+        );
         let slot = self.driver.add(runner, after);
         let _ = wake.set(Box::new(self.driver.waker(&slot)));
         if start {
@@ -1441,6 +1542,8 @@ impl FlowManager {
             slot: Some(slot),
             _readers: following.readers,
             incarnation,
+            recording,
+            sources: p.sources,
             def,
         });
         Ok(handle)
@@ -1456,7 +1559,9 @@ impl FlowManager {
         incarnation: u64,
         status: &SharedStatus,
         readers: &[Arc<LogReader>],
+        recording: &Arc<RecordingState>,
     ) -> super::driver::AfterStep {
+        let recording = recording.clone();
         let core = Arc::downgrade(core);
         let name = name.to_string();
         let status = status.clone();
@@ -1500,9 +1605,12 @@ impl FlowManager {
             if run.snapshot_positions.is_some() && *at != run.snapshot_positions {
                 *at = run.snapshot_positions.clone();
                 if let Some(positions) = &*at {
-                    for (r, p) in readers.iter().zip(positions) {
+                    // A recording keeps the logs from its start.
+                    let start = recording.start_positions().unwrap_or_default();
+                    for (i, (r, p)) in readers.iter().zip(positions).enumerate() {
+                        let keep = start.get(i).map_or(*p, |s| *s.min(p));
                         if let Some(r) = r.upgrade() {
-                            r.keep_from_position(*p);
+                            r.keep_from_position(keep);
                         }
                     }
                 }
@@ -1517,6 +1625,19 @@ impl FlowManager {
 
     fn register_metrics(&self, core: &Arc<Core>, name: &str, status: &SharedStatus) {
         register_metrics(core, name, status, self.clock.clone());
+    }
+}
+
+/// Per source, where a flow's change logs must be kept from: its snapshot's
+/// positions, or its recording's start if that is earlier.
+fn log_floor(snapshot: &[Position], recording: &RecordingState) -> Vec<Position> {
+    match recording.start_positions() {
+        Some(start) if start.len() == snapshot.len() => snapshot
+            .iter()
+            .zip(&start)
+            .map(|(p, s)| *p.min(s))
+            .collect(),
+        _ => snapshot.to_vec(),
     }
 }
 
@@ -1662,6 +1783,9 @@ fn commit_definition(
     set.put_meta(format!("{DEF_PREFIX}{}", def.name), json)
         .put_meta(NEXT_ID_KEY, next_id.to_be_bytes().to_vec());
     for key in run_keys(&def.name) {
+        set.delete_meta(key);
+    }
+    for key in recording::stored_keys(&core.store, &def.name)? {
         set.delete_meta(key);
     }
     ddl.commit(&core.store, set)?;

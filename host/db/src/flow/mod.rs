@@ -18,6 +18,7 @@ pub(crate) mod driver;
 pub mod manager;
 pub mod options;
 pub(crate) mod ports;
+pub mod recording;
 pub mod sink;
 pub mod status;
 pub mod system;

@@ -12,6 +12,7 @@ use sandflow_flows::{
 };
 
 use super::arrow::{batch_from_arrow, batch_to_arrow, schema_from_fields};
+use super::recording::RecordingState;
 use super::sink::{self, SinkColumn};
 use crate::catalog::Table;
 use crate::database::Core;
@@ -341,8 +342,32 @@ impl Waker for SandboxWaker {
     }
 }
 
+/// The sink writes of one tick's output (`batches`, in the flow's `output`
+/// schema): what a flow's commit writes, and what a replay writes.
+pub(crate) fn sink_writes(
+    sink: &Arc<Table>,
+    output: &[Field],
+    mapping: &[SinkColumn],
+    batches: &[Batch],
+    now: i64,
+) -> Result<sink::SinkWrites, Failure> {
+    if batches.is_empty() {
+        return Ok(sink::SinkWrites::default());
+    }
+    let mut arrow = Vec::with_capacity(batches.len());
+    let mut diffs = Vec::new();
+    for b in batches {
+        arrow.push(batch_to_arrow(b, output).map_err(|e| Failure::permanent(e.to_string()))?);
+        diffs.extend_from_slice(&b.diffs);
+    }
+    let all = concat_batches(&schema_from_fields(output), &arrow)
+        .map_err(|e| Failure::permanent(format!("cannot gather the flow's output: {e}")))?;
+    sink::writes(sink, mapping, &all, &diffs, now).map_err(Failure::permanent)
+}
+
 /// Writes a flow's output into its sink table, with its positions and
-/// snapshot, in one commit, refused once the flow's fence moved on.
+/// snapshot, in one commit, refused once the flow's fence moved on; and
+/// journals the commit while the flow is being recorded.
 pub(crate) struct StoreSink {
     pub core: std::sync::Weak<Core>,
     pub name: String,
@@ -351,6 +376,23 @@ pub(crate) struct StoreSink {
     pub mapping: Vec<SinkColumn>,
     /// The fence of the flow's current run.
     pub fence: Arc<AtomicU64>,
+    pub recording: Arc<RecordingState>,
+}
+
+impl StoreSink {
+    /// The sink table as it is now: it may have been dropped and recreated.
+    fn live_sink(&self, core: &Core) -> Result<Arc<Table>, Failure> {
+        core.catalog
+            .table(&self.sink.info.database, &self.sink.info.name)
+            .map_err(|e| Failure::transient(e.to_string()))?
+            .filter(|t| t.id() == self.sink.id())
+            .ok_or_else(|| {
+                Failure::permanent(format!(
+                    "sink table '{}' no longer exists",
+                    self.sink.qualified_name()
+                ))
+            })
+    }
 }
 
 impl SinkCommitter for StoreSink {
@@ -360,41 +402,15 @@ impl SinkCommitter for StoreSink {
             .upgrade()
             .ok_or_else(|| Failure::transient("the database is closing"))?;
         let mut set = WriteSet::new();
-        let mut rows = 0;
-        if !c.output.is_empty() {
-            let mut arrow = Vec::with_capacity(c.output.len());
-            let mut diffs = Vec::new();
-            for b in c.output {
-                arrow.push(
-                    batch_to_arrow(b, &self.output)
-                        .map_err(|e| Failure::permanent(e.to_string()))?,
-                );
-                diffs.extend_from_slice(&b.diffs);
+        let writes = sink_writes(&self.sink, &self.output, &self.mapping, c.output, c.now)?;
+        let rows = writes.rows();
+        if rows > 0 {
+            let sink = self.live_sink(&core)?;
+            if let Some(d) = writes.deletes {
+                set.delete(sink.clone(), d);
             }
-            let all = concat_batches(&schema_from_fields(&self.output), &arrow)
-                .map_err(|e| Failure::permanent(format!("cannot gather the flow's output: {e}")))?;
-            let writes = sink::writes(&self.sink, &self.mapping, &all, &diffs, c.now)
-                .map_err(Failure::permanent)?;
-            rows = writes.rows();
-            if rows > 0 {
-                // The sink may have been dropped and recreated: write to the live table.
-                let sink = core
-                    .catalog
-                    .table(&self.sink.info.database, &self.sink.info.name)
-                    .map_err(|e| Failure::transient(e.to_string()))?
-                    .filter(|t| t.id() == self.sink.id())
-                    .ok_or_else(|| {
-                        Failure::permanent(format!(
-                            "sink table '{}' no longer exists",
-                            self.sink.qualified_name()
-                        ))
-                    })?;
-                if let Some(d) = writes.deletes {
-                    set.delete(sink.clone(), d);
-                }
-                if let Some(u) = writes.upserts {
-                    set.upsert(sink, u);
-                }
+            if let Some(u) = writes.upserts {
+                set.upsert(sink, u);
             }
         }
         let positions = encode_positions(c.positions);
@@ -404,6 +420,13 @@ impl SinkCommitter for StoreSink {
             set.put_meta(snapshot_key(&self.name), value);
         }
         set.put_meta(written_key(&self.name), positions);
+        let entry = match c.ticked {
+            true => self.recording.entry(&self.name, c.now, c.positions),
+            false => None,
+        };
+        if let Some((key, value)) = &entry {
+            set.put_meta(key.clone(), value.clone());
+        }
         let (fence, mine) = (self.fence.clone(), c.fence);
         set.fence(Arc::new(move || {
             if fence.load(Ordering::SeqCst) == mine {
@@ -416,16 +439,39 @@ impl SinkCommitter for StoreSink {
             }
         }));
         match core.store.commit(set) {
-            Ok(_) => Ok(rows),
-            Err(_) if self.fence.load(Ordering::SeqCst) != mine => Err(Failure::fenced(format!(
-                "flow '{}' was restarted elsewhere: this run stops without writing",
-                self.name
-            ))),
-            Err(e) => Err(Failure::transient(format!(
-                "cannot write to sink table '{}': {e}",
-                self.sink.qualified_name()
-            ))),
+            Ok(_) => {}
+            Err(_) if self.fence.load(Ordering::SeqCst) != mine => {
+                return Err(Failure::fenced(format!(
+                    "flow '{}' was restarted elsewhere: this run stops without writing",
+                    self.name
+                )))
+            }
+            Err(e) => {
+                return Err(Failure::transient(format!(
+                    "cannot write to sink table '{}': {e}",
+                    self.sink.qualified_name()
+                )))
+            }
         }
+        if entry.is_some() {
+            self.recording.journaled();
+        }
+        if let (Some(state), true) = (c.snapshot, self.recording.wants_snapshot()) {
+            // This run is the sink's only writer: the sink is still as the
+            // commit left it.
+            let sink = self.live_sink(&core)?;
+            self.recording
+                .begin(&core.store, &self.name, &sink, c.now, c.positions, state);
+        }
+        Ok(rows)
+    }
+
+    fn journaling(&self) -> bool {
+        self.recording.journaling()
+    }
+
+    fn wants_snapshot(&self) -> bool {
+        self.recording.wants_snapshot()
     }
 }
 

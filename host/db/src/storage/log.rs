@@ -22,7 +22,7 @@ pub use sandflow_flows::{Position, PART_ROWS};
 
 use super::codec::RowDecoder;
 use super::kv::{KvReadTxn, Space};
-use super::{poisoned, ChangeBatch, Store};
+use super::{poisoned, ChangeBatch, ReadView, Store};
 use crate::error::{Result, StorageSnafu};
 use crate::schema::{Table, TableId};
 
@@ -262,38 +262,7 @@ impl Store {
     /// [`PART_ROWS`]: part 0 first; the last part ends at
     /// [`Position::after_commit`].
     pub fn read_log_part(&self, table: &Table, after: Position) -> Result<Option<LogPart>> {
-        let txn = self.kv.begin_read()?;
-        let (start, part) = if after.part == u32::MAX {
-            (after.seq.saturating_add(1), 0u32)
-        } else {
-            (after.seq, after.part.saturating_add(1))
-        };
-        // Decoded where it lies: a commit's entry may be large, and only one
-        // part of it is wanted.
-        let mut found: Option<Result<(Position, ChangeBatch, bool)>> = None;
-        txn.scan(Space::Log(table.id()), &start.to_be_bytes(), &mut |k, v| {
-            let Ok(b) = <[u8; 8]>::try_from(k) else {
-                return Ok(true);
-            };
-            let seq = u64::from_be_bytes(b);
-            // The rest of `after.seq` (a later part), or the next commit from its start.
-            let at = Position {
-                seq,
-                part: if seq == after.seq { part } else { 0 },
-            };
-            found = Some(decode_part(table, seq, v, at.part).map(|(c, last)| (at, c, last)));
-            Ok(false)
-        })?;
-        let Some(found) = found else {
-            return Ok(None);
-        };
-        let (at, change, last) = found?;
-        let end = if last {
-            Position::after_commit(at.seq)
-        } else {
-            at
-        };
-        Ok(Some(LogPart { change, end }))
+        self.view()?.read_log_part(table, after)
     }
 
     /// Trims every change log up to where all its readers are past, and
@@ -409,6 +378,44 @@ impl Store {
             Ok(true)
         })?;
         Ok(n)
+    }
+}
+
+impl ReadView {
+    /// [`Store::read_log_part`] in this view.
+    pub fn read_log_part(&self, table: &Table, after: Position) -> Result<Option<LogPart>> {
+        let txn = &self.txn;
+        let (start, part) = if after.part == u32::MAX {
+            (after.seq.saturating_add(1), 0u32)
+        } else {
+            (after.seq, after.part.saturating_add(1))
+        };
+        // Decoded where it lies: a commit's entry may be large, and only one
+        // part of it is wanted.
+        let mut found: Option<Result<(Position, ChangeBatch, bool)>> = None;
+        txn.scan(Space::Log(table.id()), &start.to_be_bytes(), &mut |k, v| {
+            let Ok(b) = <[u8; 8]>::try_from(k) else {
+                return Ok(true);
+            };
+            let seq = u64::from_be_bytes(b);
+            // The rest of `after.seq` (a later part), or the next commit from its start.
+            let at = Position {
+                seq,
+                part: if seq == after.seq { part } else { 0 },
+            };
+            found = Some(decode_part(table, seq, v, at.part).map(|(c, last)| (at, c, last)));
+            Ok(false)
+        })?;
+        let Some(found) = found else {
+            return Ok(None);
+        };
+        let (at, change, last) = found?;
+        let end = if last {
+            Position::after_commit(at.seq)
+        } else {
+            at
+        };
+        Ok(Some(LogPart { change, end }))
     }
 }
 

@@ -286,21 +286,20 @@ impl Store {
     }
 
     pub fn get_meta(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        self.kv.begin_read()?.get(Space::Meta, key.as_bytes())
+        self.view()?.get_meta(key)
     }
 
     /// All metadata entries whose key starts with `prefix`.
     pub fn scan_meta(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
-        let txn = self.kv.begin_read()?;
-        let mut out = Vec::new();
-        txn.scan(Space::Meta, prefix.as_bytes(), &mut |k, v| {
-            if !k.starts_with(prefix.as_bytes()) {
-                return Ok(false);
-            }
-            out.push((String::from_utf8_lossy(k).into_owned(), v.to_vec()));
-            Ok(true)
-        })?;
-        Ok(out)
+        self.view()?.scan_meta(prefix)
+    }
+
+    /// A consistent view of the store: everything read through it reflects
+    /// the same commit, whatever is committed meanwhile.
+    pub fn view(&self) -> Result<ReadView> {
+        Ok(ReadView {
+            txn: self.kv.begin_read()?,
+        })
     }
 
     /// Commits a write set atomically and durably, then wakes the readers of
@@ -580,7 +579,55 @@ impl Store {
     /// A consistent copy of a table's rows (in key order) with the commit
     /// sequence it reflects.
     pub fn scan(&self, table: &Table) -> Result<Snapshot> {
-        let txn = self.kv.begin_read()?;
+        self.view()?.scan(table)
+    }
+
+    /// Closes the readers of a dropped table (their feeds end).
+    pub fn table_dropped(&self, id: TableId) {
+        if let Ok(mut state) = self.state.lock() {
+            close_readers(&mut state, id);
+        }
+    }
+}
+
+fn close_readers(state: &mut CommitState, id: TableId) {
+    if let Some(readers) = state.readers.remove(&id) {
+        for r in readers.iter().filter_map(std::sync::Weak::upgrade) {
+            r.close();
+        }
+    }
+    state.logs.remove(&id);
+}
+
+/// A consistent view of the store (one read transaction); see
+/// [`Store::view`]. Holding it keeps the versions it sees alive: drop it
+/// soon.
+pub struct ReadView {
+    txn: Box<dyn KvReadTxn>,
+}
+
+impl ReadView {
+    pub fn get_meta(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        self.txn.get(Space::Meta, key.as_bytes())
+    }
+
+    /// All metadata entries whose key starts with `prefix`.
+    pub fn scan_meta(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
+        let mut out = Vec::new();
+        self.txn.scan(Space::Meta, prefix.as_bytes(), &mut |k, v| {
+            if !k.starts_with(prefix.as_bytes()) {
+                return Ok(false);
+            }
+            out.push((String::from_utf8_lossy(k).into_owned(), v.to_vec()));
+            Ok(true)
+        })?;
+        Ok(out)
+    }
+
+    /// A copy of a table's rows (in key order) with the commit
+    /// sequence it reflects.
+    pub fn scan(&self, table: &Table) -> Result<Snapshot> {
+        let txn = &self.txn;
         let seq = read_seq(txn.as_ref())?;
         let mut batches = Vec::new();
         let mut dec = RowDecoder::new(table, SCAN_BATCH_ROWS.min(1024));
@@ -609,22 +656,6 @@ impl Store {
         }
         Ok(Snapshot { seq, batches })
     }
-
-    /// Closes the readers of a dropped table (their feeds end).
-    pub fn table_dropped(&self, id: TableId) {
-        if let Ok(mut state) = self.state.lock() {
-            close_readers(&mut state, id);
-        }
-    }
-}
-
-fn close_readers(state: &mut CommitState, id: TableId) {
-    if let Some(readers) = state.readers.remove(&id) {
-        for r in readers.iter().filter_map(std::sync::Weak::upgrade) {
-            r.close();
-        }
-    }
-    state.logs.remove(&id);
 }
 
 fn read_seq(txn: &dyn KvReadTxn) -> Result<u64> {

@@ -1,0 +1,207 @@
+//! Recordings of flows through the library: a flow recorded across inserts,
+//! deletes, upserts, time passing (EXPIRE AFTER at work), a crash and a
+//! clean restart replays offline, in wasm and natively, to the sink the
+//! database has, value for value; a recording with a change taken out does
+//! not; the file reads back as written.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sandflow::flow::recording::{replay, RecordedChange, Recording};
+use sandflow::flow::{FlowEngine, FlowSettings};
+use sandflow::testing::TestDatabase;
+
+/// 2023-11-14T22:13:20Z.
+const T0: i64 = 1_700_000_000_000;
+
+fn ts(ms: i64) -> String {
+    format!("{}", T0 + ms)
+}
+
+/// Runs the scenario on `engine`; returns the recording and the sink as the
+/// database shows it (CSV lines, sorted, header first).
+async fn record(engine: FlowEngine) -> (Recording, Vec<String>) {
+    let mut t = TestDatabase::with_flows(FlowSettings {
+        engine,
+        ..FlowSettings::default()
+    })
+    .await
+    .unwrap();
+    t.set_time(T0).await.unwrap();
+    t.execute(
+        "CREATE TABLE ev (host STRING, v DOUBLE, ts TIMESTAMP TIME INDEX, PRIMARY KEY (host))",
+    )
+    .await
+    .unwrap();
+    t.execute(
+        "CREATE FLOW per_window SINK TO per_window_sink EXPIRE AFTER '30 seconds' AS \
+         SELECT date_bin(INTERVAL '10 seconds', ts) AS w, count(*) AS n, sum(v) AS s, \
+         min(v) AS lo, max(v) AS hi FROM ev GROUP BY w",
+    )
+    .await
+    .unwrap();
+    t.execute(&format!(
+        "INSERT INTO ev VALUES ('a', 1.5, {}), ('b', 0.1, {})",
+        ts(0),
+        ts(1)
+    ))
+    .await
+    .unwrap();
+    t.advance(Duration::from_secs(1)).await.unwrap();
+    // Before the recording: in its start (snapshot and sink).
+    let start = t.database().start_recording("per_window").await.unwrap();
+    assert_eq!(start.len(), 1);
+    for round in 0..12i64 {
+        let now = t.now_ms() - T0;
+        let host = |i: i64| format!("h{}", (round * 3 + i) % 7);
+        // Inserts and upserts (a host's row is replaced: the key is host).
+        t.execute(&format!(
+            "INSERT INTO ev VALUES ('{}', {}, {}), ('{}', {}, {}), ('{}', 0.1, {})",
+            host(0),
+            round as f64 * 0.7 + 0.2,
+            ts(now),
+            host(1),
+            -(round as f64) / 3.0,
+            ts(now - 500),
+            host(2),
+            ts(now - 15_000),
+        ))
+        .await
+        .unwrap();
+        if round % 3 == 1 {
+            t.execute(&format!("DELETE FROM ev WHERE host = '{}'", host(4)))
+                .await
+                .unwrap();
+        }
+        t.advance(Duration::from_millis(700 + 900 * (round % 4) as u64))
+            .await
+            .unwrap();
+        if round == 4 {
+            // Written but not yet ticked when the process dies.
+            t.execute(&format!("INSERT INTO ev VALUES ('z', 9.0, {})", ts(now)))
+                .await
+                .unwrap();
+            t.crash().await.unwrap();
+        }
+        if round == 8 {
+            t.restart().await.unwrap();
+        }
+        if round == 10 {
+            // Long enough for EXPIRE AFTER to drop windows from the state.
+            t.advance(Duration::from_secs(45)).await.unwrap();
+        }
+    }
+    t.flush().await.unwrap();
+    let rec = t.database().recording("per_window").await.unwrap();
+    let mut sink: Vec<String> = t
+        .query("SELECT * FROM per_window_sink")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| csv_line(&r))
+        .collect();
+    sink.sort();
+    (rec, sink)
+}
+
+fn csv_line(values: &[String]) -> String {
+    values.join(",")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recorded_flow_replays_offline_to_the_same_sink() {
+    let (rec, sink) = record(FlowEngine::Wasm).await;
+    assert_eq!(rec.format, "sandflow-recording");
+    assert_eq!(rec.version, 1);
+    assert!(rec.ticks.len() >= 12, "{} ticks", rec.ticks.len());
+    let diffs: Vec<i64> = rec
+        .ticks
+        .iter()
+        .flat_map(|t| t.changes.iter().flat_map(|c| c.diffs.clone()))
+        .collect();
+    assert!(
+        diffs.contains(&-1),
+        "deletes and upserts are recorded as -1"
+    );
+    assert!(!rec.start.sink.is_empty(), "the start holds the sink then");
+    assert!(!rec.end.sink.is_empty());
+    // The file reads back as written.
+    let back = Recording::from_json(&rec.to_json()).unwrap();
+    assert_eq!(back, rec);
+    let sandbox = Arc::new(
+        sandflow::runtime::Sandbox::new(sandflow::runtime::RuntimeConfig::default()).unwrap(),
+    );
+    let wasm = replay(&back, FlowEngine::Wasm, Some(sandbox.clone()))
+        .await
+        .unwrap();
+    assert!(
+        wasm.matches_recording(),
+        "replayed in wasm:\n{}\nrecorded:\n{:?}",
+        wasm.csv(),
+        rec.end.sink
+    );
+    let native = replay(&back, FlowEngine::Native, None).await.unwrap();
+    assert!(
+        native.matches_recording(),
+        "replayed natively:\n{}",
+        native.csv()
+    );
+    assert_eq!(wasm.csv(), native.csv());
+    assert_eq!(wasm.ticks, rec.ticks.len());
+    // The replay's CSV is the sink the database shows.
+    let lines: Vec<&str> = wasm.csv().lines().skip(1).collect();
+    assert_eq!(lines, sink.iter().map(String::as_str).collect::<Vec<_>>());
+
+    // A recording missing one change replays to another sink.
+    let mut broken = rec.clone();
+    let tick = broken
+        .ticks
+        .iter_mut()
+        .find(|t| !t.changes.is_empty())
+        .unwrap();
+    let dropped: RecordedChange = tick.changes.remove(0);
+    assert!(!dropped.rows.is_empty());
+    let off = replay(&broken, FlowEngine::Native, None).await.unwrap();
+    assert!(!off.matches_recording(), "a missing change must show");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recordings_are_started_read_and_stopped_with_clear_errors() {
+    let t = TestDatabase::with_flows(FlowSettings {
+        engine: FlowEngine::Native,
+        ..FlowSettings::default()
+    })
+    .await
+    .unwrap();
+    t.execute("CREATE TABLE m (k STRING, v BIGINT, ts TIMESTAMP TIME INDEX, PRIMARY KEY (k))")
+        .await
+        .unwrap();
+    t.execute("CREATE FLOW f SINK TO f_sink AS SELECT k, sum(v) AS total FROM m GROUP BY k")
+        .await
+        .unwrap();
+    let db = t.database();
+    let e = db.recording("f").await.unwrap_err().to_string();
+    assert!(e.contains("not being recorded"), "{e}");
+    let e = db.start_recording("nope").await.unwrap_err().to_string();
+    assert!(e.contains("does not exist"), "{e}");
+    assert!(!db.stop_recording("f").await.unwrap());
+    db.start_recording("f").await.unwrap();
+    t.execute("INSERT INTO m VALUES ('a', 2, 0), ('b', 3, 0)")
+        .await
+        .unwrap();
+    let rec = db.recording("f").await.unwrap();
+    assert_eq!(rec.end.sink.len(), 2);
+    assert!(rec.start.sink.is_empty());
+    // Starting again starts anew: the start has the sink as it is now.
+    db.start_recording("f").await.unwrap();
+    let again = db.recording("f").await.unwrap();
+    assert_eq!(again.start.sink.len(), 2);
+    assert!(
+        again.ticks.iter().all(|t| t.changes.is_empty()),
+        "{:?}",
+        again.ticks
+    );
+    assert!(db.stop_recording("f").await.unwrap());
+    let e = db.recording("f").await.unwrap_err().to_string();
+    assert!(e.contains("not being recorded"), "{e}");
+}
