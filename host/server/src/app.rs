@@ -25,6 +25,13 @@ pub fn main() -> ExitCode {
             }
             run_tests(&args)
         }
+        Command::Record(args) => record(&args),
+        Command::Replay(args) => {
+            if std::env::var_os("RUST_LOG").is_some() {
+                init_tracing();
+            }
+            replay(&args)
+        }
         Command::Start(args) => {
             init_tracing();
             let config = match Config::resolve(&args) {
@@ -62,17 +69,190 @@ fn runtime(who: &str) -> Result<tokio::runtime::Runtime, ExitCode> {
         })
 }
 
+/// The engine named on a command line, or the exit status after saying why
+/// not.
+fn engine_arg(who: &str, name: &str) -> Result<sandflow::flow::FlowEngine, ExitCode> {
+    match name {
+        "wasm" => Ok(sandflow::flow::FlowEngine::Wasm),
+        "native" => Ok(sandflow::flow::FlowEngine::Native),
+        other => {
+            eprintln!("{who}: unknown engine '{other}'; use wasm or native");
+            Err(ExitCode::from(2))
+        }
+    }
+}
+
+/// `sandflow record`: one request to the server; the recording goes to the
+/// file or standard output.
+fn record(args: &crate::config::RecordArgs) -> ExitCode {
+    use hyper::Method;
+    let runtime = match runtime("sandflow record") {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    let path = format!(
+        "/v1/flows/{}/recording",
+        percent_encoding::utf8_percent_encode(&args.flow, percent_encoding::NON_ALPHANUMERIC)
+    );
+    let method = match (args.start, args.stop) {
+        (true, _) => Method::POST,
+        (_, true) => Method::DELETE,
+        _ => Method::GET,
+    };
+    let (status, body) = match runtime.block_on(crate::client::request(
+        &args.http_addr,
+        method.clone(),
+        &path,
+    )) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("sandflow record: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if !status.is_success() {
+        let message = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v.get("error")?.as_str().map(str::to_string))
+            .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
+        eprintln!("sandflow record: {message} (HTTP {status})");
+        return ExitCode::FAILURE;
+    }
+    if method != Method::GET {
+        let what = match args.start {
+            true => "started",
+            false => "stopped",
+        };
+        eprintln!("sandflow record: recording of flow '{}' {what}", args.flow);
+        return ExitCode::SUCCESS;
+    }
+    let written = match &args.output {
+        Some(file) => std::fs::write(file, &body).map_err(|e| format!("{}: {e}", file.display())),
+        None => {
+            use std::io::Write;
+            std::io::stdout()
+                .write_all(&body)
+                .map_err(|e| format!("standard output: {e}"))
+        }
+    };
+    match written {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sandflow record: cannot write the recording: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `sandflow replay`: prints the replayed sink as CSV; exit status 0 only if
+/// it equals the recording's end (and the expected file), 1 if not, 2 for a
+/// file that cannot be used.
+fn replay(args: &crate::config::ReplayArgs) -> ExitCode {
+    use sandflow::flow::recording::{self, Recording};
+    let engine = match engine_arg("sandflow replay", &args.engine) {
+        Ok(e) => e,
+        Err(code) => return code,
+    };
+    let rec = match std::fs::read(&args.file)
+        .map_err(|e| e.to_string())
+        .and_then(|b| Recording::from_json(&b).map_err(|e| e.to_string()))
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("sandflow replay: {}: {e}", args.file.display());
+            return ExitCode::from(2);
+        }
+    };
+    let expected = match &args.expect_sink {
+        None => None,
+        Some(f) => match std::fs::read_to_string(f) {
+            Ok(text) => Some((f, text)),
+            Err(e) => {
+                eprintln!("sandflow replay: {}: {e}", f.display());
+                return ExitCode::from(2);
+            }
+        },
+    };
+    let runtime = match runtime("sandflow replay") {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    let replayed = match runtime.block_on(recording::replay(&rec, engine, None)) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("sandflow replay: {}: {e}", args.file.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    print!("{}", replayed.csv());
+    let mut ok = true;
+    if replayed.matches_recording() {
+        eprintln!(
+            "sandflow replay: flow '{}': {} ticks, {} sink rows written; the sink equals the \
+             recording's end ({} rows)",
+            rec.flow.name,
+            replayed.ticks,
+            replayed.rows_written,
+            replayed.sink.len()
+        );
+    } else {
+        ok = false;
+        eprintln!(
+            "sandflow replay: flow '{}': the replayed sink ({} rows) differs from the \
+             recording's end ({} rows)",
+            rec.flow.name,
+            replayed.sink.len(),
+            replayed.recorded.len()
+        );
+    }
+    if let Some((file, text)) = expected {
+        let lines = |t: &str| -> (Option<String>, Vec<String>) {
+            let mut it = t.lines().map(|l| l.trim_end_matches('\r').to_string());
+            let header = it.next();
+            let mut rows: Vec<String> = it.filter(|l| !l.is_empty()).collect();
+            rows.sort();
+            (header, rows)
+        };
+        let (want_header, want) = lines(&text);
+        let (got_header, got) = lines(replayed.csv());
+        if want_header != got_header || want != got {
+            ok = false;
+            eprintln!("sandflow replay: the sink differs from {}:", file.display());
+            let diff = similar::TextDiff::from_lines(
+                &text_of(&want_header, &want),
+                &text_of(&got_header, &got),
+            )
+            .unified_diff()
+            .header(&file.display().to_string(), "replayed")
+            .to_string();
+            eprint!("{diff}");
+        } else {
+            eprintln!("sandflow replay: the sink equals {}", file.display());
+        }
+    }
+    match ok {
+        true => ExitCode::SUCCESS,
+        false => ExitCode::FAILURE,
+    }
+}
+
+fn text_of(header: &Option<String>, rows: &[String]) -> String {
+    let mut out = header.clone().unwrap_or_default();
+    out.push('\n');
+    for r in rows {
+        out.push_str(r);
+        out.push('\n');
+    }
+    out
+}
+
 /// `sandflow test`: runs the files, prints a line each, writes the JUnit
 /// report; exit status 0 only if every file passed (2 for bad arguments).
 fn run_tests(args: &crate::config::TestArgs) -> ExitCode {
     use sandflow::testing::slt;
-    let engine = match args.engine.as_str() {
-        "wasm" => sandflow::flow::FlowEngine::Wasm,
-        "native" => sandflow::flow::FlowEngine::Native,
-        other => {
-            eprintln!("sandflow test: unknown engine '{other}'; use wasm or native");
-            return ExitCode::from(2);
-        }
+    let engine = match engine_arg("sandflow test", &args.engine) {
+        Ok(e) => e,
+        Err(code) => return code,
     };
     let files = match slt::collect_files(&args.paths) {
         Ok(f) if f.is_empty() => {

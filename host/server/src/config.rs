@@ -121,6 +121,53 @@ pub enum Command {
     /// waiting, `control time|flush|restart|crash` drive the database.
     /// Prints one line per file; exits 0 only if every file passes.
     Test(TestArgs),
+    /// Fetch a flow's recording from a running server over HTTP (its
+    /// definition, a snapshot, every tick since with the source changes it
+    /// took in, and the sink at the end), or start or stop one. A recording
+    /// starts with --start and goes on until --stop; fetching does not stop
+    /// it.
+    Record(RecordArgs),
+    /// Replay a recording offline in the sandbox (or natively) and print the
+    /// sink it gives as CSV. Exits 0 only if the sink equals the recording's
+    /// end (and the --expect-sink file, if given), value for value.
+    Replay(ReplayArgs),
+}
+
+/// `sandflow record`.
+#[derive(Debug, Clone, Args)]
+pub struct RecordArgs {
+    /// The server's HTTP address (host:port, or an http:// URL).
+    #[arg(long, value_name = "ADDR", default_value = DEFAULT_HTTP_ADDR, env = "SANDFLOW_HTTP_ADDR")]
+    pub http_addr: String,
+    /// Start the flow's recording (or start it anew) instead of fetching it.
+    #[arg(long, conflicts_with = "stop")]
+    pub start: bool,
+    /// Stop the flow's recording and let its change logs be trimmed.
+    #[arg(long)]
+    pub stop: bool,
+    /// Write the recording to FILE instead of standard output.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// The flow.
+    #[arg(value_name = "FLOW")]
+    pub flow: String,
+}
+
+/// `sandflow replay`.
+#[derive(Debug, Clone, Args)]
+pub struct ReplayArgs {
+    /// The engine to replay in: `wasm` (the sandbox, as in production) or
+    /// `native`.
+    #[arg(long, value_name = "wasm|native", default_value = "wasm")]
+    pub engine: String,
+    /// Also compare the sink with this CSV file (as `sandflow replay`
+    /// prints it: a header, then rows in any order); on a difference, print
+    /// it and exit 1.
+    #[arg(long, value_name = "FILE")]
+    pub expect_sink: Option<PathBuf>,
+    /// The recording (`sandflow record -o FILE`).
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
 }
 
 /// `sandflow test`.

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use axum::extract::{Query, RawQuery, Request, State};
+use axum::extract::{Path, Query, RawQuery, Request, State};
 use axum::http::{header, HeaderMap, HeaderName, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -98,6 +98,12 @@ pub fn router(db: Arc<Database>, settings: Settings) -> Router {
         .route("/v1/sql", post(sql_post).get(sql_get))
         .route("/v1/influxdb/write", post(influx_write))
         .route("/v1/influxdb/api/v2/write", post(influx_write))
+        .route(
+            "/v1/flows/{name}/recording",
+            get(recording_get)
+                .post(recording_start)
+                .delete(recording_stop),
+        )
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             same_origin_only,
@@ -186,6 +192,66 @@ pub fn error_status(e: &Error) -> StatusCode {
             StatusCode::INTERNAL_SERVER_ERROR
         }
         _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// The name a flow is stored under: as written, or folded to lower case as
+/// an unquoted SQL name is.
+fn flow_name(db: &Database, name: &str) -> String {
+    let lower = name.to_lowercase();
+    let known = db.flows();
+    match known.iter().any(|f| f.def.name == name) {
+        true => name.to_string(),
+        false if known.iter().any(|f| f.def.name == lower) => lower,
+        false => name.to_string(),
+    }
+}
+
+/// `GET /v1/flows/{name}/recording`: the flow's recording so far (after a
+/// flush), as the JSON file `sandflow replay` reads.
+async fn recording_get(State(state): State<AppState>, Path(name): Path<String>) -> Response {
+    let started = Instant::now();
+    let name = flow_name(&state.db, &name);
+    match state.db.recording(&name).await {
+        Ok(rec) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            rec.to_json(),
+        )
+            .into_response(),
+        Err(e) => db_error_response(e, started),
+    }
+}
+
+/// `POST /v1/flows/{name}/recording`: starts (or starts anew) the flow's
+/// recording.
+async fn recording_start(State(state): State<AppState>, Path(name): Path<String>) -> Response {
+    let started = Instant::now();
+    let name = flow_name(&state.db, &name);
+    match state.db.start_recording(&name).await {
+        Ok(positions) => Json(json!({
+            "flow": name,
+            "recording": "started",
+            "positions": positions.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
+            "execution_time_ms": started.elapsed().as_millis() as u64,
+        }))
+        .into_response(),
+        Err(e) => db_error_response(e, started),
+    }
+}
+
+/// `DELETE /v1/flows/{name}/recording`: stops the flow's recording.
+async fn recording_stop(State(state): State<AppState>, Path(name): Path<String>) -> Response {
+    let started = Instant::now();
+    let name = flow_name(&state.db, &name);
+    match state.db.stop_recording(&name).await {
+        Ok(was) => Json(json!({
+            "flow": name,
+            "recording": if was { "stopped" } else { "none" },
+            "execution_time_ms": started.elapsed().as_millis() as u64,
+        }))
+        .into_response(),
+        Err(e) => db_error_response(e, started),
     }
 }
 

@@ -8,6 +8,7 @@
 //! `sandflow::Session` only.
 
 pub mod app;
+pub mod client;
 pub mod config;
 pub mod http;
 pub mod origin;

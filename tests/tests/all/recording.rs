@@ -205,3 +205,201 @@ async fn recordings_are_started_read_and_stopped_with_clear_errors() {
     let e = db.recording("f").await.unwrap_err().to_string();
     assert!(e.contains("not being recorded"), "{e}");
 }
+
+/// The real server, killed with SIGKILL at random moments while a writer
+/// inserts, upserts and deletes: `sandflow record` fetches the flow's
+/// recording over HTTP, `sandflow replay` runs it offline in wasm and
+/// natively, and the sink equals the server's (the recording's end, and the
+/// server's sink read through psql).
+#[test]
+fn a_flow_recorded_across_kill9_rounds_replays_to_the_servers_sink() {
+    use rand::{RngExt, SeedableRng};
+    use sandflow_tests::harness::{server_bin, temp_data_dir, Options, Server};
+    use std::process::Command;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let seed: u64 = rand::random();
+    eprintln!("seed {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let dir = temp_data_dir();
+    let opts = Options {
+        args: vec!["--flow-tick-interval".into(), "20ms".into()],
+        ..Options::default()
+    };
+    let mut s = Server::start_with(dir.clone(), opts.clone());
+    s.sql(
+        "CREATE TABLE ev (id BIGINT, host STRING, bytes DOUBLE, ts TIMESTAMP TIME INDEX, \
+         PRIMARY KEY (id))",
+    );
+    s.sql(
+        "CREATE FLOW host_minute SINK TO host_minute_sink AS SELECT host, \
+         date_bin(INTERVAL '1 minute', ts) AS minute, count(*) AS hits, sum(bytes) AS total, \
+         min(bytes) AS lo, max(bytes) AS hi FROM ev GROUP BY host, minute",
+    );
+    s.sql("INSERT INTO ev VALUES (1, 'a', 1.5, 0), (2, 'b', 2.25, 1000)");
+    s.sql("ADMIN FLUSH_FLOW('host_minute')");
+    let record = |s: &Server, args: &[&str]| {
+        let out = Command::new(server_bin())
+            .arg("record")
+            .args(["--http-addr", &format!("127.0.0.1:{}", s.http_port)])
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, _, err) = record(&s, &["--start", "host_minute"]);
+    assert!(ok, "record --start: {err}");
+    let (ok, _, err) = record(&s, &["--start", "no_such_flow"]);
+    assert!(!ok && err.contains("does not exist"), "{err}");
+
+    let mut next_id = 10i64;
+    for round in 0..4 {
+        let stop = Arc::new(AtomicBool::new(false));
+        let port = s.pg_port;
+        let start_id = next_id;
+        let writer_seed: u64 = rng.random();
+        let writer = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(writer_seed);
+                let mut id = start_id;
+                while !stop.load(Ordering::Relaxed) {
+                    let sql = match rng.random_range(0..4) {
+                        0 => format!(
+                            "DELETE FROM ev WHERE id = {}",
+                            rng.random_range(1..id.max(2))
+                        ),
+                        1 => format!(
+                            "INSERT INTO ev VALUES ({}, 'h{}', {}, {})",
+                            rng.random_range(1..id.max(2)),
+                            rng.random_range(0..3),
+                            rng.random_range(0..1000) as f64 / 8.0,
+                            rng.random_range(0..180_000)
+                        ),
+                        _ => {
+                            id += 3;
+                            format!(
+                                "INSERT INTO ev VALUES ({}, 'h{}', {}, {}), ({}, 'h{}', 0.1, {})",
+                                id,
+                                rng.random_range(0..3),
+                                rng.random_range(0..1000) as f64 / 4.0,
+                                rng.random_range(0..180_000),
+                                id + 1,
+                                rng.random_range(0..3),
+                                rng.random_range(0..180_000)
+                            )
+                        }
+                    };
+                    let out = Command::new("psql")
+                        .args(["-X", "-q", "-h", "127.0.0.1", "-p", &port.to_string()])
+                        .args(["-U", "sandflow", "-d", "public", "-c", &sql])
+                        .env("PGCONNECT_TIMEOUT", "5")
+                        .output();
+                    match out {
+                        Ok(o) if o.status.success() => {}
+                        _ => break,
+                    }
+                }
+                id
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(
+            rng.random_range(300..1200),
+        ));
+        if round == 3 {
+            stop.store(true, Ordering::Relaxed);
+        }
+        s.kill9();
+        stop.store(true, Ordering::Relaxed);
+        next_id = writer.join().unwrap() + 10;
+        s = Server::start_with(dir.clone(), opts.clone());
+    }
+    s.sql("ADMIN FLUSH_FLOW('host_minute')");
+    let file = dir.path().join("host_minute.json");
+    let (ok, _, err) = record(&s, &["-o", file.to_str().unwrap(), "host_minute"]);
+    assert!(ok, "record: {err}");
+    // What the server's sink holds, through psql.
+    let server_rows = s.sql("SELECT count(*), sum(hits), sum(total) FROM host_minute_sink");
+    let source_rows = s.sql("SELECT count(*), sum(bytes) FROM ev");
+    let rec = Recording::from_json(&std::fs::read(&file).unwrap()).unwrap();
+    assert!(
+        rec.ticks.iter().any(|t| !t.changes.is_empty()),
+        "the recording saw changes"
+    );
+    drop(s);
+
+    let replay = |engine: &str, expect: Option<&std::path::Path>| {
+        let mut cmd = Command::new(server_bin());
+        cmd.args(["replay", "--engine", engine]);
+        if let Some(e) = expect {
+            cmd.arg("--expect-sink").arg(e);
+        }
+        let out = cmd.arg(&file).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, csv, err) = replay("wasm", None);
+    assert_eq!(code, Some(0), "replay in wasm: {err}\n{csv}");
+    assert!(err.contains("equals the recording's end"), "{err}");
+    // The replayed sink is the server's: as many groups, the same sums.
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines[0], "host,minute,hits,total,lo,hi,update_at");
+    let (mut hits, mut total) = (0i64, 0f64);
+    for l in &lines[1..] {
+        let cells: Vec<&str> = l.split(',').collect();
+        hits += cells[2].parse::<i64>().unwrap();
+        total += cells[3].parse::<f64>().unwrap();
+    }
+    let want: Vec<&str> = server_rows.split('|').collect();
+    assert_eq!(
+        lines.len() - 1,
+        want[0].parse::<usize>().unwrap(),
+        "{server_rows}"
+    );
+    assert_eq!(hits, want[1].parse::<i64>().unwrap(), "{server_rows}");
+    let source: Vec<&str> = source_rows.split('|').collect();
+    assert_eq!(hits, source[0].parse::<i64>().unwrap(), "{source_rows}");
+    assert!(
+        (total - want[2].parse::<f64>().unwrap()).abs() < 1e-6,
+        "{server_rows}"
+    );
+
+    // Natively, against the wasm replay's sink as the expected file.
+    let expected = dir.path().join("expected.csv");
+    std::fs::write(&expected, &csv).unwrap();
+    let (code, native, err) = replay("native", Some(&expected));
+    assert_eq!(code, Some(0), "replay natively: {err}");
+    assert_eq!(native, csv);
+    assert!(err.contains("the sink equals"), "{err}");
+    // A wrong expectation fails with a diff.
+    let wrong = dir.path().join("wrong.csv");
+    std::fs::write(&wrong, csv.replacen(",1,", ",99,", 1) + "x,y\n").unwrap();
+    let (code, _, err) = replay("native", Some(&wrong));
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("differs from") && err.contains("+++ replayed"),
+        "{err}"
+    );
+    // Not a recording.
+    let (code, _, err) = {
+        let out = Command::new(server_bin())
+            .args(["replay"])
+            .arg(&expected)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("not a sandflow recording"), "{err}");
+}
