@@ -7,6 +7,11 @@
 //! current contents of its sources, so most assertions compare the sink with
 //! the same SELECT run by DataFusion over the source tables, and with rows
 //! worked out by hand.
+//!
+//! What a flow computes is tested in `tests/slt/` (`sandflow test`, both
+//! engines); what stays here is what needs the front door, a real process
+//! or real time: statements and their errors through psql, auto-created and
+//! existing sinks, restarts, ticking without a flush, limits and ttl.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -47,16 +52,6 @@ fn put(s: &Server, rows: &[(&str, i32, &str, &str)]) {
 /// How psql prints the timestamp "HH:MM:SS" on 2024-01-01.
 fn at(time: &str) -> String {
     format!("2024-01-01 {time}.000000")
-}
-
-/// "HH:MM:SS" for a number of seconds after midnight.
-fn hms(secs: u32) -> String {
-    format!(
-        "{:02}:{:02}:{:02}",
-        secs / 3600,
-        (secs / 60) % 60,
-        secs % 60
-    )
 }
 
 /// Runs both queries and asserts they print the same; returns the output.
@@ -118,146 +113,6 @@ fn now_ms() -> i64 {
 // A dashboard flow with count(*), sum, avg, min, max and count(DISTINCT)
 // per host and minute over a few dozen rows, then after deletes, upserts and
 // more inserts: always equal to the query, integer columns checked by hand.
-#[test]
-fn dashboard_aggregates_equal_the_query() {
-    let s = Server::start();
-    s.sql(REQUESTS);
-    const QUERY: &str = "SELECT host, date_bin(INTERVAL '1 minute', ts) AS minute, \
-                         count(*) AS hits, sum(bytes) AS total, avg(bytes) AS mean, \
-                         min(bytes) AS lo, max(bytes) AS hi, count(DISTINCT status) AS statuses \
-                         FROM requests GROUP BY host, minute";
-    s.sql(&format!("CREATE FLOW dashboard SINK TO dash AS {QUERY}"));
-    let cols = "host, minute, hits, total, mean, lo, hi, statuses";
-    let sink = format!("SELECT {cols} FROM dash ORDER BY host, minute");
-    let oracle = format!("SELECT {cols} FROM ({QUERY}) ORDER BY host, minute");
-
-    let hosts = ["a", "b", "c"];
-    let statuses = [200, 404, 500, 200, 301];
-    let mut rows: Vec<(String, i32, String, String)> = Vec::new();
-    for i in 0..48u32 {
-        let host = hosts[(i % 3) as usize].to_string();
-        // Distinct (host, status, ts) for every i: ts differs.
-        let status = statuses[(i % 5) as usize];
-        let bytes = if i % 11 == 5 {
-            "NULL".to_string()
-        } else {
-            ((i * 37) % 101).to_string()
-        };
-        rows.push((host, status, bytes, hms(i * 7)));
-    }
-    let refs: Vec<(&str, i32, &str, &str)> = rows
-        .iter()
-        .map(|(h, st, b, t)| (h.as_str(), *st, b.as_str(), t.as_str()))
-        .collect();
-    put(&s, &refs);
-    flush(&s, "dashboard");
-    assert_same(&s, &sink, &oracle);
-
-    // hits and count(DISTINCT status) per (host, minute), by hand.
-    let mut groups: std::collections::BTreeMap<(String, u32), (i64, Vec<i32>)> = Default::default();
-    for i in 0..48u32 {
-        let g = groups
-            .entry((hosts[(i % 3) as usize].to_string(), i * 7 / 60))
-            .or_default();
-        g.0 += 1;
-        let st = statuses[(i % 5) as usize];
-        if !g.1.contains(&st) {
-            g.1.push(st);
-        }
-    }
-    let want: Vec<String> = groups
-        .iter()
-        .map(|((h, m), (n, st))| format!("{h}|{}|{n}|{}", at(&hms(m * 60)), st.len()))
-        .collect();
-    assert_eq!(
-        s.sql("SELECT host, minute, hits, statuses FROM dash ORDER BY host, minute"),
-        want.join("\n")
-    );
-
-    // Deletes, replacing upserts (bytes changed, including to and from NULL)
-    // and new rows, then compare again.
-    assert!(s
-        .sql("DELETE FROM requests WHERE status = 404")
-        .starts_with("DELETE "));
-    put(
-        &s,
-        &[
-            ("a", 200, "1000", &hms(0)),
-            ("b", 200, "NULL", &hms(7)),
-            ("c", 301, "0.5", &hms(14 * 7)),
-            ("a", 999, "7", "00:00:01"),
-            ("d", 200, "3", "00:09:00"),
-        ],
-    );
-    flush(&s, "dashboard");
-    assert_same(&s, &sink, &oracle);
-    assert_eq!(
-        s.sql("SELECT count(*) FROM dash WHERE statuses = 0"),
-        "0",
-        "every group has a status"
-    );
-}
-
-// A filter-only flow: the sink holds exactly the matching rows, including
-// two rows with the same ts and different hosts; upserts replace, deletes
-// remove, non-matching rows never appear; its sink's time index is the
-// timestamp column and the other columns are the primary key.
-#[test]
-fn filter_only_flow_mirrors_matching_rows() {
-    let s = Server::start();
-    s.sql(REQUESTS);
-    const QUERY: &str = "SELECT host, status, bytes, ts FROM requests WHERE status >= 500";
-    s.sql(&format!("CREATE FLOW errors SINK TO error_log AS {QUERY}"));
-    let ddl = s.sql("SHOW CREATE TABLE error_log");
-    assert!(ddl.contains("TIME INDEX (\"ts\")"), "{ddl}");
-    assert!(
-        ddl.contains("PRIMARY KEY (\"host\", \"status\", \"bytes\")"),
-        "{ddl}"
-    );
-
-    let sink = "SELECT host, status, bytes, ts FROM error_log ORDER BY ts, host, status";
-    let oracle = format!("{QUERY} ORDER BY ts, host, status");
-
-    put(
-        &s,
-        &[
-            ("a", 200, "1", "00:00:00"),
-            ("a", 500, "2", "00:00:10"),
-            ("b", 500, "3", "00:00:10"),
-            ("b", 503, "4", "00:00:20"),
-            ("c", 404, "5", "00:00:20"),
-        ],
-    );
-    assert_eq!(flush(&s, "errors"), 3);
-    let want = [
-        format!("a|500|2.0|{}", at("00:00:10")),
-        format!("b|500|3.0|{}", at("00:00:10")),
-        format!("b|503|4.0|{}", at("00:00:20")),
-    ]
-    .join("\n");
-    assert_eq!(s.sql(sink), want);
-    assert_same(&s, sink, &oracle);
-
-    // Upsert of a matching row: the old sink row goes, the new one comes.
-    put(&s, &[("b", 500, "9", "00:00:10")]);
-    flush(&s, "errors");
-    // Delete of a matching row, insert of a non-matching one.
-    s.sql("DELETE FROM requests WHERE host = 'a' AND status = 500");
-    put(
-        &s,
-        &[("d", 499, "1", "00:00:30"), ("d", 599, "NULL", "00:00:30")],
-    );
-    flush(&s, "errors");
-    let want = [
-        format!("b|500|9.0|{}", at("00:00:10")),
-        format!("b|503|4.0|{}", at("00:00:20")),
-        format!("d|599||{}", at("00:00:30")),
-    ]
-    .join("\n");
-    assert_eq!(s.sql(sink), want);
-    assert_same(&s, sink, &oracle);
-}
-
 // CREATE on an existing flow fails ("already exists"); IF NOT EXISTS keeps the
 // old definition; OR REPLACE with IF NOT EXISTS is refused; a failed
 // replacement leaves the old flow running; OR REPLACE swaps the query and
