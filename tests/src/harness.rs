@@ -41,6 +41,7 @@ pub struct Server {
     child: Option<Child>,
     pub pg_port: u16,
     pub http_port: u16,
+    pub mysql_port: u16,
     pub data_dir: PathBuf,
     log: Arc<Mutex<Vec<String>>>,
     _tmp: Option<Arc<tempfile::TempDir>>,
@@ -90,13 +91,17 @@ impl Server {
                 "127.0.0.1:0",
                 "--http-addr",
                 "127.0.0.1:0",
+                "--mysql-addr",
+                "127.0.0.1:0",
             ]);
         }
         cmd.args(&opts.args);
         cmd.env_remove("SANDFLOW_POSTGRES_ADDR")
             .env_remove("SANDFLOW_HTTP_ADDR")
             .env_remove("SANDFLOW_DATA_DIR")
-            .env_remove("SANDFLOW_CONFIG");
+            .env_remove("SANDFLOW_CONFIG")
+            // Servers of tests run side by side: never the fixed default port.
+            .env("SANDFLOW_MYSQL_ADDR", "127.0.0.1:0");
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "info");
         }
@@ -118,6 +123,7 @@ impl Server {
                     for (door, marker) in [
                         ("pg", "PostgreSQL server listening on "),
                         ("http", "HTTP server listening on "),
+                        ("mysql", "MySQL server listening on "),
                     ] {
                         if let Some(pos) = line.find(marker) {
                             let addr = line[pos + marker.len()..]
@@ -142,15 +148,17 @@ impl Server {
             child: Some(child),
             pg_port: 0,
             http_port: 0,
+            mysql_port: 0,
             data_dir,
             log,
             _tmp: Some(dir),
         };
         let deadline = Instant::now() + Duration::from_secs(60);
-        while server.pg_port == 0 || server.http_port == 0 {
+        while server.pg_port == 0 || server.http_port == 0 || server.mysql_port == 0 {
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left.min(Duration::from_millis(200))) {
                 Ok((door, port)) if door == "pg" => server.pg_port = port,
+                Ok((door, port)) if door == "mysql" => server.mysql_port = port,
                 Ok((_, port)) => server.http_port = port,
                 Err(_) => {
                     if let Some(status) = server

@@ -392,8 +392,12 @@ pub async fn start(
     let http_listener = tokio::net::TcpListener::bind(config.http_addr)
         .await
         .map_err(|e| format!("cannot listen on {} for HTTP: {e}", config.http_addr))?;
+    let mysql_listener = tokio::net::TcpListener::bind(config.mysql_addr)
+        .await
+        .map_err(|e| format!("cannot listen on {} for MySQL: {e}", config.mysql_addr))?;
     let pg_addr = pg_listener.local_addr().map_err(|e| e.to_string())?;
     let http_addr = http_listener.local_addr().map_err(|e| e.to_string())?;
+    let mysql_addr = mysql_listener.local_addr().map_err(|e| e.to_string())?;
 
     let handlers = Arc::new(
         pg::PgHandlers::new(
@@ -410,6 +414,17 @@ pub async fn start(
     );
     let (stop_tx, stop_rx) = watch::channel(false);
     let pg_task = tokio::spawn(pg::serve(pg_listener, handlers, stop_rx.clone()));
+    let mysql_task = tokio::spawn(crate::mysql::serve(
+        mysql_listener,
+        db.clone(),
+        crate::mysql::MysqlOptions {
+            max_connections: config.max_connections,
+            session: sandflow::session::SessionDefaults {
+                statement_timeout: config.statement_timeout,
+            },
+        },
+        stop_rx.clone(),
+    ));
     let mut http_stop = stop_rx;
     let http_task = tokio::spawn(http::serve(
         http_listener,
@@ -421,12 +436,16 @@ pub async fn start(
     ));
     info!("PostgreSQL server listening on {pg_addr}");
     info!("HTTP server listening on {http_addr}");
+    info!("MySQL server listening on {mysql_addr}");
 
     shutdown.await;
     info!("shutting down: no new connections, finishing requests in flight");
     let _ = stop_tx.send(true);
     if let Err(e) = pg_task.await {
         error!("PostgreSQL server task failed: {e}");
+    }
+    if let Err(e) = mysql_task.await {
+        error!("MySQL server task failed: {e}");
     }
     match http_task.await {
         Ok(Ok(())) => info!("HTTP server stopped"),

@@ -5,6 +5,7 @@
 //! data_dir = "/var/lib/sandflow"
 //! postgres_addr = "0.0.0.0:4003"
 //! http_addr = "0.0.0.0:4000"
+//! mysql_addr = "0.0.0.0:4002"
 //! max_connections = 512         # open connections per front door; past it HTTP answers 503, PostgreSQL FATAL 53300
 //! startup_timeout = "60s"       # a PostgreSQL client must finish its startup within it
 //! statement_timeout = "0"       # statement_timeout of new PostgreSQL sessions (0: none)
@@ -37,6 +38,8 @@ use snafu::{ResultExt, Snafu};
 pub const DEFAULT_DATA_DIR: &str = "./sandflow-data";
 pub const DEFAULT_POSTGRES_ADDR: &str = "127.0.0.1:4003";
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:4000";
+/// GreptimeDB's MySQL port.
+pub const DEFAULT_MYSQL_ADDR: &str = "127.0.0.1:4002";
 pub use sandflow::flow::DEFAULT_TICK_INTERVAL;
 /// Open connections each front door accepts at once.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
@@ -192,7 +195,7 @@ pub struct TestArgs {
 #[derive(Debug, Clone, Default, Args)]
 pub struct StartArgs {
     /// TOML file with the settings below (keys data_dir, postgres_addr,
-    /// http_addr, max_connections, startup_timeout, statement_timeout, an
+    /// http_addr, mysql_addr, max_connections, startup_timeout, statement_timeout, an
     /// [http] section with allowed_hosts,
     /// header_read_timeout and timeout, and a [flow] section with
     /// tick_interval = "1s").
@@ -218,6 +221,11 @@ pub struct StartArgs {
     /// /metrics). [default: 127.0.0.1:4000]
     #[arg(long, value_name = "HOST:PORT", env = "SANDFLOW_HTTP_ADDR")]
     pub http_addr: Option<String>,
+
+    /// Address of the MySQL wire-protocol front door (the `mysql` client,
+    /// MySQL drivers). [default: 127.0.0.1:4002]
+    #[arg(long, value_name = "HOST:PORT", env = "SANDFLOW_MYSQL_ADDR")]
+    pub mysql_addr: Option<String>,
 
     /// Most connections each front door keeps open at once; past it the HTTP
     /// front door answers 503 and the PostgreSQL one FATAL 53300 ("too many
@@ -385,6 +393,7 @@ pub struct Config {
     pub data_dir: PathBuf,
     pub postgres_addr: SocketAddr,
     pub http_addr: SocketAddr,
+    pub mysql_addr: SocketAddr,
     /// Open connections each front door accepts at once (at least 1).
     pub max_connections: usize,
     /// A PostgreSQL client must complete its startup within this.
@@ -401,6 +410,7 @@ impl Default for Config {
             data_dir: PathBuf::from(DEFAULT_DATA_DIR),
             postgres_addr: DEFAULT_POSTGRES_ADDR.parse().expect("valid default"),
             http_addr: DEFAULT_HTTP_ADDR.parse().expect("valid default"),
+            mysql_addr: DEFAULT_MYSQL_ADDR.parse().expect("valid default"),
             max_connections: DEFAULT_MAX_CONNECTIONS,
             startup_timeout: DEFAULT_STARTUP_TIMEOUT,
             statement_timeout: None,
@@ -417,6 +427,7 @@ pub struct FileConfig {
     pub data_dir: Option<PathBuf>,
     pub postgres_addr: Option<String>,
     pub http_addr: Option<String>,
+    pub mysql_addr: Option<String>,
     pub max_connections: Option<toml::Value>,
     pub startup_timeout: Option<String>,
     pub statement_timeout: Option<String>,
@@ -487,6 +498,13 @@ impl Config {
                 .as_deref()
                 .or(file.http_addr.as_deref())
                 .unwrap_or(DEFAULT_HTTP_ADDR),
+        )?;
+        let mysql_addr = parse_addr(
+            "mysql_addr",
+            args.mysql_addr
+                .as_deref()
+                .or(file.mysql_addr.as_deref())
+                .unwrap_or(DEFAULT_MYSQL_ADDR),
         )?;
         let tick_interval = match args
             .flow_tick_interval
@@ -707,6 +725,7 @@ impl Config {
             data_dir,
             postgres_addr,
             http_addr,
+            mysql_addr,
             max_connections,
             startup_timeout,
             statement_timeout,

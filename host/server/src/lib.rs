@@ -11,6 +11,7 @@ pub mod app;
 pub mod client;
 pub mod config;
 pub mod http;
+pub mod mysql;
 pub mod origin;
 pub mod pg;
 pub mod pg_catalog;

@@ -22,6 +22,7 @@ mod e2e_cli;
 mod e2e_extended;
 mod e2e_flows;
 mod e2e_http;
+mod e2e_mysql;
 mod e2e_pg;
 mod e2e_restart;
 mod engine_common;

@@ -1,0 +1,121 @@
+//! End-to-end: the MySQL front door through the `mysql` client and two
+//! Python drivers (PyMySQL: text protocol; mysql-connector with
+//! `prepared=True`: server-side prepared statements), CREATE FLOW and
+//! ADMIN FLUSH_FLOW included.
+
+use std::process::{Command, Stdio};
+
+use sandflow_tests::harness::Server;
+
+/// Runs `sql` through the `mysql` client (batch mode: tab-separated, no
+/// headers); Ok(stdout) or Err(stderr).
+fn mysql(s: &Server, sql: &str) -> Result<String, String> {
+    let out = Command::new("timeout")
+        .args(["-k", "5", "60", "mysql", "-h", "127.0.0.1"])
+        .args(["-P", &s.mysql_port.to_string(), "-u", "sandflow"])
+        .args(["--batch", "--skip-column-names", "-e", sql])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run mysql");
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim_end().to_string())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+fn python(script: &str, port: u16) -> String {
+    let out = Command::new("timeout")
+        .args(["-k", "5", "120", "python3", "-c", script])
+        .env("MYSQL_PORT", port.to_string())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run python3");
+    assert!(
+        out.status.success(),
+        "python failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn the_mysql_client_creates_a_flow_writes_and_reads_its_sink() {
+    let s = Server::start();
+    let ok = |sql: &str| mysql(&s, sql).unwrap_or_else(|e| panic!("{sql}: {e}\n{}", s.logs()));
+    ok("CREATE TABLE cpu (host STRING, usage DOUBLE, ts TIMESTAMP TIME INDEX, PRIMARY KEY (host))");
+    ok(
+        "CREATE FLOW peak SINK TO peaks AS SELECT host, max(usage) AS highest, count(*) AS n \
+        FROM cpu GROUP BY host",
+    );
+    ok("INSERT INTO cpu VALUES ('a', 0.5, 0), ('b', 0.9, 1000), ('a', 0.7, 2000)");
+    ok("ADMIN FLUSH_FLOW('peak')");
+    assert_eq!(
+        ok("SELECT host, highest, n FROM peaks ORDER BY host"),
+        "a\t0.7\t2\nb\t0.9\t1"
+    );
+    // Timestamps, NULL and several statements in one request.
+    ok("INSERT INTO cpu VALUES ('c', NULL, 3000)");
+    assert_eq!(
+        ok("SELECT host, usage, ts FROM cpu WHERE host = 'c'"),
+        "c\tNULL\t1970-01-01 00:00:03"
+    );
+    assert!(ok("SHOW FLOWS").contains("peak"));
+    // What the client asks on its own, and errors with MySQL's codes.
+    assert!(ok("SELECT @@version_comment LIMIT 1").contains("sandflow"));
+    assert_eq!(ok("SELECT DATABASE()"), "public");
+    let e = mysql(&s, "SELECT * FROM nowhere").unwrap_err();
+    assert!(e.contains("ERROR 1146") && e.contains("nowhere"), "{e}");
+    let e = mysql(&s, "SELEKT 1").unwrap_err();
+    assert!(e.contains("ERROR 1064"), "{e}");
+    let e = mysql(&s, "USE metrics").unwrap_err();
+    assert!(e.contains("ERROR 1049"), "{e}");
+}
+
+#[test]
+fn python_drivers_run_simple_and_prepared_statements() {
+    let s = Server::start();
+    let out = python(
+        r#"
+import os, pymysql
+c = pymysql.connect(host="127.0.0.1", port=int(os.environ["MYSQL_PORT"]), user="sandflow", autocommit=True)
+cur = c.cursor()
+cur.execute("CREATE TABLE m (k STRING, v BIGINT, ts TIMESTAMP TIME INDEX, PRIMARY KEY (k))")
+cur.execute("CREATE FLOW totals SINK TO totals_sink AS SELECT k, sum(v) AS total FROM m GROUP BY k")
+n = cur.execute("INSERT INTO m VALUES (%s, %s, %s), (%s, %s, %s)", ("a", 2, 0, "it's", 3, 0))
+print("inserted", n)
+cur.execute("DELETE FROM m WHERE k = %s", ("a",))
+cur.execute("INSERT INTO m VALUES ('b', 5, 0)")
+cur.execute("ADMIN FLUSH_FLOW('totals')")
+cur.execute("SELECT k, total FROM totals_sink ORDER BY k")
+for row in cur.fetchall():
+    print(row[0], row[1])
+"#,
+        s.mysql_port,
+    );
+    assert_eq!(out, "inserted 2\nb 5\nit's 3\n", "{}", s.logs());
+    let out = python(
+        r#"
+import os, datetime, mysql.connector
+c = mysql.connector.connect(host="127.0.0.1", port=int(os.environ["MYSQL_PORT"]), user="sandflow", autocommit=True)
+cur = c.cursor(prepared=True)
+cur.execute("INSERT INTO m VALUES (?, ?, ?)", ("c", 7, datetime.datetime(2024, 1, 1, 0, 0, 1)))
+cur.execute("INSERT INTO m VALUES (?, ?, ?)", ("d?", -1, 0))
+cur.execute("ADMIN FLUSH_FLOW('totals')")
+print("flushed", cur.fetchall()[0][0])
+cur.execute("SELECT k, total FROM totals_sink WHERE total < ? ORDER BY k", (100,))
+for row in cur.fetchall():
+    print(row[0], row[1])
+cur.execute("SELECT k, ts FROM m WHERE k = ?", ("c",))
+print(cur.fetchall())
+"#,
+        s.mysql_port,
+    );
+    assert_eq!(
+        out,
+        "flushed 2\nb 5\nc 7\nd? -1\nit's 3\n[('c', datetime.datetime(2024, 1, 1, 0, 0, 1))]\n",
+        "{}",
+        s.logs()
+    );
+}
