@@ -173,6 +173,11 @@ pub struct FlowDef {
     /// The query as written after `AS`.
     pub query: String,
     pub expire_after_ms: Option<i64>,
+    /// `EVAL INTERVAL`: the longest the sink may lag its sources while input
+    /// is pending. The flow ticks at least this often then (more often when
+    /// the server's tick interval is shorter).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_interval_ms: Option<i64>,
     pub comment: Option<String>,
     /// `WITH (...)` options as written (validated).
     pub options: Vec<(String, String)>,
@@ -208,6 +213,9 @@ impl FlowDef {
         );
         if let Some(ms) = self.expire_after_ms {
             s.push_str(&format!("EXPIRE AFTER '{}'\n", format_interval(ms)));
+        }
+        if let Some(ms) = self.eval_interval_ms {
+            s.push_str(&format!("EVAL INTERVAL '{}'\n", format_interval(ms)));
         }
         if let Some(c) = &self.comment {
             s.push_str(&format!("COMMENT '{}'\n", c.replace('\'', "''")));
@@ -731,6 +739,10 @@ impl FlowManager {
             })?),
             None => None,
         };
+        let eval_interval_ms = match &stmt.eval_interval {
+            Some(text) => Some(parse_eval_interval(text)?),
+            None => None,
+        };
         // Sources are resolved by compiling; the definition records them.
         let compiled = compile_flow(ctx, &stmt.name, &stmt.query).await?;
         let sources = source_names(&compiled);
@@ -746,6 +758,7 @@ impl FlowManager {
             sink_table: stmt.sink.table.clone(),
             query: stmt.query.clone(),
             expire_after_ms,
+            eval_interval_ms,
             comment: stmt.comment.clone(),
             options: stmt.options.clone(),
             sources,
@@ -1397,7 +1410,7 @@ impl FlowManager {
         };
         let limits = p.limits;
         let mut cfg = RunnerConfig::new(def.name.clone());
-        cfg.tick_interval_ms = self.settings.tick_interval.as_millis() as i64;
+        cfg.tick_interval_ms = tick_interval_ms(self.settings.tick_interval, def.eval_interval_ms);
         cfg.snapshot_interval_ms = self.settings.snapshot_interval.as_millis() as i64;
         cfg.sleep_after_ms = self.settings.sleep_after.map(|d| d.as_millis() as i64);
         cfg.output_rows_per_tick = limits.output_rows_per_tick;
@@ -1666,6 +1679,35 @@ fn commit_definition(
     }
     ddl.commit(&core.store, set)?;
     Ok(sink)
+}
+
+/// `EVAL INTERVAL` as GreptimeDB counts it: a positive number of whole
+/// seconds (sandflow keeps the milliseconds written).
+fn parse_eval_interval(text: &str) -> Result<i64> {
+    let ms = parse_interval(text).map_err(|m| {
+        SqlSnafu {
+            message: format!("EVAL INTERVAL: {m}"),
+        }
+        .build()
+    })?;
+    if ms < 1000 {
+        return SqlSnafu {
+            message: format!(
+                "EVAL INTERVAL '{text}' is shorter than 1 second; GreptimeDB counts it in whole \
+                 seconds, so write e.g. '1s' or '1m' (a flow with pending input ticks every \
+                 tick_interval anyway, 200ms by default)"
+            ),
+        }
+        .fail();
+    }
+    Ok(ms)
+}
+
+/// A flow's tick interval: the server's, or its `EVAL INTERVAL` when that is
+/// shorter (it bounds how long the sink lags; it never slows ticks down).
+fn tick_interval_ms(server: Duration, eval_interval_ms: Option<i64>) -> i64 {
+    let server = server.as_millis().min(i64::MAX as u128) as i64;
+    eval_interval_ms.map_or(server, |e| server.min(e))
 }
 
 fn limits(defaults: &FlowLimits, options: &FlowOptions) -> FlowLimits {

@@ -63,8 +63,9 @@ pub fn rewrite_system_tables(stmt: &mut Statement) {
 
 /// The columns of `information_schema.flows` (GreptimeDB's, plus `status`,
 /// `last_error`, `rows_written`, `failures`, `restarts`, `lag_ms`,
-/// `next_restart_time` and `asleep`: whether the flow is idle, its state kept
-/// as a snapshot and its sandbox released until input arrives).
+/// `next_restart_time`, `asleep`: whether the flow is idle, its state kept
+/// as a snapshot and its sandbox released until input arrives, and
+/// `eval_interval`: its `EVAL INTERVAL` in seconds, as `expire_after`).
 pub fn flows_schema() -> SchemaRef {
     let ts = || DataType::Timestamp(TimeUnit::Millisecond, None);
     Arc::new(Schema::new(vec![
@@ -91,6 +92,7 @@ pub fn flows_schema() -> SchemaRef {
         Field::new("lag_ms", DataType::Int64, false),
         Field::new("next_restart_time", ts(), true),
         Field::new("asleep", DataType::Boolean, false),
+        Field::new("eval_interval", DataType::Int64, true),
     ]))
 }
 
@@ -198,6 +200,12 @@ pub fn flows_batch(flows: &[FlowInfo], now: i64) -> datafusion::common::Result<R
                 .iter()
                 .map(|f| Some(f.status.asleep))
                 .collect::<datafusion::arrow::array::BooleanArray>(),
+        ),
+        Arc::new(
+            flows
+                .iter()
+                .map(|f| f.def.eval_interval_ms.map(|ms| ms / 1000))
+                .collect::<Int64Array>(),
         ),
     ];
     Ok(RecordBatch::try_new(flows_schema(), columns)?)

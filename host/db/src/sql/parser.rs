@@ -59,7 +59,8 @@ pub struct CreateTable {
 }
 
 /// `CREATE [OR REPLACE] FLOW [IF NOT EXISTS] name SINK TO table
-/// [EXPIRE AFTER interval] [COMMENT '...'] [WITH (k = 'v', ...)] AS SELECT ...`
+/// [EXPIRE AFTER interval] [EVAL INTERVAL interval] [COMMENT '...']
+/// [WITH (k = 'v', ...)] AS SELECT ...` (the clauses in any order).
 #[derive(Debug, Clone, PartialEq)]
 pub struct CreateFlow {
     pub name: String,
@@ -68,6 +69,8 @@ pub struct CreateFlow {
     pub sink: TableName,
     /// The interval text as written (`'5 minutes'`, `INTERVAL '1 hour'` gives `1 hour`).
     pub expire_after: Option<String>,
+    /// `EVAL INTERVAL '1m'`: the interval text as written, like `expire_after`.
+    pub eval_interval: Option<String>,
     pub comment: Option<String>,
     /// `WITH (k = 'v')` options, keys lower-cased, in the order written.
     pub options: Vec<(String, String)>,
@@ -1291,6 +1294,7 @@ fn parse_create_flow(p: &mut Parser, sql: &str, or_replace: bool) -> Result<Crea
         if_not_exists,
         sink,
         expire_after: None,
+        eval_interval: None,
         comment: None,
         options: Vec::new(),
         query: String::new(),
@@ -1299,29 +1303,11 @@ fn parse_create_flow(p: &mut Parser, sql: &str, or_replace: bool) -> Result<Crea
         if is_word(p, 0, "EXPIRE") && is_word(p, 1, "AFTER") {
             p.next_token();
             p.next_token();
-            let interval = p.parse_keyword(Keyword::INTERVAL);
-            let mut text = match p.next_token().token {
-                Token::SingleQuotedString(s) | Token::DoubleQuotedString(s) => s,
-                Token::Number(n, _) if interval => n,
-                other => {
-                    return Err(syntax(format!(
-                        "expected an interval after EXPIRE AFTER (e.g. '1 hour' or INTERVAL '5 minutes'), found {other}"
-                    )))
-                }
-            };
-            // INTERVAL '1' HOUR
-            if interval {
-                if let Token::Word(w) = &p.peek_token().token {
-                    if w.keyword != Keyword::COMMENT
-                        && w.keyword != Keyword::WITH
-                        && w.keyword != Keyword::AS
-                    {
-                        text = format!("{text} {}", w.value);
-                        p.next_token();
-                    }
-                }
-            }
-            flow.expire_after = Some(text);
+            flow.expire_after = Some(interval_text(p, "EXPIRE AFTER")?);
+        } else if is_word(p, 0, "EVAL") && is_kw(p, 1, Keyword::INTERVAL) {
+            p.next_token();
+            p.next_token();
+            flow.eval_interval = Some(interval_text(p, "EVAL INTERVAL")?);
         } else if p.parse_keyword(Keyword::COMMENT) {
             flow.comment = Some(p.parse_literal_string().map_err(sql_err)?);
         } else if p.parse_keyword(Keyword::WITH) {
@@ -1351,6 +1337,54 @@ fn parse_create_flow(p: &mut Parser, sql: &str, or_replace: bool) -> Result<Crea
         .trim()
         .to_string();
     Ok(flow)
+}
+
+/// The interval after `EXPIRE AFTER` or `EVAL INTERVAL`, as text: `'1 hour'`,
+/// `INTERVAL '5 minutes'` (gives `5 minutes`) or `INTERVAL '1' HOUR` (gives
+/// `1 HOUR`).
+fn interval_text(p: &mut Parser, clause: &str) -> Result<String> {
+    let interval = p.parse_keyword(Keyword::INTERVAL);
+    let mut text = match p.next_token().token {
+        Token::SingleQuotedString(s) | Token::DoubleQuotedString(s) => s,
+        Token::Number(n, _) if interval => n,
+        other => {
+            return Err(syntax(format!(
+                "expected an interval after {clause} (e.g. '1 hour' or INTERVAL '5 minutes'), found {other}"
+            )))
+        }
+    };
+    // INTERVAL '1' HOUR: only a unit, not the next clause (EVAL, COMMENT, ...).
+    if interval {
+        if let Token::Word(w) = &p.peek_token().token {
+            if w.quote_style.is_none() && is_interval_unit(&w.value) {
+                text = format!("{text} {}", w.value);
+                p.next_token();
+            }
+        }
+    }
+    Ok(text)
+}
+
+fn is_interval_unit(word: &str) -> bool {
+    const UNITS: &[&str] = &[
+        "millisecond",
+        "milliseconds",
+        "second",
+        "seconds",
+        "minute",
+        "minutes",
+        "hour",
+        "hours",
+        "day",
+        "days",
+        "week",
+        "weeks",
+        "month",
+        "months",
+        "year",
+        "years",
+    ];
+    UNITS.iter().any(|u| u.eq_ignore_ascii_case(word))
 }
 
 /// `(k = 'v', ...)` after WITH: keys lower-cased, values as written.
@@ -1688,6 +1722,35 @@ mod tests {
         assert_eq!(f.expire_after.as_deref(), Some("2 days 1h"));
         assert!(parse("CREATE FLOW g SINK o AS SELECT 1").is_err());
         assert!(parse("CREATE FLOW g SINK TO o SELECT 1").is_err());
+    }
+
+    #[test]
+    fn eval_interval() {
+        // GreptimeDB's order: EXPIRE AFTER, EVAL INTERVAL, COMMENT, WITH.
+        let s = parse(
+            "CREATE FLOW f SINK TO o EXPIRE AFTER INTERVAL '1' HOUR EVAL INTERVAL '1m' \
+             COMMENT 'c' WITH (backfill = 'false') AS SELECT x FROM t",
+        )
+        .unwrap();
+        let Stmt::CreateFlow(f) = &s[0] else { panic!() };
+        assert_eq!(f.expire_after.as_deref(), Some("1 HOUR"));
+        assert_eq!(f.eval_interval.as_deref(), Some("1m"));
+        assert_eq!(f.comment.as_deref(), Some("c"));
+        assert_eq!(f.query, "SELECT x FROM t");
+        // INTERVAL '...' after EVAL INTERVAL's own INTERVAL, and a unit word.
+        let s = parse("CREATE FLOW f SINK TO o EXPIRE AFTER INTERVAL '5 minutes' EVAL INTERVAL INTERVAL '30' SECOND AS SELECT x FROM t").unwrap();
+        let Stmt::CreateFlow(f) = &s[0] else { panic!() };
+        assert_eq!(f.expire_after.as_deref(), Some("5 minutes"));
+        assert_eq!(f.eval_interval.as_deref(), Some("30 SECOND"));
+        let Stmt::CreateFlow(f) = &parse("CREATE FLOW f SINK TO o AS SELECT x FROM t").unwrap()[0]
+        else {
+            panic!()
+        };
+        assert_eq!(f.eval_interval, None);
+        let e = parse("CREATE FLOW f SINK TO o EVAL INTERVAL AS SELECT x FROM t")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("EVAL INTERVAL"), "{e}");
     }
 
     fn guard_message(sql: &str) -> String {
