@@ -865,6 +865,7 @@ pub fn parse_dialect(sql: &str, dialect: Dialect) -> Result<Vec<Stmt>> {
 /// `sql`, after the nesting guard.
 fn parse_tokens(tokens: Vec<TokenWithSpan>, sql: &str, dialect: Dialect) -> Result<Vec<Stmt>> {
     check_nesting_tokens(&tokens, dialect.reader())?;
+    let tokens = greptime_values(tokens);
     let mut p = match dialect {
         Dialect::Generic => Parser::new(&GenericDialect {}),
         Dialect::Postgres => Parser::new(&PostgreSqlDialect {}),
@@ -885,6 +886,60 @@ fn parse_tokens(tokens: Vec<TokenWithSpan>, sql: &str, dialect: Dialect) -> Resu
         }
     }
     Ok(out)
+}
+
+/// GreptimeDB's reading of an `INSERT ... VALUES` list (MySQL's too): a row
+/// element that is one double-quoted token is a string (`VALUES (1, "a")`),
+/// and a row may end with a comma (`VALUES (1, 2,)`). Only the elements of
+/// the rows themselves: double quotes elsewhere, nested in an expression of
+/// a row included, still quote identifiers.
+fn greptime_values(mut tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSpan> {
+    let code = |t: &TokenWithSpan| !matches!(t.token, Token::Whitespace(_));
+    let mut depth = 0usize;
+    let mut insert = false;
+    let mut in_values = false;
+    // Whether the previous code token was `(` or `,` (a row element starts).
+    let mut element_start = false;
+    let mut drop = Vec::new();
+    for i in 0..tokens.len() {
+        if !code(&tokens[i]) {
+            continue;
+        }
+        let next = tokens[i + 1..].iter().find(|t| code(t)).map(|t| &t.token);
+        match &tokens[i].token {
+            Token::SemiColon => {
+                (depth, insert, in_values) = (0, false, false);
+            }
+            Token::LParen => depth += 1,
+            Token::RParen => depth = depth.saturating_sub(1),
+            Token::Word(w) if depth == 0 && w.keyword == Keyword::INSERT => insert = true,
+            Token::Word(w) if depth == 0 && insert && w.keyword == Keyword::VALUES => {
+                in_values = true
+            }
+            Token::Comma if in_values && depth == 1 && next == Some(&Token::RParen) => {
+                drop.push(i);
+            }
+            Token::Word(w)
+                if in_values
+                    && depth == 1
+                    && w.quote_style == Some('"')
+                    && element_start
+                    && matches!(next, Some(Token::RParen | Token::Comma)) =>
+            {
+                let value = w.value.clone();
+                tokens[i].token = Token::SingleQuotedString(value);
+            }
+            Token::Comma => {}
+            // Past the rows (ON CONFLICT, RETURNING, ...).
+            _ if depth == 0 => in_values = false,
+            _ => {}
+        }
+        element_start = matches!(tokens[i].token, Token::LParen | Token::Comma);
+    }
+    for i in drop.into_iter().rev() {
+        tokens.remove(i);
+    }
+    tokens
 }
 
 /// Lexes a script once, cuts it at its `;` tokens (as [`split`] does) and
@@ -1722,6 +1777,57 @@ mod tests {
         assert_eq!(f.expire_after.as_deref(), Some("2 days 1h"));
         assert!(parse("CREATE FLOW g SINK o AS SELECT 1").is_err());
         assert!(parse("CREATE FLOW g SINK TO o SELECT 1").is_err());
+    }
+
+    #[test]
+    fn greptime_values_lists() {
+        let one = |sql: &str, dialect: Dialect| -> String {
+            match parse_dialect(sql, dialect).unwrap().as_slice() {
+                [Stmt::Query(q)] => q.to_string(),
+                other => panic!("{other:?}"),
+            }
+        };
+        for dialect in [Dialect::Generic, Dialect::Postgres] {
+            assert_eq!(
+                one(
+                    "INSERT INTO \"T\" (\"c\", d) VALUES (20, \"2021-07-01 00:00:00.200\"), (\"x\" , 1 ,)",
+                    dialect
+                ),
+                "INSERT INTO \"T\" (\"c\", d) VALUES (20, '2021-07-01 00:00:00.200'), ('x', 1)"
+            );
+            // Nested in an expression, in a query, after the rows: identifiers.
+            assert_eq!(
+                one("INSERT INTO t VALUES (upper(\"a\"), \"b\" || 'c')", dialect),
+                "INSERT INTO t VALUES (upper(\"a\"), \"b\" || 'c')"
+            );
+            assert_eq!(
+                one("INSERT INTO t SELECT \"a\", 1 FROM u", dialect),
+                "INSERT INTO t SELECT \"a\", 1 FROM u"
+            );
+            assert_eq!(
+                one("SELECT * FROM (VALUES (\"a\", 1)) AS v", dialect),
+                "SELECT * FROM (VALUES (\"a\", 1)) AS v"
+            );
+            // A trailing comma only inside a row of the VALUES list.
+            assert!(parse_dialect("SELECT f(1,) FROM t", dialect).is_err());
+            assert!(parse_dialect("INSERT INTO t VALUES (f(1,))", dialect).is_err());
+            assert!(parse_dialect("INSERT INTO t VALUES (1),", dialect).is_err());
+            // Each statement of a script on its own.
+            let script = parse_script(
+                "INSERT INTO t VALUES (\"a\",); SELECT \"a\" FROM t",
+                dialect,
+            )
+            .unwrap();
+            assert_eq!(script.len(), 2);
+            assert!(
+                matches!(&script[1].1, Stmt::Query(q) if q.to_string() == "SELECT \"a\" FROM t")
+            );
+        }
+        // EXPLAIN INSERT reads its rows the same way.
+        assert_eq!(
+            one("EXPLAIN INSERT INTO t VALUES (\"a\",)", Dialect::Generic),
+            "EXPLAIN INSERT INTO t VALUES ('a')"
+        );
     }
 
     #[test]
