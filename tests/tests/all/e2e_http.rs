@@ -303,8 +303,15 @@ fn flows_over_http() {
     };
     ok("CREATE TABLE m (host STRING, v DOUBLE, ts TIMESTAMP(3) TIME INDEX, PRIMARY KEY (host))");
     ok("INSERT INTO m VALUES ('a', 1.5, 1000), ('b', 2.5, 2000), ('a', 3.0, 3000)");
-    ok("CREATE FLOW per_host SINK TO per_host_sink AS \
+    // CREATE and DROP FLOW affect 0 rows, as in GreptimeDB.
+    let v = ok("CREATE FLOW per_host SINK TO per_host_sink AS \
         SELECT host, count(*) AS n, sum(v) AS total FROM m GROUP BY host");
+    assert_eq!(v["output"][0]["affectedrows"], json!(0), "{v}");
+    let v = ok(
+        "CREATE FLOW IF NOT EXISTS per_host SINK TO per_host_sink AS \
+        SELECT host, count(*) AS n, sum(v) AS total FROM m GROUP BY host",
+    );
+    assert_eq!(v["output"][0]["affectedrows"], json!(0), "{v}");
     let v = ok("ADMIN FLUSH_FLOW('per_host')");
     assert_eq!(v["output"][0]["records"]["rows"][0][0], json!(2), "{v}");
     let v = ok("SELECT host, n, total FROM per_host_sink ORDER BY host");
@@ -345,7 +352,10 @@ fn flows_over_http() {
             "{line} missing from\n{text}"
         );
     }
-    ok("DROP FLOW per_host");
+    let v = ok("DROP FLOW per_host");
+    assert_eq!(v["output"][0]["affectedrows"], json!(0), "{v}");
+    let v = ok("DROP FLOW IF EXISTS per_host");
+    assert_eq!(v["output"][0]["affectedrows"], json!(0), "{v}");
     let (_, text) = s.http("GET", "/metrics", None, "");
     assert!(!text.contains("flow=\"per_host\""), "{text}");
     let v = ok("SHOW FLOWS");

@@ -379,13 +379,15 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
             )
         }
         Stmt::Describe(name) => describe(core, &name),
+        // 0 rows, as GreptimeDB reports (whether or not IF [NOT] EXISTS
+        // found something to do), like CREATE and DROP TABLE.
         Stmt::CreateFlow(flow) => {
-            let created = core.flows.create(core, ctx, flow).await?;
-            Ok(affected("CREATE FLOW", created as u64))
+            core.flows.create(core, ctx, flow).await?;
+            Ok(affected("CREATE FLOW", 0))
         }
         Stmt::DropFlow { name, if_exists } => {
-            let dropped = core.flows.drop_flow(core, &name, if_exists).await?;
-            Ok(affected("DROP FLOW", dropped as u64))
+            core.flows.drop_flow(core, &name, if_exists).await?;
+            Ok(affected("DROP FLOW", 0))
         }
         Stmt::ShowFlows { like } => {
             let names: Vec<Vec<String>> = core
