@@ -31,7 +31,7 @@ use sandflow_flows::{
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
-use super::compile::{compile, CompiledFlow};
+use super::compile::{compile, named_tables, CompiledFlow};
 use super::driver::{Driver, Slot};
 use super::options::{format_interval, parse_interval, parse_options, FlowOptions};
 use super::ports::{
@@ -46,7 +46,7 @@ use crate::error::{
     FlowSnafu, InternalSnafu, NotFoundSnafu, Result, SqlSnafu, TooComplexSnafu, UnsupportedSnafu,
 };
 use crate::runtime::{Digest, FlowLimits, RuntimeConfig, RuntimeError, Sandbox};
-use crate::sql::parser::CreateFlow;
+use crate::sql::parser::{CreateFlow, TableName};
 use crate::sql::provider::blocking;
 use crate::storage::{LogReader, MetaWrite, WriteSet};
 
@@ -729,7 +729,8 @@ impl FlowManager {
                 .fail();
             }
         }
-        parse_options(&stmt.options).map_err(|message| SqlSnafu { message }.build())?;
+        let options =
+            parse_options(&stmt.options).map_err(|message| SqlSnafu { message }.build())?;
         let expire_after_ms = match &stmt.expire_after {
             Some(text) => Some(parse_interval(text).map_err(|m| {
                 SqlSnafu {
@@ -744,7 +745,16 @@ impl FlowManager {
             None => None,
         };
         // Sources are resolved by compiling; the definition records them.
-        let compiled = compile_flow(ctx, &stmt.name, &stmt.query).await?;
+        let compiled = match compile_flow(ctx, &stmt.name, &stmt.query).await {
+            Ok(compiled) => compiled,
+            Err(e) => {
+                let missing = self.missing_sources(core, &stmt.query);
+                if missing.is_empty() {
+                    return Err(e);
+                }
+                return Err(missing_sources_error(&stmt.name, &missing, &options));
+            }
+        };
         let sources = source_names(&compiled);
         let now = self.now_ms();
         let id = match &old {
@@ -800,6 +810,16 @@ impl FlowManager {
         self.trim_logs(core);
         info!(flow = %stmt.name, "flow created");
         Ok(true)
+    }
+
+    /// The tables `query` names that do not exist (after its compilation
+    /// failed: then a missing table is the likely cause, and says so).
+    fn missing_sources(&self, core: &Arc<Core>, query: &str) -> Vec<TableName> {
+        named_tables(query)
+            .into_iter()
+            .filter(|t| t.database != "information_schema")
+            .filter(|t| matches!(core.catalog.table(&t.database, &t.table), Ok(None)))
+            .collect()
     }
 
     /// A replacement failed after the old flow was stopped (its definition
@@ -1679,6 +1699,37 @@ fn commit_definition(
     }
     ddl.commit(&core.store, set)?;
     Ok(sink)
+}
+
+/// Why a flow whose sources are `missing` is not created.
+fn missing_sources_error(
+    flow: &str,
+    missing: &[TableName],
+    options: &FlowOptions,
+) -> crate::error::Error {
+    let names = missing
+        .iter()
+        .map(|t| display_name(&t.database, &t.table))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if options.defer_on_missing_source() {
+        UnsupportedSnafu {
+            message: format!(
+                "cannot create flow '{flow}': source table {names} does not exist, and \
+                 defer_on_missing_source = 'true' (start the flow once its sources exist) is \
+                 not implemented yet in sandflow; create the source tables first, then the flow"
+            ),
+        }
+        .build()
+    } else {
+        NotFoundSnafu {
+            message: format!(
+                "cannot create flow '{flow}': source table {names} does not exist; create it \
+                 first, then the flow"
+            ),
+        }
+        .build()
+    }
 }
 
 /// `EVAL INTERVAL` as GreptimeDB counts it: a positive number of whole
