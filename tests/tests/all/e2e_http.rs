@@ -360,6 +360,15 @@ fn flows_over_http() {
     assert!(!text.contains("flow=\"per_host\""), "{text}");
     let v = ok("SHOW FLOWS");
     assert_eq!(v["output"][0]["records"]["total_rows"], json!(0), "{v}");
+    // SHOW TABLES' column is named as in GreptimeDB; ADMIN FLUSH_TABLE is 0.
+    let v = ok("SHOW TABLES");
+    assert_eq!(
+        v["output"][0]["records"]["schema"]["column_schemas"][0]["name"],
+        json!("Tables_in_public"),
+        "{v}"
+    );
+    let v = ok("ADMIN FLUSH_TABLE('m')");
+    assert_eq!(v["output"][0]["records"]["rows"], json!([[0]]), "{v}");
 }
 
 // `/v1/sql?db=`: `public` (or nothing) runs the statement; another existing
