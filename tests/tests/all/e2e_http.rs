@@ -815,3 +815,47 @@ fn invalid_text_is_refused_not_altered() {
     let (_, v) = s.http_sql("SELECT count(*) FROM t");
     assert_eq!(v["output"][0]["records"]["rows"][0][0], 0, "{v}");
 }
+
+// A pending flow (defer_on_missing_source) over a measurement that line
+// protocol creates starts with that write and back-fills its rows: the
+// table and its first rows come in one commit.
+#[test]
+fn influx_write_starts_a_pending_flow() {
+    let s = Server::start();
+    let (status, v) = s.http_sql(
+        "CREATE FLOW per_city SINK TO per_city_out WITH (defer_on_missing_source = 'true') \
+         AS SELECT city, count(*) AS n FROM weather GROUP BY city",
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["output"][0]["affectedrows"], json!(0), "{v}");
+    let (_, v) = s.http_sql("SELECT status FROM information_schema.flows");
+    assert_eq!(
+        v["output"][0]["records"]["rows"],
+        json!([["pending"]]),
+        "{v}"
+    );
+    let body = "weather,city=Paris temp=21.5 1700000000000\n\
+                weather,city=Oslo temp=-3.25 1700000001000\n\
+                weather,city=Paris temp=22 1700000002000\n";
+    let (status, text) = s.http(
+        "POST",
+        "/v1/influxdb/write?db=public&precision=ms",
+        Some("text/plain"),
+        body,
+    );
+    assert_eq!(status, 204, "{text}");
+    let (_, v) = s.http_sql("SELECT status FROM information_schema.flows");
+    assert_eq!(
+        v["output"][0]["records"]["rows"],
+        json!([["running"]]),
+        "{v}"
+    );
+    let (status, v) = s.http_sql("ADMIN FLUSH_FLOW('per_city')");
+    assert_eq!(status, 200, "{v}");
+    let (_, v) = s.http_sql("SELECT city, n FROM per_city_out ORDER BY city");
+    assert_eq!(
+        v["output"][0]["records"]["rows"],
+        json!([["Oslo", 1], ["Paris", 2]]),
+        "{v}"
+    );
+}

@@ -61,7 +61,8 @@ pub fn rewrite_system_tables(stmt: &mut Statement) {
     });
 }
 
-/// The columns of `information_schema.flows` (GreptimeDB's, plus `status`,
+/// The columns of `information_schema.flows` (GreptimeDB's, plus `status`
+/// (`running`, `failed`, or `pending` for a flow waiting for its sources),
 /// `last_error`, `rows_written`, `failures`, `restarts`, `lag_ms`,
 /// `next_restart_time`, `asleep`: whether the flow is idle, its state kept
 /// as a snapshot and its sandbox released until input arrives, and
@@ -158,7 +159,9 @@ pub fn flows_batch(flows: &[FlowInfo], now: i64) -> datafusion::common::Result<R
         ),
         s(&|f| json_list(f.def.source_names().into_iter())),
         s(&|f| {
-            if f.status.error.is_some() {
+            if f.def.pending {
+                "pending".to_string()
+            } else if f.status.error.is_some() {
                 "failed".to_string()
             } else {
                 "running".to_string()

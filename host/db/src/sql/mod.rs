@@ -322,6 +322,8 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
                 ct.if_not_exists,
             )
             .await?;
+            // It may be what a pending flow waits for.
+            core.flows.start_pending(core, ctx).await;
             Ok(affected("CREATE TABLE", 0))
         }
         Stmt::CreateDatabase {
@@ -394,6 +396,8 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
         // found something to do), like CREATE and DROP TABLE.
         Stmt::CreateFlow(flow) => {
             core.flows.create(core, ctx, flow).await?;
+            // Its new sink may be what a pending flow waits for.
+            core.flows.start_pending(core, ctx).await;
             Ok(affected("CREATE FLOW", 0))
         }
         Stmt::DropFlow { name, if_exists } => {
