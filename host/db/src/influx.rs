@@ -395,11 +395,15 @@ pub async fn write(db: &Database, database: &str, body: &str, precision: Precisi
     };
     let body = body.to_string();
     let now = db.now_ms().saturating_mul(1_000_000);
-    blocking(move || {
+    let c = core.clone();
+    let written = blocking(move || {
         let points = parse(&body).map_err(|e| invalid(format!("invalid line protocol: {e}")))?;
-        write_points(&core, &database, &points, precision, now)
+        write_points(&c, &database, &points, precision, now)
     })
-    .await
+    .await?;
+    // A table it created may be what a pending flow waits for.
+    core.flows.start_pending(&core, &db.session_context()).await;
+    Ok(written)
 }
 
 fn invalid(message: String) -> crate::error::Error {

@@ -322,8 +322,11 @@ async fn show_describe_information_schema() {
     )
     .await;
     let got = query(&db, "SHOW TABLES").await;
-    assert_eq!(lines(&got)[1], "| Tables |");
-    assert_eq!(lines(&got)[3..5], ["| logs   |", "| req    |"]);
+    assert_eq!(lines(&got)[1], "| Tables_in_public |");
+    assert_eq!(
+        lines(&got)[3..5],
+        ["| logs             |", "| req              |"]
+    );
     assert!(query(&db, "SHOW TABLES LIKE 'r%'").await.contains("req"));
     assert!(!query(&db, "SHOW TABLES LIKE 'r%'").await.contains("logs"));
 
@@ -420,7 +423,9 @@ async fn databases_and_qualified_names() {
         .await
         .contains("| 1 |"));
     assert!(query(&db, "SELECT v FROM t").await.contains("| 2 |"));
-    assert!(query(&db, "SHOW TABLES FROM x").await.contains("| t  "));
+    let got = query(&db, "SHOW TABLES FROM x").await;
+    assert!(got.contains("| Tables_in_x |"), "{got}");
+    assert!(got.contains("| t  "), "{got}");
     let e = error(&db, "CREATE TABLE nodb.t (v INT, ts TIMESTAMP TIME INDEX)").await;
     assert!(e.to_string().contains("CREATE DATABASE nodb"), "{e}");
     run(&db, "DROP DATABASE x").await;

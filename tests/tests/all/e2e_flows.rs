@@ -133,7 +133,11 @@ fn or_replace_and_if_not_exists() {
     const OLD: &str = "SELECT host, count(*) AS n FROM requests GROUP BY host";
     const NEW: &str = "SELECT host, count(*) AS n FROM requests \
                        WHERE status < 500 AND host <> 'c' GROUP BY host";
-    s.sql(&format!("CREATE FLOW hosts SINK TO per_host AS {OLD}"));
+    // psql's command tag has no row count (GreptimeDB reports 0 rows).
+    assert_eq!(
+        s.sql(&format!("CREATE FLOW hosts SINK TO per_host AS {OLD}")),
+        "CREATE FLOW"
+    );
     flush(&s, "hosts");
     let sink = "SELECT host, n FROM per_host ORDER BY host";
     assert_eq!(s.sql(sink), "a|2\nb|1\nc|1");
@@ -998,4 +1002,44 @@ fn ttl_expires_old_rows_and_flows_keep_their_results() {
     s.sql(&format!("INSERT INTO readings VALUES (3, 4.0, {future})"));
     flush(&s, "totals");
     assert_eq!(s.sql("SELECT n, s FROM totals_sink"), "3|7.0");
+}
+
+// EXPLAIN of a DELETE or an INSERT writes nothing through either front door
+// (rows, sink and the flow's input unchanged); EXPLAIN ANALYZE runs the
+// statement once.
+#[test]
+fn explain_writes_nothing_on_either_door() {
+    let s = Server::start();
+    s.sql("CREATE TABLE t (k INT, v DOUBLE, ts TIMESTAMP TIME INDEX, PRIMARY KEY (k))");
+    s.sql("CREATE FLOW f SINK TO f_out AS SELECT count(*) AS n, sum(v) AS total FROM t");
+    s.sql("INSERT INTO t VALUES (1, 1.0, 0), (2, 2.0, 0), (3, 3.0, 0)");
+    assert_eq!(flush(&s, "f"), 1);
+    let explains = [
+        "EXPLAIN DELETE FROM t WHERE k = 2",
+        "EXPLAIN DELETE FROM t",
+        "EXPLAIN INSERT INTO t VALUES (9, 9.0, 0)",
+    ];
+    for sql in explains {
+        let plan = s.sql(sql);
+        assert!(plan.contains("physical_plan"), "{sql}: {plan}");
+        let (status, v) = s.http_sql(sql);
+        assert_eq!(status, 200, "{sql}: {v}");
+    }
+    assert_eq!(flush(&s, "f"), 0, "the flow read no change");
+    assert_eq!(s.sql("SELECT count(*), sum(v) FROM t"), "3|6.0");
+    assert_eq!(s.sql("SELECT n, total FROM f_out"), "3|6.0");
+    // EXPLAIN ANALYZE: once through psql, once through HTTP.
+    // (A flush after each: the flow may tick by itself between the two, and
+    // FLUSH_FLOW counts the sink rows written since the previous flush.)
+    s.sql("EXPLAIN ANALYZE DELETE FROM t WHERE k = 2");
+    assert_eq!(flush(&s, "f"), 1);
+    let (status, v) = s.http_sql("EXPLAIN ANALYZE INSERT INTO t VALUES (9, 9.0, 0)");
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(flush(&s, "f"), 1);
+    assert_eq!(
+        s.sql("SELECT k FROM t ORDER BY k"),
+        "1\n3\n9",
+        "one delete, one insert"
+    );
+    assert_eq!(s.sql("SELECT n, total FROM f_out"), "3|13.0");
 }

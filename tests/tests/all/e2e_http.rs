@@ -303,8 +303,15 @@ fn flows_over_http() {
     };
     ok("CREATE TABLE m (host STRING, v DOUBLE, ts TIMESTAMP(3) TIME INDEX, PRIMARY KEY (host))");
     ok("INSERT INTO m VALUES ('a', 1.5, 1000), ('b', 2.5, 2000), ('a', 3.0, 3000)");
-    ok("CREATE FLOW per_host SINK TO per_host_sink AS \
+    // CREATE and DROP FLOW affect 0 rows, as in GreptimeDB.
+    let v = ok("CREATE FLOW per_host SINK TO per_host_sink AS \
         SELECT host, count(*) AS n, sum(v) AS total FROM m GROUP BY host");
+    assert_eq!(v["output"][0]["affectedrows"], json!(0), "{v}");
+    let v = ok(
+        "CREATE FLOW IF NOT EXISTS per_host SINK TO per_host_sink AS \
+        SELECT host, count(*) AS n, sum(v) AS total FROM m GROUP BY host",
+    );
+    assert_eq!(v["output"][0]["affectedrows"], json!(0), "{v}");
     let v = ok("ADMIN FLUSH_FLOW('per_host')");
     assert_eq!(v["output"][0]["records"]["rows"][0][0], json!(2), "{v}");
     let v = ok("SELECT host, n, total FROM per_host_sink ORDER BY host");
@@ -345,11 +352,23 @@ fn flows_over_http() {
             "{line} missing from\n{text}"
         );
     }
-    ok("DROP FLOW per_host");
+    let v = ok("DROP FLOW per_host");
+    assert_eq!(v["output"][0]["affectedrows"], json!(0), "{v}");
+    let v = ok("DROP FLOW IF EXISTS per_host");
+    assert_eq!(v["output"][0]["affectedrows"], json!(0), "{v}");
     let (_, text) = s.http("GET", "/metrics", None, "");
     assert!(!text.contains("flow=\"per_host\""), "{text}");
     let v = ok("SHOW FLOWS");
     assert_eq!(v["output"][0]["records"]["total_rows"], json!(0), "{v}");
+    // SHOW TABLES' column is named as in GreptimeDB; ADMIN FLUSH_TABLE is 0.
+    let v = ok("SHOW TABLES");
+    assert_eq!(
+        v["output"][0]["records"]["schema"]["column_schemas"][0]["name"],
+        json!("Tables_in_public"),
+        "{v}"
+    );
+    let v = ok("ADMIN FLUSH_TABLE('m')");
+    assert_eq!(v["output"][0]["records"]["rows"], json!([[0]]), "{v}");
 }
 
 // `/v1/sql?db=`: `public` (or nothing) runs the statement; another existing
@@ -795,4 +814,48 @@ fn invalid_text_is_refused_not_altered() {
     assert!(v["error"].as_str().unwrap().contains("0x00"), "{v}");
     let (_, v) = s.http_sql("SELECT count(*) FROM t");
     assert_eq!(v["output"][0]["records"]["rows"][0][0], 0, "{v}");
+}
+
+// A pending flow (defer_on_missing_source) over a measurement that line
+// protocol creates starts with that write and back-fills its rows: the
+// table and its first rows come in one commit.
+#[test]
+fn influx_write_starts_a_pending_flow() {
+    let s = Server::start();
+    let (status, v) = s.http_sql(
+        "CREATE FLOW per_city SINK TO per_city_out WITH (defer_on_missing_source = 'true') \
+         AS SELECT city, count(*) AS n FROM weather GROUP BY city",
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["output"][0]["affectedrows"], json!(0), "{v}");
+    let (_, v) = s.http_sql("SELECT status FROM information_schema.flows");
+    assert_eq!(
+        v["output"][0]["records"]["rows"],
+        json!([["pending"]]),
+        "{v}"
+    );
+    let body = "weather,city=Paris temp=21.5 1700000000000\n\
+                weather,city=Oslo temp=-3.25 1700000001000\n\
+                weather,city=Paris temp=22 1700000002000\n";
+    let (status, text) = s.http(
+        "POST",
+        "/v1/influxdb/write?db=public&precision=ms",
+        Some("text/plain"),
+        body,
+    );
+    assert_eq!(status, 204, "{text}");
+    let (_, v) = s.http_sql("SELECT status FROM information_schema.flows");
+    assert_eq!(
+        v["output"][0]["records"]["rows"],
+        json!([["running"]]),
+        "{v}"
+    );
+    let (status, v) = s.http_sql("ADMIN FLUSH_FLOW('per_city')");
+    assert_eq!(status, 200, "{v}");
+    let (_, v) = s.http_sql("SELECT city, n FROM per_city_out ORDER BY city");
+    assert_eq!(
+        v["output"][0]["records"]["rows"],
+        json!([["Oslo", 1], ["Paris", 2]]),
+        "{v}"
+    );
 }

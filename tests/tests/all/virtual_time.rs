@@ -311,3 +311,53 @@ async fn two_databases_can_share_one_sandbox() {
         "both databases hold the same sandbox"
     );
 }
+
+/// `EVAL INTERVAL` bounds how long a flow's sink lags while input is
+/// pending: with a server tick interval of 10 s, a flow with `EVAL INTERVAL
+/// '2s'` writes 2 s after its last tick, the one without waits 10 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eval_interval_bounds_the_tick_interval() {
+    use sandflow::flow::FlowSettings;
+    let clock = Arc::new(VirtualClock::new(T0 - 60_000));
+    let flows = FlowSettings {
+        tick_interval: std::time::Duration::from_secs(10),
+        ..FlowSettings::default()
+    };
+    let db = Database::open_config(
+        DatabaseConfig::in_memory()
+            .with_flows(flows)
+            .with_virtual_clock(clock.clone()),
+    )
+    .await
+    .unwrap();
+    run(
+        &db,
+        "CREATE TABLE t (k INT, ts TIMESTAMP TIME INDEX, PRIMARY KEY (k))",
+    )
+    .await;
+    run(
+        &db,
+        "CREATE FLOW fast SINK TO fast_out EVAL INTERVAL '2s' AS SELECT count(*) AS n FROM t",
+    )
+    .await;
+    run(
+        &db,
+        "CREATE FLOW slow SINK TO slow_out AS SELECT count(*) AS n FROM t",
+    )
+    .await;
+    // An idle flow ticks at once.
+    db.advance_time_to(T0).await.unwrap();
+    run(&db, "INSERT INTO t VALUES (1, 0)").await;
+    assert_eq!(rows(&db, "SELECT n FROM fast_out").await, "1");
+    assert_eq!(rows(&db, "SELECT n FROM slow_out").await, "1");
+    // More input right after: both wait for their next tick.
+    db.advance_time_to(T0 + 100).await.unwrap();
+    run(&db, "INSERT INTO t VALUES (2, 0)").await;
+    db.advance_time_to(T0 + 1_999).await.unwrap();
+    assert_eq!(rows(&db, "SELECT n FROM fast_out").await, "1");
+    db.advance_time_to(T0 + 2_000).await.unwrap();
+    assert_eq!(rows(&db, "SELECT n FROM fast_out").await, "2");
+    assert_eq!(rows(&db, "SELECT n FROM slow_out").await, "1");
+    db.advance_time_to(T0 + 10_000).await.unwrap();
+    assert_eq!(rows(&db, "SELECT n FROM slow_out").await, "2");
+}

@@ -10,7 +10,9 @@ use datafusion::prelude::SessionContext;
 use prost::Message;
 
 use super::arrow::{fields_from_arrow, ConvertError};
+use crate::catalog::DEFAULT_DATABASE;
 use crate::runtime::{Field, SourceSchema};
+use crate::sql::parser::{table_name, TableName};
 
 /// A flow query ready to be handed to a guest.
 #[derive(Debug, Clone)]
@@ -80,6 +82,56 @@ pub async fn compile(ctx: &SessionContext, sql: &str) -> Result<CompiledFlow, Co
         .map_err(|e| CompileError(format!("cannot optimise the flow's query: {e}")))?;
     check_depth(&plan)?;
     compile_plan(ctx, &plan)
+}
+
+/// The tables `query` names in its FROM clauses (not its CTEs), resolved as
+/// a flow's sources are (`t` is `public.t`), in the order written, each once.
+/// Empty when the text does not parse.
+pub fn named_tables(query: &str) -> Vec<TableName> {
+    use datafusion::sql::sqlparser::ast::{ObjectName, Query, Visit, Visitor};
+    use datafusion::sql::sqlparser::dialect::GenericDialect;
+    use std::ops::ControlFlow;
+
+    #[derive(Default)]
+    struct Names {
+        ctes: Vec<String>,
+        tables: Vec<TableName>,
+    }
+    impl Visitor for Names {
+        type Break = ();
+        fn pre_visit_query(&mut self, query: &Query) -> ControlFlow<()> {
+            if let Some(with) = &query.with {
+                self.ctes.extend(
+                    with.cte_tables
+                        .iter()
+                        .map(|c| crate::sql::parser::normalize_ident(&c.alias.name)),
+                );
+            }
+            ControlFlow::Continue(())
+        }
+        fn pre_visit_relation(&mut self, name: &ObjectName) -> ControlFlow<()> {
+            if let Ok(t) = table_name(name) {
+                if !self.tables.contains(&t) {
+                    self.tables.push(t);
+                }
+            }
+            ControlFlow::Continue(())
+        }
+    }
+    let Ok(statements) =
+        datafusion::sql::sqlparser::parser::Parser::parse_sql(&GenericDialect {}, query)
+    else {
+        return Vec::new();
+    };
+    let mut names = Names::default();
+    for s in &statements {
+        let _ = s.visit(&mut names);
+    }
+    let Names { ctes, tables } = names;
+    tables
+        .into_iter()
+        .filter(|t| !(t.database == DEFAULT_DATABASE && ctes.contains(&t.table)))
+        .collect()
 }
 
 /// Encodes an already planned query for the guest.

@@ -31,7 +31,7 @@ use sandflow_flows::{
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
-use super::compile::{compile, CompiledFlow};
+use super::compile::{compile, named_tables, CompiledFlow};
 use super::driver::{Driver, Slot};
 use super::options::{format_interval, parse_interval, parse_options, FlowOptions};
 use super::ports::{
@@ -47,7 +47,7 @@ use crate::error::{
     FlowSnafu, InternalSnafu, NotFoundSnafu, Result, SqlSnafu, TooComplexSnafu, UnsupportedSnafu,
 };
 use crate::runtime::{Digest, FlowLimits, RuntimeConfig, RuntimeError, Sandbox};
-use crate::sql::parser::CreateFlow;
+use crate::sql::parser::{CreateFlow, TableName};
 use crate::sql::provider::blocking;
 use crate::storage::{LogReader, MetaWrite, WriteSet};
 
@@ -174,6 +174,11 @@ pub struct FlowDef {
     /// The query as written after `AS`.
     pub query: String,
     pub expire_after_ms: Option<i64>,
+    /// `EVAL INTERVAL`: the longest the sink may lag its sources while input
+    /// is pending. The flow ticks at least this often then (more often when
+    /// the server's tick interval is shorter).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_interval_ms: Option<i64>,
     pub comment: Option<String>,
     /// `WITH (...)` options as written (validated).
     pub options: Vec<(String, String)>,
@@ -186,6 +191,12 @@ pub struct FlowDef {
     /// defined by a version that did not record it).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub sink_created: bool,
+    /// Created with `defer_on_missing_source = 'true'` while a source table
+    /// did not exist: the flow waits, without a sink or a guest, and starts
+    /// when its sources exist. `sources` are then the tables its query
+    /// names, as written.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pending: bool,
 }
 
 impl FlowDef {
@@ -209,6 +220,9 @@ impl FlowDef {
         );
         if let Some(ms) = self.expire_after_ms {
             s.push_str(&format!("EXPIRE AFTER '{}'\n", format_interval(ms)));
+        }
+        if let Some(ms) = self.eval_interval_ms {
+            s.push_str(&format!("EVAL INTERVAL '{}'\n", format_interval(ms)));
         }
         if let Some(c) = &self.comment {
             s.push_str(&format!("COMMENT '{}'\n", c.replace('\'', "''")));
@@ -600,6 +614,13 @@ impl FlowManager {
                 }
             };
             let name = def.name.clone();
+            if def.pending {
+                let handle = self.pending_handle(core, def, FlowStatus::default());
+                if let Ok(mut f) = self.flows.write() {
+                    f.insert(name, handle);
+                }
+                continue;
+            }
             let recovery = load_recovery(core, &name, def.sources.len())?;
             let prepared = match self.prepare(core, ctx, &def, recovery.as_ref()).await {
                 Ok(p) => self
@@ -681,6 +702,8 @@ impl FlowManager {
         for slot in &started {
             self.driver.wake(slot);
         }
+        // Sources created before a crash, after the flow was stored pending.
+        self.start_pending(core, ctx).await;
         Ok(())
     }
 
@@ -699,6 +722,16 @@ impl FlowManager {
             .fail();
         }
         let _ddl = self.ddl.lock().await;
+        self.create_locked(core, ctx, stmt).await
+    }
+
+    /// CREATE FLOW under the DDL lock.
+    async fn create_locked(
+        &self,
+        core: &Arc<Core>,
+        ctx: &SessionContext,
+        stmt: CreateFlow,
+    ) -> Result<bool> {
         let old = self.get(&stmt.name);
         if old.is_none() {
             let running = self.flows.read().map(|f| f.len()).unwrap_or(0);
@@ -728,7 +761,8 @@ impl FlowManager {
                 .fail();
             }
         }
-        parse_options(&stmt.options).map_err(|message| SqlSnafu { message }.build())?;
+        let options =
+            parse_options(&stmt.options).map_err(|message| SqlSnafu { message }.build())?;
         let expire_after_ms = match &stmt.expire_after {
             Some(text) => Some(parse_interval(text).map_err(|m| {
                 SqlSnafu {
@@ -738,14 +772,49 @@ impl FlowManager {
             })?),
             None => None,
         };
-        // Sources are resolved by compiling; the definition records them.
-        let compiled = compile_flow(ctx, &stmt.name, &stmt.query).await?;
-        let sources = source_names(&compiled);
+        let eval_interval_ms = match &stmt.eval_interval {
+            Some(text) => Some(parse_eval_interval(text)?),
+            None => None,
+        };
         let now = self.now_ms();
         let id = match &old {
             Some(h) => h.def.id,
             None => self.next_id(core)?,
         };
+        // Sources are resolved by compiling; the definition records them.
+        let compiled = match compile_flow(ctx, &stmt.name, &stmt.query).await {
+            Ok(compiled) => compiled,
+            Err(e) => {
+                let missing = self.missing_sources(core, &stmt.query);
+                if missing.is_empty() {
+                    return Err(e);
+                }
+                if !options.defer_on_missing_source() {
+                    return Err(missing_sources_error(&stmt.name, &missing));
+                }
+                let def = FlowDef {
+                    name: stmt.name.clone(),
+                    id,
+                    sink_database: stmt.sink.database.clone(),
+                    sink_table: stmt.sink.table.clone(),
+                    query: stmt.query.clone(),
+                    expire_after_ms,
+                    eval_interval_ms,
+                    comment: stmt.comment.clone(),
+                    options: stmt.options.clone(),
+                    sources: named_tables(&stmt.query)
+                        .into_iter()
+                        .map(|t| (t.database, t.table))
+                        .collect(),
+                    created_ms: old.as_ref().map_or(now, |h| h.def.created_ms),
+                    updated_ms: now,
+                    sink_created: false,
+                    pending: true,
+                };
+                return self.create_pending(core, ctx, def, old, &missing).await;
+            }
+        };
+        let sources = source_names(&compiled);
         let mut def = FlowDef {
             name: stmt.name.clone(),
             id,
@@ -753,12 +822,14 @@ impl FlowManager {
             sink_table: stmt.sink.table.clone(),
             query: stmt.query.clone(),
             expire_after_ms,
+            eval_interval_ms,
             comment: stmt.comment.clone(),
             options: stmt.options.clone(),
             sources,
             created_ms: old.as_ref().map_or(now, |h| h.def.created_ms),
             updated_ms: now,
             sink_created: false,
+            pending: false,
         };
         self.check_graph(&def)?;
         // Checks everything and derives the sink to create, but writes nothing.
@@ -796,6 +867,144 @@ impl FlowManager {
         Ok(true)
     }
 
+    /// Stores a flow whose sources do not all exist yet
+    /// (`defer_on_missing_source = 'true'`): its definition only, no sink,
+    /// no guest. [`FlowManager::start_pending`] starts it once they exist.
+    async fn create_pending(
+        &self,
+        core: &Arc<Core>,
+        ctx: &SessionContext,
+        def: FlowDef,
+        old: Option<Arc<FlowHandle>>,
+        missing: &[TableName],
+    ) -> Result<bool> {
+        self.check_graph(&def)?;
+        let json = serde_json::to_vec(&def).map_err(|e| {
+            InternalSnafu {
+                message: format!("cannot encode flow definition: {e}"),
+            }
+            .build()
+        })?;
+        let next = (def.id + 1).max(self.peek_next_id(core)?);
+        if let Some(old) = &old {
+            self.halt(old);
+        }
+        let mut writes = vec![
+            MetaWrite::Put(format!("{DEF_PREFIX}{}", def.name), json),
+            MetaWrite::Put(NEXT_ID_KEY.to_string(), next.to_be_bytes().to_vec()),
+        ];
+        writes.extend(run_keys(&def.name).into_iter().map(MetaWrite::Delete));
+        let c = core.clone();
+        if let Err(e) = blocking(move || c.store.commit_meta(writes)).await {
+            if let Some(old) = old {
+                self.revive(core, ctx, old, &e).await;
+            }
+            return Err(e);
+        }
+        let names: Vec<String> = missing
+            .iter()
+            .map(|t| display_name(&t.database, &t.table))
+            .collect();
+        info!(flow = %def.name, "flow created pending: it starts once {} exist(s)", names.join(", "));
+        let name = def.name.clone();
+        let handle = self.pending_handle(core, def, FlowStatus::default());
+        if let Ok(mut f) = self.flows.write() {
+            f.insert(name, handle);
+        }
+        self.trim_logs(core);
+        Ok(true)
+    }
+
+    /// The handle of a pending flow: it runs nothing and reads no log.
+    fn pending_handle(
+        &self,
+        core: &Arc<Core>,
+        def: FlowDef,
+        status: FlowStatus,
+    ) -> Arc<FlowHandle> {
+        let status = Arc::new(Mutex::new(status));
+        self.register_metrics(core, &def.name, &status);
+        Arc::new(FlowHandle {
+            status,
+            source_ids: def
+                .sources
+                .iter()
+                .filter_map(|(d, t)| core.catalog.table(d, t).ok().flatten())
+                .map(|t| t.id())
+                .collect(),
+            sink_id: None,
+            slot: None,
+            _readers: Vec::new(),
+            incarnation: self.incarnations.fetch_add(1, Ordering::Relaxed),
+            def,
+        })
+    }
+
+    /// Starts the pending flows whose source tables all exist now (after a
+    /// table was created), as CREATE OR REPLACE FLOW of their definition
+    /// would, each at most once per call. One that still cannot start stays
+    /// pending, its status saying why.
+    pub(crate) async fn start_pending(&self, core: &Arc<Core>, ctx: &SessionContext) {
+        let ready = |h: &FlowHandle| {
+            h.def.pending
+                && h.def
+                    .sources
+                    .iter()
+                    .all(|(d, t)| matches!(core.catalog.table(d, t), Ok(Some(_))))
+        };
+        if !self.handles().iter().any(|h| ready(h)) {
+            return;
+        }
+        let _ddl = self.ddl.lock().await;
+        // A started flow's new sink may be the last source of another: again
+        // until a round starts nothing (each round starts one flow at least,
+        // or ends).
+        let mut tried = HashSet::new();
+        while let Some(handle) = self
+            .handles()
+            .into_iter()
+            .find(|h| ready(h) && !tried.contains(&h.def.name))
+        {
+            if self.closed.load(Ordering::SeqCst) {
+                return;
+            }
+            tried.insert(handle.def.name.clone());
+            let def = &handle.def;
+            let stmt = CreateFlow {
+                name: def.name.clone(),
+                or_replace: true,
+                if_not_exists: false,
+                sink: TableName {
+                    database: def.sink_database.clone(),
+                    table: def.sink_table.clone(),
+                },
+                expire_after: def.expire_after_ms.map(format_interval),
+                eval_interval: def.eval_interval_ms.map(format_interval),
+                comment: def.comment.clone(),
+                options: def.options.clone(),
+                query: def.query.clone(),
+            };
+            match self.create_locked(core, ctx, stmt).await {
+                Ok(_) => info!(flow = %def.name, "pending flow started: its sources exist"),
+                Err(e) => {
+                    warn!(flow = %def.name, "pending flow cannot start: {e}");
+                    let mut s = handle.status.lock().unwrap_or_else(|p| p.into_inner());
+                    s.error = Some(format!("cannot start: {e}"));
+                }
+            }
+        }
+    }
+
+    /// The tables `query` names that do not exist (after its compilation
+    /// failed: then a missing table is the likely cause, and says so).
+    fn missing_sources(&self, core: &Arc<Core>, query: &str) -> Vec<TableName> {
+        named_tables(query)
+            .into_iter()
+            .filter(|t| t.database != "information_schema")
+            .filter(|t| matches!(core.catalog.table(&t.database, &t.table), Ok(None)))
+            .collect()
+    }
+
     /// A replacement failed after the old flow was stopped (its definition
     /// could not be committed): starts the old flow again from its last
     /// snapshot and the log since, as `ADMIN RESUME_FLOW` would.
@@ -806,6 +1015,11 @@ impl FlowManager {
         old: Arc<FlowHandle>,
         why: &crate::error::Error,
     ) {
+        if old.def.pending {
+            // It ran nothing: it stays as it was, pending.
+            info!(flow = %old.def.name, "replacement failed ({why}); the flow stays pending");
+            return;
+        }
         let def = old.def.clone();
         let carried = old
             .status
@@ -931,6 +1145,10 @@ impl FlowManager {
         handle: Arc<FlowHandle>,
         automatic: bool,
     ) -> Result<bool> {
+        if handle.def.pending {
+            // Started by start_pending once its sources exist.
+            return Ok(false);
+        }
         let carried = {
             let s = handle.status.lock().unwrap_or_else(|p| p.into_inner());
             if s.error.is_none() {
@@ -1137,6 +1355,12 @@ impl FlowManager {
             let s = handle.status.lock().unwrap_or_else(|p| p.into_inner());
             flow_err(failure_message(&handle.def.name, &s, self.now_ms()))
         };
+        if handle.def.pending {
+            return Err(flow_err(format!(
+                "flow '{name}' is pending: it starts once its source tables ({}) exist",
+                handle.def.source_names().join(", ")
+            )));
+        }
         let Some(slot) = &handle.slot else {
             return Err(failed());
         };
@@ -1490,7 +1714,7 @@ impl FlowManager {
         };
         let limits = p.limits;
         let mut cfg = RunnerConfig::new(def.name.clone());
-        cfg.tick_interval_ms = self.settings.tick_interval.as_millis() as i64;
+        cfg.tick_interval_ms = tick_interval_ms(self.settings.tick_interval, def.eval_interval_ms);
         cfg.snapshot_interval_ms = self.settings.snapshot_interval.as_millis() as i64;
         cfg.sleep_after_ms = self.settings.sleep_after.map(|d| d.as_millis() as i64);
         cfg.output_rows_per_tick = limits.output_rows_per_tick;
@@ -1790,6 +2014,52 @@ fn commit_definition(
     }
     ddl.commit(&core.store, set)?;
     Ok(sink)
+}
+
+/// Why a flow whose sources are `missing` is not created.
+fn missing_sources_error(flow: &str, missing: &[TableName]) -> crate::error::Error {
+    let names = missing
+        .iter()
+        .map(|t| display_name(&t.database, &t.table))
+        .collect::<Vec<_>>()
+        .join(", ");
+    NotFoundSnafu {
+        message: format!(
+            "cannot create flow '{flow}': source table {names} does not exist; create it first, \
+             or create the flow WITH (defer_on_missing_source = 'true') to start it once its \
+             sources exist"
+        ),
+    }
+    .build()
+}
+
+/// `EVAL INTERVAL` as GreptimeDB counts it: a positive number of whole
+/// seconds (sandflow keeps the milliseconds written).
+fn parse_eval_interval(text: &str) -> Result<i64> {
+    let ms = parse_interval(text).map_err(|m| {
+        SqlSnafu {
+            message: format!("EVAL INTERVAL: {m}"),
+        }
+        .build()
+    })?;
+    if ms < 1000 {
+        return SqlSnafu {
+            message: format!(
+                "EVAL INTERVAL '{text}' is shorter than 1 second; GreptimeDB counts it in whole \
+                 seconds, so write e.g. '1s' or '1m' (a flow with pending input ticks every \
+                 tick_interval anyway, 200ms by default)"
+            ),
+        }
+        .fail();
+    }
+    Ok(ms)
+}
+
+/// A flow's tick interval: the server's, or its `EVAL INTERVAL` when that is
+/// shorter (it bounds how long the sink lags; it never slows ticks down).
+fn tick_interval_ms(server: Duration, eval_interval_ms: Option<i64>) -> i64 {
+    let server = server.as_millis().min(i64::MAX as u128) as i64;
+    eval_interval_ms.map_or(server, |e| server.min(e))
 }
 
 fn limits(defaults: &FlowLimits, options: &FlowOptions) -> FlowLimits {

@@ -13,6 +13,8 @@ pub const KNOWN_OPTIONS: &[&str] = &[
     "cpu_limit_per_tick",
     "output_rows_limit_per_tick",
     "state_size_limit",
+    "defer_on_missing_source",
+    "experimental_enable_incremental_read",
 ];
 
 /// Parsed `WITH (...)` options of a flow.
@@ -28,11 +30,30 @@ pub struct FlowOptions {
     pub output_rows_limit_per_tick: Option<u64>,
     /// Most bytes of operator state the flow may keep.
     pub state_size_limit: Option<u64>,
+    /// GreptimeDB's `defer_on_missing_source`: create the flow even when a
+    /// source table does not exist yet.
+    pub defer_on_missing_source: Option<bool>,
+    /// GreptimeDB's `experimental_enable_incremental_read`: accepted, and
+    /// changes nothing (sandflow's flows always read incrementally).
+    pub experimental_enable_incremental_read: Option<bool>,
 }
 
 impl FlowOptions {
     pub fn backfill(&self) -> bool {
         self.backfill.unwrap_or(true)
+    }
+
+    pub fn defer_on_missing_source(&self) -> bool {
+        self.defer_on_missing_source.unwrap_or(false)
+    }
+}
+
+/// `'true'` or `'false'`, any case, blanks around ignored.
+fn parse_bool(key: &str, value: &str) -> Result<bool, String> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(format!("{key} must be 'true' or 'false', not '{value}'")),
     }
 }
 
@@ -41,12 +62,12 @@ pub fn parse_options(pairs: &[(String, String)]) -> Result<FlowOptions, String> 
     let mut out = FlowOptions::default();
     for (key, value) in pairs {
         match key.as_str() {
-            "backfill" => {
-                out.backfill = Some(match value.to_ascii_lowercase().as_str() {
-                    "true" => true,
-                    "false" => false,
-                    _ => return Err(format!("backfill must be 'true' or 'false', not '{value}'")),
-                })
+            "backfill" => out.backfill = Some(parse_bool(key, value)?),
+            "defer_on_missing_source" => {
+                out.defer_on_missing_source = Some(parse_bool(key, value)?)
+            }
+            "experimental_enable_incremental_read" => {
+                out.experimental_enable_incremental_read = Some(parse_bool(key, value)?)
             }
             "memory_limit" => out.memory_limit = Some(parse_size(value)?),
             "cpu_limit_per_tick" => {
@@ -156,7 +177,11 @@ mod tests {
         assert_eq!(o.cpu_limit_per_tick, Some(Duration::from_millis(100)));
         let e = parse_options(&[("nope".into(), "1".into())]).unwrap_err();
         assert!(
-            e.contains("backfill, memory_limit, cpu_limit_per_tick, output_rows_limit_per_tick, state_size_limit"),
+            e.contains(
+                "backfill, memory_limit, cpu_limit_per_tick, output_rows_limit_per_tick, \
+                        state_size_limit, defer_on_missing_source, \
+                        experimental_enable_incremental_read"
+            ),
             "{e}"
         );
         let o = parse_options(&[
@@ -169,6 +194,22 @@ mod tests {
         assert!(parse_options(&[("output_rows_limit_per_tick".into(), "0".into())]).is_err());
         assert!(parse_options(&[("output_rows_limit_per_tick".into(), "many".into())]).is_err());
         assert!(parse_options(&[("backfill".into(), "maybe".into())]).is_err());
+        let o = parse_options(&[
+            ("defer_on_missing_source".into(), "TRUE".into()),
+            (
+                "experimental_enable_incremental_read".into(),
+                " false ".into(),
+            ),
+        ])
+        .unwrap();
+        assert!(o.defer_on_missing_source());
+        assert_eq!(o.experimental_enable_incremental_read, Some(false));
+        assert!(!FlowOptions::default().defer_on_missing_source());
+        let e = parse_options(&[("defer_on_missing_source".into(), "1".into())]).unwrap_err();
+        assert!(
+            e.contains("defer_on_missing_source must be 'true' or 'false'"),
+            "{e}"
+        );
         assert!(parse_size("12 parsecs").is_err());
         assert_eq!(parse_size("1048576"), Ok(1 << 20));
     }

@@ -61,10 +61,12 @@ pub fn rewrite_system_tables(stmt: &mut Statement) {
     });
 }
 
-/// The columns of `information_schema.flows` (GreptimeDB's, plus `status`,
+/// The columns of `information_schema.flows` (GreptimeDB's, plus `status`
+/// (`running`, `failed`, or `pending` for a flow waiting for its sources),
 /// `last_error`, `rows_written`, `failures`, `restarts`, `lag_ms`,
-/// `next_restart_time` and `asleep`: whether the flow is idle, its state kept
-/// as a snapshot and its sandbox released until input arrives).
+/// `next_restart_time`, `asleep`: whether the flow is idle, its state kept
+/// as a snapshot and its sandbox released until input arrives, and
+/// `eval_interval`: its `EVAL INTERVAL` in seconds, as `expire_after`).
 pub fn flows_schema() -> SchemaRef {
     let ts = || DataType::Timestamp(TimeUnit::Millisecond, None);
     Arc::new(Schema::new(vec![
@@ -91,6 +93,7 @@ pub fn flows_schema() -> SchemaRef {
         Field::new("lag_ms", DataType::Int64, false),
         Field::new("next_restart_time", ts(), true),
         Field::new("asleep", DataType::Boolean, false),
+        Field::new("eval_interval", DataType::Int64, true),
     ]))
 }
 
@@ -156,7 +159,9 @@ pub fn flows_batch(flows: &[FlowInfo], now: i64) -> datafusion::common::Result<R
         ),
         s(&|f| json_list(f.def.source_names().into_iter())),
         s(&|f| {
-            if f.status.error.is_some() {
+            if f.def.pending {
+                "pending".to_string()
+            } else if f.status.error.is_some() {
                 "failed".to_string()
             } else {
                 "running".to_string()
@@ -198,6 +203,12 @@ pub fn flows_batch(flows: &[FlowInfo], now: i64) -> datafusion::common::Result<R
                 .iter()
                 .map(|f| Some(f.status.asleep))
                 .collect::<datafusion::arrow::array::BooleanArray>(),
+        ),
+        Arc::new(
+            flows
+                .iter()
+                .map(|f| f.def.eval_interval_ms.map(|ms| ms / 1000))
+                .collect::<Int64Array>(),
         ),
     ];
     Ok(RecordBatch::try_new(flows_schema(), columns)?)

@@ -198,7 +198,9 @@ pub fn result_schema(stmt: &Stmt) -> Option<Arc<Schema>> {
         )))
     };
     match stmt {
-        Stmt::ShowTables { .. } => strings(&["Tables"]),
+        Stmt::ShowTables { database, .. } => strings(&[&tables_column(
+            database.as_deref().unwrap_or(DEFAULT_DATABASE),
+        )]),
         Stmt::ShowDatabases { .. } => strings(&["Database"]),
         Stmt::ShowCreateTable(_) => strings(&["Table", "Create Table"]),
         Stmt::Describe(_) => strings(&DESCRIBE_COLUMNS),
@@ -207,6 +209,12 @@ pub fn result_schema(stmt: &Stmt) -> Option<Arc<Schema>> {
         Stmt::Admin { function, args } if args.len() == 1 => Some(admin_schema(function, &args[0])),
         _ => None,
     }
+}
+
+/// The column of `SHOW TABLES [FROM db]`: `Tables_in_<db>`, as GreptimeDB
+/// (and MySQL) name it.
+fn tables_column(database: &str) -> String {
+    format!("Tables_in_{database}")
 }
 
 /// The columns of `DESC TABLE`.
@@ -314,6 +322,8 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
                 ct.if_not_exists,
             )
             .await?;
+            // It may be what a pending flow waits for.
+            core.flows.start_pending(core, ctx).await;
             Ok(affected("CREATE TABLE", 0))
         }
         Stmt::CreateDatabase {
@@ -360,7 +370,10 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
                 .map(|t| t.info.name.clone())
                 .filter(|n| like.as_deref().is_none_or(|p| like_match(p, n)))
                 .collect();
-            string_rows(&["Tables"], names.into_iter().map(|n| vec![n]).collect())
+            string_rows(
+                &[&tables_column(&database)],
+                names.into_iter().map(|n| vec![n]).collect(),
+            )
         }
         Stmt::ShowDatabases { like } => {
             let names: Vec<String> = core
@@ -379,13 +392,17 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
             )
         }
         Stmt::Describe(name) => describe(core, &name),
+        // 0 rows, as GreptimeDB reports (whether or not IF [NOT] EXISTS
+        // found something to do), like CREATE and DROP TABLE.
         Stmt::CreateFlow(flow) => {
-            let created = core.flows.create(core, ctx, flow).await?;
-            Ok(affected("CREATE FLOW", created as u64))
+            core.flows.create(core, ctx, flow).await?;
+            // Its new sink may be what a pending flow waits for.
+            core.flows.start_pending(core, ctx).await;
+            Ok(affected("CREATE FLOW", 0))
         }
         Stmt::DropFlow { name, if_exists } => {
-            let dropped = core.flows.drop_flow(core, &name, if_exists).await?;
-            Ok(affected("DROP FLOW", dropped as u64))
+            core.flows.drop_flow(core, &name, if_exists).await?;
+            Ok(affected("DROP FLOW", 0))
         }
         Stmt::ShowFlows { like } => {
             let names: Vec<Vec<String>> = core
@@ -483,9 +500,31 @@ async fn admin(
             let resumed = core.flows.resume(core, ctx, name).await?;
             admin_output(function, name, resumed as i64)
         }
+        // Every commit is durable when it returns, so there is nothing to
+        // flush: 0, as GreptimeDB answers, once the table is found.
+        "flush_table" => {
+            let [name] = args else {
+                return SqlSnafu {
+                    message: "FLUSH_TABLE takes one argument, the table's name: ADMIN FLUSH_TABLE('name')",
+                }
+                .fail();
+            };
+            let (database, table) = match name.split_once('.') {
+                Some((d, t)) => (d, t),
+                None => (DEFAULT_DATABASE, name.as_str()),
+            };
+            if core.catalog.table(database, table)?.is_none() {
+                return NotFoundSnafu {
+                    message: format!("table '{name}' does not exist; see SHOW TABLES"),
+                }
+                .fail();
+            }
+            admin_output(function, name, 0)
+        }
         other => UnsupportedSnafu {
             message: format!(
-                "ADMIN {other} is not supported; supported: ADMIN FLUSH_FLOW('name'), ADMIN RESUME_FLOW('name')"
+                "ADMIN {other} is not supported; supported: ADMIN FLUSH_FLOW('name'), \
+                 ADMIN RESUME_FLOW('name'), ADMIN FLUSH_TABLE('table')"
             ),
         }
         .fail(),

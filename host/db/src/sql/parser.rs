@@ -59,7 +59,8 @@ pub struct CreateTable {
 }
 
 /// `CREATE [OR REPLACE] FLOW [IF NOT EXISTS] name SINK TO table
-/// [EXPIRE AFTER interval] [COMMENT '...'] [WITH (k = 'v', ...)] AS SELECT ...`
+/// [EXPIRE AFTER interval] [EVAL INTERVAL interval] [COMMENT '...']
+/// [WITH (k = 'v', ...)] AS SELECT ...` (the clauses in any order).
 #[derive(Debug, Clone, PartialEq)]
 pub struct CreateFlow {
     pub name: String,
@@ -68,6 +69,8 @@ pub struct CreateFlow {
     pub sink: TableName,
     /// The interval text as written (`'5 minutes'`, `INTERVAL '1 hour'` gives `1 hour`).
     pub expire_after: Option<String>,
+    /// `EVAL INTERVAL '1m'`: the interval text as written, like `expire_after`.
+    pub eval_interval: Option<String>,
     pub comment: Option<String>,
     /// `WITH (k = 'v')` options, keys lower-cased, in the order written.
     pub options: Vec<(String, String)>,
@@ -862,6 +865,7 @@ pub fn parse_dialect(sql: &str, dialect: Dialect) -> Result<Vec<Stmt>> {
 /// `sql`, after the nesting guard.
 fn parse_tokens(tokens: Vec<TokenWithSpan>, sql: &str, dialect: Dialect) -> Result<Vec<Stmt>> {
     check_nesting_tokens(&tokens, dialect.reader())?;
+    let tokens = greptime_values(tokens);
     let mut p = match dialect {
         Dialect::Generic => Parser::new(&GenericDialect {}),
         Dialect::Postgres => Parser::new(&PostgreSqlDialect {}),
@@ -882,6 +886,60 @@ fn parse_tokens(tokens: Vec<TokenWithSpan>, sql: &str, dialect: Dialect) -> Resu
         }
     }
     Ok(out)
+}
+
+/// GreptimeDB's reading of an `INSERT ... VALUES` list (MySQL's too): a row
+/// element that is one double-quoted token is a string (`VALUES (1, "a")`),
+/// and a row may end with a comma (`VALUES (1, 2,)`). Only the elements of
+/// the rows themselves: double quotes elsewhere, nested in an expression of
+/// a row included, still quote identifiers.
+fn greptime_values(mut tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSpan> {
+    let code = |t: &TokenWithSpan| !matches!(t.token, Token::Whitespace(_));
+    let mut depth = 0usize;
+    let mut insert = false;
+    let mut in_values = false;
+    // Whether the previous code token was `(` or `,` (a row element starts).
+    let mut element_start = false;
+    let mut drop = Vec::new();
+    for i in 0..tokens.len() {
+        if !code(&tokens[i]) {
+            continue;
+        }
+        let next = tokens[i + 1..].iter().find(|t| code(t)).map(|t| &t.token);
+        match &tokens[i].token {
+            Token::SemiColon => {
+                (depth, insert, in_values) = (0, false, false);
+            }
+            Token::LParen => depth += 1,
+            Token::RParen => depth = depth.saturating_sub(1),
+            Token::Word(w) if depth == 0 && w.keyword == Keyword::INSERT => insert = true,
+            Token::Word(w) if depth == 0 && insert && w.keyword == Keyword::VALUES => {
+                in_values = true
+            }
+            Token::Comma if in_values && depth == 1 && next == Some(&Token::RParen) => {
+                drop.push(i);
+            }
+            Token::Word(w)
+                if in_values
+                    && depth == 1
+                    && w.quote_style == Some('"')
+                    && element_start
+                    && matches!(next, Some(Token::RParen | Token::Comma)) =>
+            {
+                let value = w.value.clone();
+                tokens[i].token = Token::SingleQuotedString(value);
+            }
+            Token::Comma => {}
+            // Past the rows (ON CONFLICT, RETURNING, ...).
+            _ if depth == 0 => in_values = false,
+            _ => {}
+        }
+        element_start = matches!(tokens[i].token, Token::LParen | Token::Comma);
+    }
+    for i in drop.into_iter().rev() {
+        tokens.remove(i);
+    }
+    tokens
 }
 
 /// Lexes a script once, cuts it at its `;` tokens (as [`split`] does) and
@@ -1291,6 +1349,7 @@ fn parse_create_flow(p: &mut Parser, sql: &str, or_replace: bool) -> Result<Crea
         if_not_exists,
         sink,
         expire_after: None,
+        eval_interval: None,
         comment: None,
         options: Vec::new(),
         query: String::new(),
@@ -1299,29 +1358,11 @@ fn parse_create_flow(p: &mut Parser, sql: &str, or_replace: bool) -> Result<Crea
         if is_word(p, 0, "EXPIRE") && is_word(p, 1, "AFTER") {
             p.next_token();
             p.next_token();
-            let interval = p.parse_keyword(Keyword::INTERVAL);
-            let mut text = match p.next_token().token {
-                Token::SingleQuotedString(s) | Token::DoubleQuotedString(s) => s,
-                Token::Number(n, _) if interval => n,
-                other => {
-                    return Err(syntax(format!(
-                        "expected an interval after EXPIRE AFTER (e.g. '1 hour' or INTERVAL '5 minutes'), found {other}"
-                    )))
-                }
-            };
-            // INTERVAL '1' HOUR
-            if interval {
-                if let Token::Word(w) = &p.peek_token().token {
-                    if w.keyword != Keyword::COMMENT
-                        && w.keyword != Keyword::WITH
-                        && w.keyword != Keyword::AS
-                    {
-                        text = format!("{text} {}", w.value);
-                        p.next_token();
-                    }
-                }
-            }
-            flow.expire_after = Some(text);
+            flow.expire_after = Some(interval_text(p, "EXPIRE AFTER")?);
+        } else if is_word(p, 0, "EVAL") && is_kw(p, 1, Keyword::INTERVAL) {
+            p.next_token();
+            p.next_token();
+            flow.eval_interval = Some(interval_text(p, "EVAL INTERVAL")?);
         } else if p.parse_keyword(Keyword::COMMENT) {
             flow.comment = Some(p.parse_literal_string().map_err(sql_err)?);
         } else if p.parse_keyword(Keyword::WITH) {
@@ -1351,6 +1392,54 @@ fn parse_create_flow(p: &mut Parser, sql: &str, or_replace: bool) -> Result<Crea
         .trim()
         .to_string();
     Ok(flow)
+}
+
+/// The interval after `EXPIRE AFTER` or `EVAL INTERVAL`, as text: `'1 hour'`,
+/// `INTERVAL '5 minutes'` (gives `5 minutes`) or `INTERVAL '1' HOUR` (gives
+/// `1 HOUR`).
+fn interval_text(p: &mut Parser, clause: &str) -> Result<String> {
+    let interval = p.parse_keyword(Keyword::INTERVAL);
+    let mut text = match p.next_token().token {
+        Token::SingleQuotedString(s) | Token::DoubleQuotedString(s) => s,
+        Token::Number(n, _) if interval => n,
+        other => {
+            return Err(syntax(format!(
+                "expected an interval after {clause} (e.g. '1 hour' or INTERVAL '5 minutes'), found {other}"
+            )))
+        }
+    };
+    // INTERVAL '1' HOUR: only a unit, not the next clause (EVAL, COMMENT, ...).
+    if interval {
+        if let Token::Word(w) = &p.peek_token().token {
+            if w.quote_style.is_none() && is_interval_unit(&w.value) {
+                text = format!("{text} {}", w.value);
+                p.next_token();
+            }
+        }
+    }
+    Ok(text)
+}
+
+fn is_interval_unit(word: &str) -> bool {
+    const UNITS: &[&str] = &[
+        "millisecond",
+        "milliseconds",
+        "second",
+        "seconds",
+        "minute",
+        "minutes",
+        "hour",
+        "hours",
+        "day",
+        "days",
+        "week",
+        "weeks",
+        "month",
+        "months",
+        "year",
+        "years",
+    ];
+    UNITS.iter().any(|u| u.eq_ignore_ascii_case(word))
 }
 
 /// `(k = 'v', ...)` after WITH: keys lower-cased, values as written.
@@ -1688,6 +1777,86 @@ mod tests {
         assert_eq!(f.expire_after.as_deref(), Some("2 days 1h"));
         assert!(parse("CREATE FLOW g SINK o AS SELECT 1").is_err());
         assert!(parse("CREATE FLOW g SINK TO o SELECT 1").is_err());
+    }
+
+    #[test]
+    fn greptime_values_lists() {
+        let one = |sql: &str, dialect: Dialect| -> String {
+            match parse_dialect(sql, dialect).unwrap().as_slice() {
+                [Stmt::Query(q)] => q.to_string(),
+                other => panic!("{other:?}"),
+            }
+        };
+        for dialect in [Dialect::Generic, Dialect::Postgres] {
+            assert_eq!(
+                one(
+                    "INSERT INTO \"T\" (\"c\", d) VALUES (20, \"2021-07-01 00:00:00.200\"), (\"x\" , 1 ,)",
+                    dialect
+                ),
+                "INSERT INTO \"T\" (\"c\", d) VALUES (20, '2021-07-01 00:00:00.200'), ('x', 1)"
+            );
+            // Nested in an expression, in a query, after the rows: identifiers.
+            assert_eq!(
+                one("INSERT INTO t VALUES (upper(\"a\"), \"b\" || 'c')", dialect),
+                "INSERT INTO t VALUES (upper(\"a\"), \"b\" || 'c')"
+            );
+            assert_eq!(
+                one("INSERT INTO t SELECT \"a\", 1 FROM u", dialect),
+                "INSERT INTO t SELECT \"a\", 1 FROM u"
+            );
+            assert_eq!(
+                one("SELECT * FROM (VALUES (\"a\", 1)) AS v", dialect),
+                "SELECT * FROM (VALUES (\"a\", 1)) AS v"
+            );
+            // A trailing comma only inside a row of the VALUES list.
+            assert!(parse_dialect("SELECT f(1,) FROM t", dialect).is_err());
+            assert!(parse_dialect("INSERT INTO t VALUES (f(1,))", dialect).is_err());
+            assert!(parse_dialect("INSERT INTO t VALUES (1),", dialect).is_err());
+            // Each statement of a script on its own.
+            let script = parse_script(
+                "INSERT INTO t VALUES (\"a\",); SELECT \"a\" FROM t",
+                dialect,
+            )
+            .unwrap();
+            assert_eq!(script.len(), 2);
+            assert!(
+                matches!(&script[1].1, Stmt::Query(q) if q.to_string() == "SELECT \"a\" FROM t")
+            );
+        }
+        // EXPLAIN INSERT reads its rows the same way.
+        assert_eq!(
+            one("EXPLAIN INSERT INTO t VALUES (\"a\",)", Dialect::Generic),
+            "EXPLAIN INSERT INTO t VALUES ('a')"
+        );
+    }
+
+    #[test]
+    fn eval_interval() {
+        // GreptimeDB's order: EXPIRE AFTER, EVAL INTERVAL, COMMENT, WITH.
+        let s = parse(
+            "CREATE FLOW f SINK TO o EXPIRE AFTER INTERVAL '1' HOUR EVAL INTERVAL '1m' \
+             COMMENT 'c' WITH (backfill = 'false') AS SELECT x FROM t",
+        )
+        .unwrap();
+        let Stmt::CreateFlow(f) = &s[0] else { panic!() };
+        assert_eq!(f.expire_after.as_deref(), Some("1 HOUR"));
+        assert_eq!(f.eval_interval.as_deref(), Some("1m"));
+        assert_eq!(f.comment.as_deref(), Some("c"));
+        assert_eq!(f.query, "SELECT x FROM t");
+        // INTERVAL '...' after EVAL INTERVAL's own INTERVAL, and a unit word.
+        let s = parse("CREATE FLOW f SINK TO o EXPIRE AFTER INTERVAL '5 minutes' EVAL INTERVAL INTERVAL '30' SECOND AS SELECT x FROM t").unwrap();
+        let Stmt::CreateFlow(f) = &s[0] else { panic!() };
+        assert_eq!(f.expire_after.as_deref(), Some("5 minutes"));
+        assert_eq!(f.eval_interval.as_deref(), Some("30 SECOND"));
+        let Stmt::CreateFlow(f) = &parse("CREATE FLOW f SINK TO o AS SELECT x FROM t").unwrap()[0]
+        else {
+            panic!()
+        };
+        assert_eq!(f.eval_interval, None);
+        let e = parse("CREATE FLOW f SINK TO o EVAL INTERVAL AS SELECT x FROM t")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("EVAL INTERVAL"), "{e}");
     }
 
     fn guard_message(sql: &str) -> String {
