@@ -936,6 +936,8 @@ impl FlowManager {
             slot: None,
             _readers: Vec::new(),
             incarnation: self.incarnations.fetch_add(1, Ordering::Relaxed),
+            recording: Arc::new(RecordingState::default()),
+            sources: Vec::new(),
             def,
         })
     }
