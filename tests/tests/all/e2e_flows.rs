@@ -144,7 +144,7 @@ fn or_replace_and_if_not_exists() {
     let show = || s.sql("SHOW CREATE FLOW hosts");
     let old_text = show();
     assert!(old_text.starts_with("hosts|"), "{old_text}");
-    assert!(old_text.contains("SINK TO per_host"), "{old_text}");
+    assert!(old_text.contains("SINK TO public.per_host"), "{old_text}");
     assert!(old_text.contains(OLD), "{old_text}");
 
     // Plain CREATE of an existing name.
@@ -184,7 +184,7 @@ fn or_replace_and_if_not_exists() {
         "CREATE OR REPLACE FLOW hosts SINK TO per_host AS {NEW}"
     ));
     let new_text = show();
-    assert!(new_text.contains("SINK TO per_host"), "{new_text}");
+    assert!(new_text.contains("SINK TO public.per_host"), "{new_text}");
     assert!(new_text.contains(NEW), "{new_text}");
     flush(&s, "hosts");
     // a: 200 and 404; b: 200; c is filtered out by the new query, its old row stays.
@@ -595,8 +595,26 @@ fn show_information_schema_and_drop() {
     let text = s.sql("SHOW CREATE FLOW daily");
     assert!(text.starts_with("daily|"), "{text}");
     assert!(text.contains("CREATE FLOW"), "{text}");
-    assert!(text.contains("SINK TO per_day"), "{text}");
+    // As GreptimeDB prints it: the sink with its database, intervals in
+    // seconds, the query as the parser writes it back.
+    assert!(text.contains("SINK TO public.per_day"), "{text}");
+    assert!(text.contains("EXPIRE AFTER '176520 s'"), "{text}");
     assert!(text.contains(DAILY), "{text}");
+    let lower = s.sql(
+        "CREATE FLOW lower_case SINK TO per_lower AS select host, count(*) as n from requests \
+         where   status > 1 group by host",
+    );
+    assert_eq!(lower, "CREATE FLOW");
+    let text = s.sql("SHOW CREATE FLOW lower_case");
+    assert!(
+        text.contains("AS SELECT host, count(*) AS n FROM requests WHERE status > 1 GROUP BY host"),
+        "{text}"
+    );
+    assert_eq!(
+        flow_info(&s, "lower_case", "source_table_names"),
+        "greptime.public.requests"
+    );
+    s.sql("DROP FLOW lower_case");
     s.sql_err("SHOW CREATE FLOW ghost");
 
     // Every column is there.

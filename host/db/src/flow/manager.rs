@@ -211,18 +211,22 @@ impl FlowDef {
             .collect()
     }
 
-    /// The statement `SHOW CREATE FLOW` prints.
+    /// The statement `SHOW CREATE FLOW` prints, shaped as GreptimeDB prints
+    /// it: the sink with its database, intervals in seconds, the query as
+    /// the SQL parser writes it back (keywords in capitals, one space
+    /// between tokens).
     pub fn create_statement(&self) -> String {
         let mut s = format!(
-            "CREATE FLOW IF NOT EXISTS {}\nSINK TO {}\n",
+            "CREATE FLOW IF NOT EXISTS {}\nSINK TO {}.{}\n",
             quote_ident(&self.name),
-            self.sink_name()
+            quote_ident(&self.sink_database),
+            quote_ident(&self.sink_table)
         );
         if let Some(ms) = self.expire_after_ms {
-            s.push_str(&format!("EXPIRE AFTER '{}'\n", format_interval(ms)));
+            s.push_str(&format!("EXPIRE AFTER '{}'\n", seconds_text(ms)));
         }
         if let Some(ms) = self.eval_interval_ms {
-            s.push_str(&format!("EVAL INTERVAL '{}'\n", format_interval(ms)));
+            s.push_str(&format!("EVAL INTERVAL '{}'\n", seconds_text(ms)));
         }
         if let Some(c) = &self.comment {
             s.push_str(&format!("COMMENT '{}'\n", c.replace('\'', "''")));
@@ -236,8 +240,38 @@ impl FlowDef {
             s.push_str(&format!("WITH ({})\n", opts.join(", ")));
         }
         s.push_str("AS ");
-        s.push_str(&self.query);
+        s.push_str(&normalized_query(&self.query));
         s
+    }
+
+    /// The sources as GreptimeDB's `information_schema.flows` names them:
+    /// `greptime.<database>.<table>`, comma-separated.
+    pub fn source_table_names(&self) -> String {
+        self.sources
+            .iter()
+            .map(|(d, t)| format!("greptime.{d}.{t}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// `'<n> s'` as GreptimeDB writes intervals, or milliseconds for a part of
+/// a second.
+fn seconds_text(ms: i64) -> String {
+    match ms % 1000 {
+        0 => format!("{} s", ms / 1000),
+        _ => format!("{ms} ms"),
+    }
+}
+
+/// The query as the SQL parser writes it back; as written if it does not
+/// parse alone.
+fn normalized_query(query: &str) -> String {
+    use datafusion::sql::sqlparser::dialect::GenericDialect;
+    use datafusion::sql::sqlparser::parser::Parser;
+    match Parser::parse_sql(&GenericDialect {}, query) {
+        Ok(statements) if statements.len() == 1 => statements[0].to_string(),
+        _ => query.to_string(),
     }
 }
 

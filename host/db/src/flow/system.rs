@@ -157,7 +157,7 @@ pub fn flows_batch(flows: &[FlowInfo], now: i64) -> datafusion::common::Result<R
                 .map(|f| f.status.last_execution_ms)
                 .collect::<TimestampMillisecondArray>(),
         ),
-        s(&|f| json_list(f.def.source_names().into_iter())),
+        s(&|f| f.def.source_table_names()),
         s(&|f| {
             if f.def.pending {
                 "pending".to_string()
