@@ -24,6 +24,19 @@ pub enum Error {
     /// The statement is valid SQL but refers to something that is not there.
     #[snafu(display("{message}"))]
     NotFound { message: String },
+    /// No flow of that name (GreptimeDB's code 8001).
+    #[snafu(display("{message}"))]
+    FlowNotFound { message: String },
+    /// A flow of that name exists already (GreptimeDB's code 8000).
+    #[snafu(display("{message}"))]
+    FlowExists { message: String },
+    /// A table of that name exists already (GreptimeDB's code 4000, SQLSTATE
+    /// 42P07).
+    #[snafu(display("{message}"))]
+    TableExists { message: String },
+    /// No database of that name (GreptimeDB's code 4004, SQLSTATE 3D000).
+    #[snafu(display("{message}"))]
+    DatabaseNotFound { message: String },
     /// Valid SQL that sandflow does not implement (yet).
     #[snafu(display("{message}"))]
     Unsupported { message: String },
@@ -56,6 +69,18 @@ impl Error {
                 message: message.clone(),
             },
             Error::NotFound { message } => Error::NotFound {
+                message: message.clone(),
+            },
+            Error::FlowNotFound { message } => Error::FlowNotFound {
+                message: message.clone(),
+            },
+            Error::FlowExists { message } => Error::FlowExists {
+                message: message.clone(),
+            },
+            Error::TableExists { message } => Error::TableExists {
+                message: message.clone(),
+            },
+            Error::DatabaseNotFound { message } => Error::DatabaseNotFound {
                 message: message.clone(),
             },
             Error::TooComplex { message } => Error::TooComplex {

@@ -161,6 +161,10 @@ pub fn error_code(e: &Error) -> u32 {
         Error::Sql { .. } => 2000,
         Error::TooComplex { .. } => 2000,
         Error::NotFound { .. } => 4001,
+        Error::TableExists { .. } => 4000,
+        Error::DatabaseNotFound { .. } => 4004,
+        Error::FlowExists { .. } => 8000,
+        Error::FlowNotFound { .. } => 8001,
         Error::Unsupported { .. } => 1001,
         Error::InvalidData { .. } | Error::InvalidEncoding { .. } => 1004,
         // GreptimeDB's Cancelled and DeadlineExceeded.
@@ -187,7 +191,10 @@ pub fn error_status(e: &Error) -> StatusCode {
         | Error::Unsupported { .. } => StatusCode::BAD_REQUEST,
         Error::Cancelled { .. } => StatusCode::GATEWAY_TIMEOUT,
         Error::LimitExceeded { .. } => StatusCode::SERVICE_UNAVAILABLE,
-        Error::NotFound { .. } => StatusCode::NOT_FOUND,
+        Error::NotFound { .. } | Error::DatabaseNotFound { .. } | Error::FlowNotFound { .. } => {
+            StatusCode::NOT_FOUND
+        }
+        Error::TableExists { .. } | Error::FlowExists { .. } => StatusCode::BAD_REQUEST,
         Error::Storage { .. } | Error::Flow { .. } | Error::Internal { .. } => {
             StatusCode::INTERNAL_SERVER_ERROR
         }

@@ -578,6 +578,9 @@ fn error_kind(e: &Error) -> ErrorKind {
     match e {
         Error::Sql { .. } | Error::TooComplex { .. } => ErrorKind::ER_PARSE_ERROR,
         Error::NotFound { .. } => ErrorKind::ER_NO_SUCH_TABLE,
+        Error::TableExists { .. } => ErrorKind::ER_TABLE_EXISTS_ERROR,
+        Error::DatabaseNotFound { .. } => ErrorKind::ER_BAD_DB_ERROR,
+        Error::FlowNotFound { .. } | Error::FlowExists { .. } => ErrorKind::ER_UNKNOWN_ERROR,
         Error::Unsupported { .. } => ErrorKind::ER_NOT_SUPPORTED_YET,
         Error::InvalidData { .. } | Error::InvalidEncoding { .. } => {
             ErrorKind::ER_WRONG_VALUE_FOR_VAR

@@ -103,6 +103,23 @@ fn sql_endpoint() {
     assert!((400..500).contains(&status), "{status} {v}");
     let (status, _) = s.http("POST", "/v1/sql", None, "");
     assert_eq!(status, 400);
+    // GreptimeDB's codes, for clients that switch on them.
+    s.http_sql("CREATE FLOW f SINK TO f_out AS SELECT host, count(*) AS c FROM m GROUP BY host");
+    for (sql, code) in [
+        ("SELEC nonsense", 2000),
+        ("SELECT * FROM nope", 4001),
+        ("CREATE TABLE m (ts TIMESTAMP TIME INDEX)", 4000),
+        ("CREATE TABLE nodb.t (ts TIMESTAMP TIME INDEX)", 4004),
+        ("CREATE FLOW f SINK TO f_out AS SELECT host FROM m", 8000),
+        ("DROP FLOW ghost", 8001),
+        ("ADMIN FLUSH_FLOW('ghost')", 8001),
+        ("SHOW CREATE FLOW ghost", 8001),
+    ] {
+        let (status, v) = s.http_sql(sql);
+        assert!((400..500).contains(&status), "{sql}: {status} {v}");
+        assert_eq!(v["code"], json!(code), "{sql}: {v}");
+    }
+    s.http_sql("DROP FLOW f");
 
     // Still serving.
     let (status, v) = s.http_sql("SELECT count(*) AS c FROM m");

@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, MutexGuard, RwLock};
 
-use crate::error::{InternalSnafu, NotFoundSnafu, Result, SqlSnafu};
+use crate::error::{
+    DatabaseNotFoundSnafu, InternalSnafu, NotFoundSnafu, Result, SqlSnafu, TableExistsSnafu,
+};
 use crate::storage::{CommitInfo, MetaWrite, Store, WriteSet};
 
 pub use crate::schema::*;
@@ -182,7 +184,7 @@ impl Catalog {
             if if_exists {
                 return Ok(None);
             }
-            return NotFoundSnafu {
+            return DatabaseNotFoundSnafu {
                 message: format!("database '{name}' does not exist; see SHOW DATABASES"),
             }
             .fail();
@@ -300,7 +302,7 @@ impl DdlBatch<'_> {
         if self.database_exists(database)? {
             return Ok(());
         }
-        NotFoundSnafu {
+        DatabaseNotFoundSnafu {
             message: format!(
                 "database '{database}' does not exist; create it with CREATE DATABASE {database}"
             ),
@@ -331,7 +333,7 @@ impl DdlBatch<'_> {
         schema.validate()?;
         self.require_database(database)?;
         if self.table(database, name)?.is_some() {
-            return SqlSnafu {
+            return TableExistsSnafu {
                 message: format!(
                     "table '{}' already exists; use CREATE TABLE IF NOT EXISTS or DROP TABLE first",
                     display_name(database, name)

@@ -44,7 +44,8 @@ use super::status::{failure_message, FlowStatus, SharedStatus};
 use crate::catalog::{display_name, Table, TableInfo, TableSchema, DEFAULT_DATABASE};
 use crate::database::Core;
 use crate::error::{
-    FlowSnafu, InternalSnafu, NotFoundSnafu, Result, SqlSnafu, TooComplexSnafu, UnsupportedSnafu,
+    DatabaseNotFoundSnafu, FlowExistsSnafu, FlowNotFoundSnafu, FlowSnafu, InternalSnafu,
+    NotFoundSnafu, Result, SqlSnafu, TooComplexSnafu, UnsupportedSnafu,
 };
 use crate::runtime::{Digest, FlowLimits, RuntimeConfig, RuntimeError, Sandbox};
 use crate::sql::parser::{CreateFlow, TableName};
@@ -561,7 +562,7 @@ impl FlowManager {
 
     pub fn definition(&self, name: &str) -> Result<FlowDef> {
         self.get(name).map(|h| h.def.clone()).ok_or_else(|| {
-            NotFoundSnafu {
+            FlowNotFoundSnafu {
                 message: format!("flow '{name}' does not exist; see SHOW FLOWS"),
             }
             .build()
@@ -785,7 +786,7 @@ impl FlowManager {
                 return Ok(false);
             }
             if !stmt.or_replace {
-                return SqlSnafu {
+                return FlowExistsSnafu {
                     message: format!(
                         "flow '{}' already exists; use CREATE OR REPLACE FLOW to replace it, \
                          or CREATE FLOW IF NOT EXISTS to keep it",
@@ -1100,7 +1101,7 @@ impl FlowManager {
             if if_exists {
                 return Ok(false);
             }
-            return NotFoundSnafu {
+            return FlowNotFoundSnafu {
                 message: format!("flow '{name}' does not exist; see SHOW FLOWS"),
             }
             .fail();
@@ -1136,7 +1137,7 @@ impl FlowManager {
     ) -> Result<bool> {
         let _ddl = self.ddl.lock().await;
         let handle = self.find(name).ok_or_else(|| {
-            NotFoundSnafu {
+            FlowNotFoundSnafu {
                 message: format!("flow '{name}' does not exist; see SHOW FLOWS"),
             }
             .build()
@@ -1369,7 +1370,7 @@ impl FlowManager {
 
     fn require(&self, name: &str) -> Result<Arc<FlowHandle>> {
         self.find(name).ok_or_else(|| {
-            NotFoundSnafu {
+            FlowNotFoundSnafu {
                 message: format!("flow '{name}' does not exist; see SHOW FLOWS"),
             }
             .build()
@@ -1382,7 +1383,7 @@ impl FlowManager {
     /// counting ticks that ran on their own in between.
     pub async fn flush(&self, name: &str) -> Result<u64> {
         let handle = self.find(name).ok_or_else(|| {
-            NotFoundSnafu {
+            FlowNotFoundSnafu {
                 message: format!("flow '{name}' does not exist; see SHOW FLOWS"),
             }
             .build()
@@ -1561,7 +1562,7 @@ impl FlowManager {
             Some(t) => (SinkPlan::Existing(t.clone()), t),
             None => {
                 if !core.catalog.database_exists(&def.sink_database)? {
-                    return NotFoundSnafu {
+                    return DatabaseNotFoundSnafu {
                         message: format!(
                             "database '{0}' does not exist; create it with CREATE DATABASE {0}",
                             def.sink_database

@@ -23,7 +23,8 @@ use datafusion::sql::parser::Statement as DFStatement;
 use crate::catalog::{ColumnSchema, Table, TableSchema, DEFAULT_DATABASE, TTL_INSTANT};
 use crate::database::{Core, Output};
 use crate::error::{
-    Error, InternalSnafu, InvalidDataSnafu, NotFoundSnafu, Result, SqlSnafu, UnsupportedSnafu,
+    DatabaseNotFoundSnafu, Error, InternalSnafu, InvalidDataSnafu, NotFoundSnafu, Result, SqlSnafu,
+    UnsupportedSnafu,
 };
 use parser::{like_match, CreateTable, Stmt, TableName};
 use provider::blocking;
@@ -358,7 +359,7 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
         Stmt::ShowTables { database, like } => {
             let database = database.unwrap_or_else(|| DEFAULT_DATABASE.to_string());
             if !core.catalog.database_exists(&database)? {
-                return NotFoundSnafu {
+                return DatabaseNotFoundSnafu {
                     message: format!("database '{database}' does not exist; see SHOW DATABASES"),
                 }
                 .fail();

@@ -117,6 +117,12 @@ pub fn sqlstate(e: &Error) -> &'static str {
                 "42601"
             }
         }
+        // undefined_object, duplicate_object, duplicate_table,
+        // invalid_catalog_name
+        Error::FlowNotFound { .. } => "42704",
+        Error::FlowExists { .. } => "42710",
+        Error::TableExists { .. } => "42P07",
+        Error::DatabaseNotFound { .. } => "3D000",
         Error::NotFound { .. } => {
             if msg.contains("configuration parameter") {
                 "42704"
