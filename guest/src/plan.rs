@@ -556,6 +556,19 @@ fn args_of(f: &[substrait::proto::FunctionArgument]) -> Result<Vec<&Expression>,
         .collect()
 }
 
+/// Whether `e` is an interval literal.
+fn is_interval_literal(e: &Expression) -> bool {
+    matches!(
+        &e.rex_type,
+        Some(RexType::Literal(l)) if matches!(
+            l.literal_type,
+            Some(LiteralType::IntervalDayToSecond(_))
+                | Some(LiteralType::IntervalCompound(_))
+                | Some(LiteralType::IntervalYearToMonth(_))
+        )
+    )
+}
+
 /// Interval literal → nanoseconds (months must be zero).
 fn interval_ns(e: &Expression) -> Result<i64, FlowError> {
     use substrait::proto::expression::literal::interval_day_to_second::PrecisionMode;
@@ -834,6 +847,55 @@ fn lower_call(
             Ok(())
         }
     };
+    // timestamp ± a constant interval (DataFusion: `ts + INTERVAL '1 minute'`).
+    if matches!(name, "add" | "subtract") && raw.len() == 2 {
+        if let Some(i) = raw.iter().position(|e| is_interval_literal(e)) {
+            if name == "subtract" && i == 0 {
+                return Err(unsupported(
+                    "an interval minus a timestamp is not supported in flows",
+                ));
+            }
+            let ns = interval_ns(raw[i]).map_err(|_| {
+                unsupported(
+                    "interval arithmetic in flows takes a constant interval of days, hours, \
+                     minutes or seconds (not months or years)",
+                )
+            })?;
+            let (ts, n) = lower_expr(raw[1 - i], schema, ctx)?;
+            let t = ts.ty();
+            let Some(unit) = t.timestamp_unit_nanos() else {
+                return Err(unsupported(format!(
+                    "{name} of an interval to {t} is not supported in flows (timestamps only)"
+                )));
+            };
+            if ns % unit != 0 {
+                return Err(unsupported(format!(
+                    "interval of {ns} ns is finer than the timestamp's unit ({t})"
+                )));
+            }
+            let delta = if name == "subtract" {
+                -(ns / unit)
+            } else {
+                ns / unit
+            };
+            let sum = Expr::Call(
+                Func::Arith(Arith::Add),
+                vec![
+                    Expr::Cast(Box::new(ts), DataType::Int64),
+                    Expr::Lit(Lit::Int(delta), DataType::Int64),
+                ],
+                DataType::Int64,
+            );
+            let raw_ts = Expr::Cast(Box::new(sum), t);
+            let out = out_ty.unwrap_or(t);
+            let e = if out == t {
+                raw_ts
+            } else {
+                Expr::Cast(Box::new(raw_ts), out)
+            };
+            return Ok((e, n || out_null.unwrap_or(false)));
+        }
+    }
     let func = match name {
         "add" => Func::Arith(Arith::Add),
         "subtract" => Func::Arith(Arith::Sub),
