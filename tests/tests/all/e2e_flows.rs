@@ -302,16 +302,18 @@ fn create_and_drop_errors() {
     assert!(err.contains("ghost"), "{err}");
     s.sql("DROP FLOW IF EXISTS ghost");
 
-    // Tables a flow reads or writes cannot be dropped while it exists.
-    let err = s.sql_err("DROP TABLE a");
-    assert!(err.contains("a_to_b"), "{err}");
-    let err = s.sql_err("DROP TABLE b");
-    assert!(err.contains("a_to_b"), "{err}");
+    // As in GreptimeDB, a flow's tables may be dropped: the flow stops and
+    // says which table went, until DROP FLOW (or CREATE OR REPLACE).
+    s.sql("DROP TABLE b");
+    assert_eq!(flow_info(&s, "a_to_b", "status"), "failed");
+    let why = flow_info(&s, "a_to_b", "last_error");
+    assert!(why.contains("sink table 'public.b'"), "{why}");
+    let err = s.sql_err("ADMIN FLUSH_FLOW('a_to_b')");
+    assert!(err.contains("was dropped"), "{err}");
+    s.sql("DROP TABLE a");
     assert_eq!(lines(&s.sql("SHOW FLOWS")), vec!["a_to_b"]);
     s.sql("DROP FLOW a_to_b");
     assert_eq!(s.sql("SHOW FLOWS"), "");
-    s.sql("DROP TABLE a");
-    s.sql("DROP TABLE b");
     let tables = lines(&s.sql("SHOW TABLES"));
     assert!(!tables.contains(&"a".to_string()), "{tables:?}");
     assert!(!tables.contains(&"b".to_string()), "{tables:?}");

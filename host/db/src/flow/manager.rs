@@ -569,7 +569,50 @@ impl FlowManager {
         })
     }
 
-    /// Flows that read or write table `id` (DROP TABLE refuses them).
+    /// After DROP TABLE (or DROP DATABASE) of `table`: every running flow
+    /// that read or wrote it stops and is marked failed with a reason naming
+    /// the table, as GreptimeDB lets the table go. DROP FLOW, or CREATE OR
+    /// REPLACE FLOW once the table is back, repairs it. Pending flows keep
+    /// waiting.
+    pub(crate) fn table_dropped(&self, core: &Arc<Core>, table: &Table) {
+        let id = table.id();
+        for h in self.handles() {
+            let reads = h.source_ids.contains(&id);
+            if h.def.pending || !(reads || h.sink_id == Some(id)) {
+                continue;
+            }
+            self.halt(&h);
+            let role = if reads { "source" } else { "sink" };
+            let mut status = h.status.lock().map(|s| s.clone()).unwrap_or_default();
+            status.error = Some(format!(
+                "{role} table '{}' was dropped; drop the flow with DROP FLOW {}, or create the \
+                 table again and run CREATE OR REPLACE FLOW",
+                table.qualified_name(),
+                h.def.name
+            ));
+            status.failures += 1;
+            status.pending_since_ms = None;
+            let status = Arc::new(Mutex::new(status));
+            self.register_metrics(core, &h.def.name, &status);
+            let handle = Arc::new(FlowHandle {
+                def: h.def.clone(),
+                status,
+                source_ids: h.source_ids.clone(),
+                sink_id: h.sink_id,
+                slot: None,
+                _readers: h._readers.clone(),
+                incarnation: self.incarnations.fetch_add(1, Ordering::Relaxed),
+                recording: h.recording.clone(),
+                sources: h.sources.clone(),
+            });
+            warn!(flow = %h.def.name, "flow stopped: its {role} table {} was dropped", table.qualified_name());
+            if let Ok(mut f) = self.flows.write() {
+                f.insert(h.def.name.clone(), handle);
+            }
+        }
+    }
+
+    /// Flows that read or write table `id`.
     pub fn users_of(&self, id: u64) -> Vec<String> {
         self.handles()
             .iter()

@@ -343,16 +343,12 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
             Ok(affected("DROP TABLE", 0))
         }
         Stmt::DropDatabase { name, if_exists } => {
-            if core.catalog.database_exists(&name)? {
-                for t in core.catalog.tables(&name)? {
-                    check_no_flows(core, &t)?;
-                }
-            }
             let c = core.clone();
             let dropped =
                 blocking(move || c.catalog.drop_database(&c.store, &name, if_exists)).await?;
             for t in dropped.unwrap_or_default() {
                 core.forget_defaults(t.id());
+                core.flows.table_dropped(core, &t);
             }
             Ok(affected("DROP DATABASE", 0))
         }
@@ -608,32 +604,15 @@ pub(crate) async fn drop_table(
     name: &str,
     if_exists: bool,
 ) -> Result<bool> {
-    if let Some(t) = core.catalog.table(database, name)? {
-        check_no_flows(core, &t)?;
-    }
     let (c, database, name) = (core.clone(), database.to_string(), name.to_string());
     let dropped =
         blocking(move || c.catalog.drop_table(&c.store, &database, &name, if_exists)).await?;
     if let Some(t) = &dropped {
         core.forget_defaults(t.id());
+        // As in GreptimeDB, a flow's table may go: the flow fails, naming it.
+        core.flows.table_dropped(core, t);
     }
     Ok(dropped.is_some())
-}
-
-/// A table that a flow reads or writes cannot be dropped.
-fn check_no_flows(core: &Core, table: &Table) -> Result<()> {
-    let users = core.flows.users_of(table.id());
-    if users.is_empty() {
-        return Ok(());
-    }
-    SqlSnafu {
-        message: format!(
-            "table '{}' is used by flow(s) {}; drop the flow(s) first with DROP FLOW",
-            table.qualified_name(),
-            users.join(", ")
-        ),
-    }
-    .fail()
 }
 
 /// Turns a parsed CREATE TABLE into a table schema and options.
