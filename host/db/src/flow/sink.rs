@@ -45,6 +45,9 @@ pub enum SinkColumn {
     TickTime,
     /// Always 0 (`__ts_placeholder`).
     Zero,
+    /// Always NULL: a nullable column of an existing sink that the query
+    /// does not give (GreptimeDB fills such columns with NULL).
+    Null,
 }
 
 /// The stored column type of a flow output column.
@@ -219,6 +222,8 @@ pub fn fit(table: &Table, output: &[Field]) -> Result<Vec<SinkColumn>, String> {
         } else if c.data_type.is_timestamp() && !tick_time_used {
             tick_time_used = true;
             mapping[j] = Some(SinkColumn::TickTime);
+        } else if c.nullable && !key {
+            mapping[j] = Some(SinkColumn::Null);
         } else {
             problems.push(format!(
                 "sink column '{}' {} is not an output of the query",
@@ -290,6 +295,7 @@ pub fn writes(
                     .ok_or_else(|| format!("output has no column {i}"))?;
                 cast(a, &ty).map_err(|e| format!("cannot cast column '{}': {e}", c.name))?
             }
+            SinkColumn::Null => datafusion::arrow::array::new_null_array(&ty, rows),
             SinkColumn::TickTime | SinkColumn::Zero => {
                 let v = if *m == SinkColumn::TickTime {
                     tick_ms
@@ -474,7 +480,7 @@ mod tests {
             vec![
                 ColumnSchema::new("h", ColumnType::String, true),
                 ColumnSchema::new("n", ColumnType::Float32, true),
-                ColumnSchema::new("extra", ColumnType::String, true),
+                ColumnSchema::new("extra", ColumnType::String, false),
                 ColumnSchema::new("ts", ColumnType::TimestampMillisecond, false),
             ],
             "ts",
@@ -484,6 +490,28 @@ mod tests {
         .unwrap();
         let e = fit(&table(bad), &out).unwrap_err();
         assert!(e.contains("'n'") && e.contains("'extra'"), "{e}");
+        // A nullable column the query does not give is NULL.
+        let wider = TableSchema::new(
+            vec![
+                ColumnSchema::new("host", ColumnType::String, true),
+                ColumnSchema::new("c", ColumnType::Int32, true),
+                ColumnSchema::new("note", ColumnType::String, true),
+                ColumnSchema::new("ts", ColumnType::TimestampMillisecond, false),
+            ],
+            "ts",
+            &["host"],
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            fit(&table(wider), &out).unwrap(),
+            vec![
+                SinkColumn::Output(0),
+                SinkColumn::Output(1),
+                SinkColumn::Null,
+                SinkColumn::Zero
+            ]
+        );
     }
 
     #[test]
