@@ -57,6 +57,11 @@ pub struct ColumnSchema {
     pub default: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub comment: Option<String>,
+    /// A GreptimeDB index clause as given (`FULLTEXT INDEX WITH(...)`,
+    /// `SKIPPING INDEX`, `INVERTED INDEX`): kept and shown by SHOW CREATE
+    /// TABLE; rows are stored the same with or without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<String>,
 }
 
 impl ColumnSchema {
@@ -67,6 +72,7 @@ impl ColumnSchema {
             nullable,
             default: None,
             comment: None,
+            index: None,
         }
     }
 
@@ -87,6 +93,10 @@ pub struct TableSchema {
     pub primary_key: Vec<usize>,
     #[serde(default)]
     pub append_mode: bool,
+    /// GreptimeDB's `PARTITION ON COLUMNS (...) (...)` clause as given: kept
+    /// and shown by SHOW CREATE TABLE; a table is one partition here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
 }
 
 impl TableSchema {
@@ -115,6 +125,7 @@ impl TableSchema {
             time_index,
             primary_key,
             append_mode,
+            partition: None,
         };
         schema.columns[time_index].nullable = false;
         schema.validate()?;

@@ -163,6 +163,8 @@ impl ColumnType {
             "DOUBLE" | "DOUBLE PRECISION" | "FLOAT8" | "FLOAT64" => ColumnType::Float64,
             "STRING" | "TEXT" | "VARCHAR" | "CHAR" | "CHARACTER VARYING" | "CHARACTER"
             | "TINYTEXT" | "MEDIUMTEXT" | "LONGTEXT" => ColumnType::String,
+            // GreptimeDB's JSON: kept as its text.
+            "JSON" => ColumnType::String,
             "BINARY" | "VARBINARY" | "BYTEA" | "BLOB" | "BYTES" => ColumnType::Binary,
             "DATE" => ColumnType::Date,
             "TIMESTAMP" | "DATETIME" | "TIMESTAMP WITHOUT TIME ZONE" => match args {

@@ -682,6 +682,7 @@ pub fn schema_from_create(ct: &CreateTable) -> Result<(TableSchema, BTreeMap<Str
             nullable: !is_ts && c.nullable.unwrap_or(true),
             default: c.default.as_ref().map(|e| e.to_string()),
             comment: c.comment.clone(),
+            index: c.index.clone(),
         });
     }
     let mut append_mode = false;
@@ -732,7 +733,8 @@ pub fn schema_from_create(ct: &CreateTable) -> Result<(TableSchema, BTreeMap<Str
         }
     }
     let pk: Vec<&str> = primary_key.iter().map(String::as_str).collect();
-    let schema = TableSchema::new(columns, &time_index, &pk, append_mode)?;
+    let mut schema = TableSchema::new(columns, &time_index, &pk, append_mode)?;
+    schema.partition = ct.partition.clone();
     Ok((schema, options))
 }
 
@@ -807,6 +809,9 @@ pub fn show_create_table(table: &Table) -> String {
         if let Some(d) = &c.default {
             line.push_str(&format!(" DEFAULT {d}"));
         }
+        if let Some(index) = &c.index {
+            line.push_str(&format!(" {index}"));
+        }
         if let Some(comment) = &c.comment {
             line.push_str(&format!(" COMMENT '{}'", comment.replace('\'', "''")));
         }
@@ -829,6 +834,10 @@ pub fn show_create_table(table: &Table) -> String {
         quote(&table.info.name),
         lines.join(",\n")
     );
+    if let Some(partition) = &schema.partition {
+        out.push_str(partition);
+        out.push('\n');
+    }
     if !table.info.options.is_empty() {
         let opts: Vec<String> = table
             .info

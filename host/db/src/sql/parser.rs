@@ -41,6 +41,9 @@ pub struct ColumnDef {
     pub nullable: Option<bool>,
     pub default: Option<Expr>,
     pub comment: Option<String>,
+    /// `FULLTEXT INDEX [WITH (...)]`, `SKIPPING INDEX ...`, `INVERTED INDEX`
+    /// as GreptimeDB writes them (normalised text).
+    pub index: Option<String>,
     pub time_index: bool,
     pub primary_key: bool,
 }
@@ -56,6 +59,8 @@ pub struct CreateTable {
     pub primary_key: Option<Vec<String>>,
     /// `WITH (k = 'v')` options, keys lower-cased.
     pub options: Vec<(String, String)>,
+    /// GreptimeDB's `PARTITION ON COLUMNS (..) (..)` (normalised text).
+    pub partition: Option<String>,
 }
 
 /// `CREATE [OR REPLACE] FLOW [IF NOT EXISTS] name SINK TO table
@@ -1537,11 +1542,27 @@ fn parse_column(p: &mut Parser) -> Result<ColumnDef> {
         nullable: None,
         default: None,
         comment: None,
+        index: None,
         time_index: false,
         primary_key: false,
     };
     loop {
-        if p.parse_keywords(&[Keyword::TIME, Keyword::INDEX]) {
+        if let Some(kind) = ["FULLTEXT", "SKIPPING", "INVERTED"]
+            .into_iter()
+            .find(|k| is_word(p, 0, k) && is_kw(p, 1, Keyword::INDEX))
+        {
+            p.next_token();
+            p.next_token();
+            let mut text = format!("{kind} INDEX");
+            if p.parse_keyword(Keyword::WITH) {
+                let opts: Vec<String> = parse_options(p)?
+                    .into_iter()
+                    .map(|(k, v)| format!("{k} = '{}'", v.replace('\'', "''")))
+                    .collect();
+                text.push_str(&format!(" WITH({})", opts.join(", ")));
+            }
+            col.index = Some(text);
+        } else if p.parse_keywords(&[Keyword::TIME, Keyword::INDEX]) {
             col.time_index = true;
         } else if p.parse_keywords(&[Keyword::PRIMARY, Keyword::KEY]) {
             col.primary_key = true;
@@ -1591,6 +1612,7 @@ fn parse_create_table(p: &mut Parser) -> Result<CreateTable> {
         time_index: None,
         primary_key: None,
         options: Vec::new(),
+        partition: None,
     };
     loop {
         if p.consume_token(&Token::RParen) {
@@ -1619,7 +1641,29 @@ fn parse_create_table(p: &mut Parser) -> Result<CreateTable> {
         }
     }
     loop {
-        if p.parse_keyword(Keyword::ENGINE) {
+        if p.parse_keywords(&[Keyword::PARTITION, Keyword::ON, Keyword::COLUMNS]) {
+            let cols = column_list(p)?;
+            p.expect_token(&Token::LParen).map_err(sql_err)?;
+            let rules = match p.consume_token(&Token::RParen) {
+                true => Vec::new(),
+                false => {
+                    let rules = p
+                        .parse_comma_separated(|p| p.parse_expr())
+                        .map_err(sql_err)?;
+                    p.expect_token(&Token::RParen).map_err(sql_err)?;
+                    rules
+                }
+            };
+            let rules: Vec<String> = rules.iter().map(|r| format!("  {r}")).collect();
+            ct.partition = Some(format!(
+                "PARTITION ON COLUMNS ({}) (\n{}\n)",
+                cols.iter()
+                    .map(|c| format!("\"{c}\""))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                rules.join(",\n")
+            ));
+        } else if p.parse_keyword(Keyword::ENGINE) {
             let _ = p.consume_token(&Token::Eq);
             p.parse_identifier().map_err(sql_err)?;
         } else if p.parse_keyword(Keyword::WITH) {
