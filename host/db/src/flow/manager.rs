@@ -1745,6 +1745,8 @@ impl FlowManager {
         start: bool,
         status: FlowStatus,
     ) -> Result<Arc<FlowHandle>> {
+        let mut status = status;
+        status.started_ms = Some(self.now_ms());
         let status: SharedStatus = Arc::new(Mutex::new(status));
         let incarnation = self.incarnations.fetch_add(1, Ordering::Relaxed);
         // From now on, only this run may write the flow's sink and state.

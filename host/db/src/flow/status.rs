@@ -31,6 +31,8 @@ pub struct FlowStatus {
     /// Wall-clock ms at which the oldest source change the sink does not
     /// reflect yet arrived; `None` when the flow is caught up.
     pub pending_since_ms: Option<i64>,
+    /// When the flow's current run started (the database's clock).
+    pub started_ms: Option<i64>,
 }
 
 impl FlowStatus {

@@ -31,6 +31,9 @@ use crate::database::Core;
 pub const SYSTEM_SCHEMA: &str = "__sandflow_system";
 /// The flows table's name in both schemas.
 pub const FLOWS_TABLE: &str = "flows";
+/// GreptimeDB's `information_schema.flow_statistics` (what `SHOW FLOW
+/// STATUS` shows): run-time facts per flow.
+pub const FLOW_STATISTICS_TABLE: &str = "flow_statistics";
 
 /// Rewrites `information_schema.flows` (any case, optionally prefixed by the
 /// catalog) to the system schema's table.
@@ -45,16 +48,16 @@ pub fn rewrite_system_tables(stmt: &mut Statement) {
                 other => other.to_string(),
             })
             .collect();
-        let is_flows = match parts.as_slice() {
-            [s, t] => s == "information_schema" && t == FLOWS_TABLE,
-            [c, s, t] => c == DEFAULT_CATALOG && s == "information_schema" && t == FLOWS_TABLE,
-            _ => false,
+        let table = match parts.as_slice() {
+            [s, t] if s == "information_schema" => Some(t),
+            [c, s, t] if c == DEFAULT_CATALOG && s == "information_schema" => Some(t),
+            _ => None,
         };
-        if is_flows {
+        if let Some(t) = table.filter(|t| *t == FLOWS_TABLE || *t == FLOW_STATISTICS_TABLE) {
             *name = ObjectName(vec![
                 ObjectNamePart::Identifier(Ident::new(DEFAULT_CATALOG)),
                 ObjectNamePart::Identifier(Ident::with_quote('"', SYSTEM_SCHEMA)),
-                ObjectNamePart::Identifier(Ident::new(FLOWS_TABLE)),
+                ObjectNamePart::Identifier(Ident::new(t.as_str())),
             ]);
         }
         ControlFlow::<()>::Continue(())
@@ -214,6 +217,62 @@ pub fn flows_batch(flows: &[FlowInfo], now: i64) -> datafusion::common::Result<R
     Ok(RecordBatch::try_new(flows_schema(), columns)?)
 }
 
+/// The columns of `information_schema.flow_statistics`, as GreptimeDB's.
+pub fn flow_statistics_schema() -> SchemaRef {
+    let ts = || DataType::Timestamp(TimeUnit::Millisecond, None);
+    Arc::new(Schema::new(vec![
+        Field::new("flow_id", DataType::UInt32, false),
+        Field::new("flow_name", DataType::Utf8, false),
+        Field::new("start_time", ts(), true),
+        Field::new("last_execution_time", ts(), true),
+        Field::new("uptime_seconds", DataType::Int64, true),
+        Field::new("state_size", DataType::UInt64, true),
+    ]))
+}
+
+/// The rows of `information_schema.flow_statistics`: flows that run (a
+/// failed or pending flow has no run to describe).
+pub fn flow_statistics_batch(
+    flows: &[FlowInfo],
+    now: i64,
+) -> datafusion::common::Result<RecordBatch> {
+    let running: Vec<&FlowInfo> = flows
+        .iter()
+        .filter(|f| !f.def.pending && f.status.error.is_none())
+        .collect();
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(running.iter().map(|f| f.def.id).collect::<UInt32Array>()),
+        Arc::new(StringArray::from_iter_values(
+            running.iter().map(|f| f.def.name.as_str()),
+        )),
+        Arc::new(
+            running
+                .iter()
+                .map(|f| f.status.started_ms)
+                .collect::<TimestampMillisecondArray>(),
+        ),
+        Arc::new(
+            running
+                .iter()
+                .map(|f| f.status.last_execution_ms)
+                .collect::<TimestampMillisecondArray>(),
+        ),
+        Arc::new(
+            running
+                .iter()
+                .map(|f| f.status.started_ms.map(|s| (now - s).max(0) / 1000))
+                .collect::<Int64Array>(),
+        ),
+        Arc::new(
+            running
+                .iter()
+                .map(|f| Some(f.status.state_size))
+                .collect::<UInt64Array>(),
+        ),
+    ];
+    Ok(RecordBatch::try_new(flow_statistics_schema(), columns)?)
+}
+
 /// The hidden system schema.
 #[derive(Debug)]
 pub struct SystemSchema {
@@ -223,35 +282,43 @@ pub struct SystemSchema {
 #[async_trait]
 impl SchemaProvider for SystemSchema {
     fn table_names(&self) -> Vec<String> {
-        vec![FLOWS_TABLE.to_string()]
+        vec![FLOWS_TABLE.to_string(), FLOW_STATISTICS_TABLE.to_string()]
     }
 
     async fn table(
         &self,
         name: &str,
     ) -> datafusion::common::Result<Option<Arc<dyn TableProvider>>> {
-        Ok((name == FLOWS_TABLE).then(|| {
-            Arc::new(FlowsTable {
-                core: self.core.clone(),
-            }) as Arc<dyn TableProvider>
-        }))
+        let statistics = match name {
+            FLOWS_TABLE => false,
+            FLOW_STATISTICS_TABLE => true,
+            _ => return Ok(None),
+        };
+        Ok(Some(Arc::new(FlowsTable {
+            core: self.core.clone(),
+            statistics,
+        }) as Arc<dyn TableProvider>))
     }
 
     fn table_exist(&self, name: &str) -> bool {
-        name == FLOWS_TABLE
+        name == FLOWS_TABLE || name == FLOW_STATISTICS_TABLE
     }
 }
 
-/// `information_schema.flows`, read at scan time.
+/// `information_schema.flows` (or `flow_statistics`), read at scan time.
 #[derive(Debug)]
 struct FlowsTable {
     core: Arc<Core>,
+    statistics: bool,
 }
 
 #[async_trait]
 impl TableProvider for FlowsTable {
     fn schema(&self) -> SchemaRef {
-        flows_schema()
+        match self.statistics {
+            true => flow_statistics_schema(),
+            false => flows_schema(),
+        }
     }
 
     fn table_type(&self) -> TableType {
@@ -265,8 +332,12 @@ impl TableProvider for FlowsTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
-        let batch = flows_batch(&self.core.flows.infos(), self.core.flows.now_ms())?;
-        let mem = MemTable::try_new(flows_schema(), vec![vec![batch]])?;
+        let (infos, now) = (self.core.flows.infos(), self.core.flows.now_ms());
+        let batch = match self.statistics {
+            true => flow_statistics_batch(&infos, now)?,
+            false => flows_batch(&infos, now)?,
+        };
+        let mem = MemTable::try_new(self.schema(), vec![vec![batch]])?;
         mem.scan(state, projection, filters, limit).await
     }
 }

@@ -1268,6 +1268,31 @@ fn parse_flow_statement(p: &mut Parser, sql: &str) -> Result<Option<Stmt>> {
         let like = parse_like(p)?;
         return Ok(Some(Stmt::ShowFlows { like }));
     }
+    if is_kw(p, 0, Keyword::SHOW) && is_word(p, 1, "FLOW") && is_word(p, 2, "STATUS") {
+        // GreptimeDB's SHOW FLOW STATUS [LIKE 'p']: a query over
+        // information_schema.flow_statistics.
+        for _ in 0..3 {
+            p.next_token();
+        }
+        if p.parse_one_of_keywords(&[Keyword::FROM, Keyword::IN])
+            .is_some()
+        {
+            database_name(&p.parse_object_name(false).map_err(sql_err)?)?;
+        }
+        let filter = match parse_like(p)? {
+            Some(pattern) => format!(" WHERE flow_name LIKE '{}'", pattern.replace('\'', "''")),
+            None => String::new(),
+        };
+        let sql = format!(
+            "SELECT flow_id, flow_name, start_time, last_execution_time, uptime_seconds, \
+             state_size FROM information_schema.flow_statistics{filter} ORDER BY flow_name"
+        );
+        let mut stmts = Parser::parse_sql(&GenericDialect {}, &sql).map_err(sql_err)?;
+        return match stmts.pop() {
+            Some(stmt) => Ok(Some(Stmt::Query(Box::new(stmt)))),
+            None => Err(syntax("SHOW FLOW STATUS")),
+        };
+    }
     if is_kw(p, 0, Keyword::SHOW) && is_kw(p, 1, Keyword::CREATE) && is_word(p, 2, "FLOW") {
         for _ in 0..3 {
             p.next_token();
