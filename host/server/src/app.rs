@@ -392,12 +392,30 @@ pub async fn start(
     let http_listener = tokio::net::TcpListener::bind(config.http_addr)
         .await
         .map_err(|e| format!("cannot listen on {} for HTTP: {e}", config.http_addr))?;
-    let mysql_listener = tokio::net::TcpListener::bind(config.mysql_addr)
-        .await
-        .map_err(|e| format!("cannot listen on {} for MySQL: {e}", config.mysql_addr))?;
+    let mysql_listener = match tokio::net::TcpListener::bind(config.mysql_addr).await {
+        Ok(l) => Some(l),
+        // The default MySQL port may belong to another server (GreptimeDB's
+        // port): without an explicit --mysql-addr, go on without that door.
+        Err(e) if !config.mysql_addr_given && e.kind() == std::io::ErrorKind::AddrInUse => {
+            tracing::warn!(
+                "MySQL front door off: {} is in use ({e}); set --mysql-addr to serve MySQL clients",
+                config.mysql_addr
+            );
+            None
+        }
+        Err(e) => {
+            return Err(format!(
+                "cannot listen on {} for MySQL: {e}",
+                config.mysql_addr
+            ))
+        }
+    };
     let pg_addr = pg_listener.local_addr().map_err(|e| e.to_string())?;
     let http_addr = http_listener.local_addr().map_err(|e| e.to_string())?;
-    let mysql_addr = mysql_listener.local_addr().map_err(|e| e.to_string())?;
+    let mysql_addr = match &mysql_listener {
+        Some(l) => Some(l.local_addr().map_err(|e| e.to_string())?),
+        None => None,
+    };
 
     let handlers = Arc::new(
         pg::PgHandlers::new(
@@ -414,17 +432,19 @@ pub async fn start(
     );
     let (stop_tx, stop_rx) = watch::channel(false);
     let pg_task = tokio::spawn(pg::serve(pg_listener, handlers, stop_rx.clone()));
-    let mysql_task = tokio::spawn(crate::mysql::serve(
-        mysql_listener,
-        db.clone(),
-        crate::mysql::MysqlOptions {
-            max_connections: config.max_connections,
-            session: sandflow::session::SessionDefaults {
-                statement_timeout: config.statement_timeout,
+    let mysql_task = mysql_listener.map(|listener| {
+        tokio::spawn(crate::mysql::serve(
+            listener,
+            db.clone(),
+            crate::mysql::MysqlOptions {
+                max_connections: config.max_connections,
+                session: sandflow::session::SessionDefaults {
+                    statement_timeout: config.statement_timeout,
+                },
             },
-        },
-        stop_rx.clone(),
-    ));
+            stop_rx.clone(),
+        ))
+    });
     let mut http_stop = stop_rx;
     let http_task = tokio::spawn(http::serve(
         http_listener,
@@ -436,7 +456,9 @@ pub async fn start(
     ));
     info!("PostgreSQL server listening on {pg_addr}");
     info!("HTTP server listening on {http_addr}");
-    info!("MySQL server listening on {mysql_addr}");
+    if let Some(addr) = mysql_addr {
+        info!("MySQL server listening on {addr}");
+    }
 
     shutdown.await;
     info!("shutting down: no new connections, finishing requests in flight");
@@ -444,7 +466,10 @@ pub async fn start(
     if let Err(e) = pg_task.await {
         error!("PostgreSQL server task failed: {e}");
     }
-    if let Err(e) = mysql_task.await {
+    if let Some(Err(e)) = match mysql_task {
+        Some(task) => Some(task.await),
+        None => None,
+    } {
         error!("MySQL server task failed: {e}");
     }
     match http_task.await {

@@ -394,6 +394,10 @@ pub struct Config {
     pub postgres_addr: SocketAddr,
     pub http_addr: SocketAddr,
     pub mysql_addr: SocketAddr,
+    /// Whether `mysql_addr` was set (flag, environment or file). The default
+    /// port being taken only turns the MySQL door off, with a warning; a
+    /// port that was asked for must be had.
+    pub mysql_addr_given: bool,
     /// Open connections each front door accepts at once (at least 1).
     pub max_connections: usize,
     /// A PostgreSQL client must complete its startup within this.
@@ -411,6 +415,7 @@ impl Default for Config {
             postgres_addr: DEFAULT_POSTGRES_ADDR.parse().expect("valid default"),
             http_addr: DEFAULT_HTTP_ADDR.parse().expect("valid default"),
             mysql_addr: DEFAULT_MYSQL_ADDR.parse().expect("valid default"),
+            mysql_addr_given: false,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             startup_timeout: DEFAULT_STARTUP_TIMEOUT,
             statement_timeout: None,
@@ -726,6 +731,7 @@ impl Config {
             postgres_addr,
             http_addr,
             mysql_addr,
+            mysql_addr_given: args.mysql_addr.is_some() || file.mysql_addr.is_some(),
             max_connections,
             startup_timeout,
             statement_timeout,

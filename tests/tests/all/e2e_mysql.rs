@@ -119,3 +119,79 @@ print(cur.fetchall())
         s.logs()
     );
 }
+
+/// The default MySQL port taken by another process turns the door off with
+/// a warning (the server serves PostgreSQL and HTTP); a MySQL address that
+/// was asked for and is taken stops the start with an error naming it.
+#[test]
+fn a_taken_default_mysql_port_turns_the_door_off_but_an_asked_one_fails() {
+    use sandflow_tests::harness::{server_bin, temp_data_dir};
+    use std::io::{BufRead, BufReader};
+    use std::time::{Duration, Instant};
+
+    // Hold the default port (or find it held already by someone else).
+    let _held = std::net::TcpListener::bind("127.0.0.1:4002");
+    let dir = temp_data_dir();
+    let mut child = Command::new(server_bin())
+        .args(["start", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .args([
+            "--postgres-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+        ])
+        .env_remove("SANDFLOW_MYSQL_ADDR")
+        .env_remove("SANDFLOW_CONFIG")
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (mut off, mut http) = (false, false);
+    let mut seen = Vec::new();
+    while !(off && http) && Instant::now() < deadline {
+        if let Ok(line) = rx.recv_timeout(Duration::from_millis(200)) {
+            off |= line.contains("MySQL front door off") && line.contains("--mysql-addr");
+            http |= line.contains("HTTP server listening on");
+            seen.push(line);
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(off && http, "{}", seen.join("\n"));
+
+    // Asked for, and taken: the start fails, naming the address.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = Command::new("timeout")
+        .args(["-k", "5", "60"])
+        .arg(server_bin())
+        .args(["start", "--data-dir"])
+        .arg(dir.path().join("data2"))
+        .args([
+            "--postgres-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+        ])
+        .args(["--mysql-addr", &addr])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("cannot listen on {addr} for MySQL")),
+        "{err}"
+    );
+}
