@@ -660,7 +660,7 @@ fn literal(v: ValueInner<'_>) -> Result<String, String> {
         ValueInner::Double(f) => format!("CAST('{f}' AS DOUBLE)"),
         ValueInner::Bytes(b) => match std::str::from_utf8(b) {
             Ok(s) => quote(s),
-            Err(_) => format!("X'{}'", hex_of(b)),
+            Err(_) => format!("X'{}'", hex::encode(b)),
         },
         ValueInner::Date(b) | ValueInner::Datetime(b) => {
             let t = datetime_of(b)?;
@@ -691,10 +691,6 @@ fn datetime_of(b: &[u8]) -> Result<NaiveDateTime, String> {
         _ => 0,
     };
     date.and_hms_micro_opt(h, m, s, micros).ok_or_else(bad)
-}
-
-fn hex_of(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 #[cfg(test)]

@@ -561,12 +561,9 @@ impl FlowManager {
     }
 
     pub fn definition(&self, name: &str) -> Result<FlowDef> {
-        self.get(name).map(|h| h.def.clone()).ok_or_else(|| {
-            FlowNotFoundSnafu {
-                message: format!("flow '{name}' does not exist; see SHOW FLOWS"),
-            }
-            .build()
-        })
+        self.get(name)
+            .map(|h| h.def.clone())
+            .ok_or_else(|| flow_not_found(name))
     }
 
     /// After DROP TABLE (or DROP DATABASE) of `table`: every running flow
@@ -859,41 +856,9 @@ impl FlowManager {
             Some(h) => h.def.id,
             None => self.next_id(core)?,
         };
-        // Sources are resolved by compiling; the definition records them.
-        let compiled = match compile_flow(ctx, &stmt.name, &stmt.query).await {
-            Ok(compiled) => compiled,
-            Err(e) => {
-                let missing = self.missing_sources(core, &stmt.query);
-                if missing.is_empty() {
-                    return Err(e);
-                }
-                if !options.defer_on_missing_source() {
-                    return Err(missing_sources_error(&stmt.name, &missing));
-                }
-                let def = FlowDef {
-                    name: stmt.name.clone(),
-                    id,
-                    sink_database: stmt.sink.database.clone(),
-                    sink_table: stmt.sink.table.clone(),
-                    query: stmt.query.clone(),
-                    expire_after_ms,
-                    eval_interval_ms,
-                    comment: stmt.comment.clone(),
-                    options: stmt.options.clone(),
-                    sources: named_tables(&stmt.query)
-                        .into_iter()
-                        .map(|t| (t.database, t.table))
-                        .collect(),
-                    created_ms: old.as_ref().map_or(now, |h| h.def.created_ms),
-                    updated_ms: now,
-                    sink_created: false,
-                    pending: true,
-                };
-                return self.create_pending(core, ctx, def, old, &missing).await;
-            }
-        };
-        let sources = source_names(&compiled);
-        let mut def = FlowDef {
+        // The definition as stored: pending (sources from the query's text)
+        // or resolved (sources from compiling).
+        let define = |sources: Vec<(String, String)>, pending: bool| FlowDef {
             name: stmt.name.clone(),
             id,
             sink_database: stmt.sink.database.clone(),
@@ -907,8 +872,28 @@ impl FlowManager {
             created_ms: old.as_ref().map_or(now, |h| h.def.created_ms),
             updated_ms: now,
             sink_created: false,
-            pending: false,
+            pending,
         };
+        // Sources are resolved by compiling; the definition records them.
+        let compiled = match compile_flow(ctx, &stmt.name, &stmt.query).await {
+            Ok(compiled) => compiled,
+            Err(e) => {
+                let missing = self.missing_sources(core, &stmt.query);
+                if missing.is_empty() {
+                    return Err(e);
+                }
+                if !options.defer_on_missing_source() {
+                    return Err(missing_sources_error(&stmt.name, &missing));
+                }
+                let sources = named_tables(&stmt.query)
+                    .into_iter()
+                    .map(|t| (t.database, t.table))
+                    .collect();
+                let def = define(sources, true);
+                return self.create_pending(core, ctx, def, old, &missing).await;
+            }
+        };
+        let mut def = define(source_names(&compiled), false);
         self.check_graph(&def)?;
         // Checks everything and derives the sink to create, but writes nothing.
         let prepared = self.prepare(core, ctx, &def, None).await?;
@@ -1144,10 +1129,7 @@ impl FlowManager {
             if if_exists {
                 return Ok(false);
             }
-            return FlowNotFoundSnafu {
-                message: format!("flow '{name}' does not exist; see SHOW FLOWS"),
-            }
-            .fail();
+            return Err(flow_not_found(name));
         };
         if let Ok(mut f) = self.flows.write() {
             f.remove(name);
@@ -1179,12 +1161,7 @@ impl FlowManager {
         name: &str,
     ) -> Result<bool> {
         let _ddl = self.ddl.lock().await;
-        let handle = self.find(name).ok_or_else(|| {
-            FlowNotFoundSnafu {
-                message: format!("flow '{name}' does not exist; see SHOW FLOWS"),
-            }
-            .build()
-        })?;
+        let handle = self.require(name)?;
         self.restart(core, ctx, handle, false).await
     }
 
@@ -1383,13 +1360,7 @@ impl FlowManager {
     ) -> Result<recording::Recording> {
         let handle = self.require(name)?;
         if handle.recording.start_positions().is_none() {
-            return NotFoundSnafu {
-                message: format!(
-                    "flow '{name}' is not being recorded; start a recording first \
-                     (POST /v1/flows/{name}/recording, or `sandflow record --start {name}`)"
-                ),
-            }
-            .fail();
+            return Err(recording::not_recorded(name));
         }
         self.flush(name).await?;
         let sink = core
@@ -1411,13 +1382,10 @@ impl FlowManager {
         .await
     }
 
+    /// The flow named `name` (as [`Self::find`] reads names), or the error
+    /// that says there is none.
     fn require(&self, name: &str) -> Result<Arc<FlowHandle>> {
-        self.find(name).ok_or_else(|| {
-            FlowNotFoundSnafu {
-                message: format!("flow '{name}' does not exist; see SHOW FLOWS"),
-            }
-            .build()
-        })
+        self.find(name).ok_or_else(|| flow_not_found(name))
     }
 
     /// `ADMIN FLUSH_FLOW('name')`: processes everything committed to the
@@ -1425,12 +1393,7 @@ impl FlowManager {
     /// of sink rows written (upserts + deletes) since the previous flush,
     /// counting ticks that ran on their own in between.
     pub async fn flush(&self, name: &str) -> Result<u64> {
-        let handle = self.find(name).ok_or_else(|| {
-            FlowNotFoundSnafu {
-                message: format!("flow '{name}' does not exist; see SHOW FLOWS"),
-            }
-            .build()
-        })?;
+        let handle = self.require(name)?;
         let failed = || {
             let s = handle.status.lock().unwrap_or_else(|p| p.into_inner());
             flow_err(failure_message(&handle.def.name, &s, self.now_ms()))
@@ -1932,6 +1895,13 @@ impl FlowManager {
     fn register_metrics(&self, core: &Arc<Core>, name: &str, status: &SharedStatus) {
         register_metrics(core, name, status, self.clock.clone());
     }
+}
+
+fn flow_not_found(name: &str) -> crate::Error {
+    FlowNotFoundSnafu {
+        message: format!("flow '{name}' does not exist; see SHOW FLOWS"),
+    }
+    .build()
 }
 
 /// Per source, where a flow's change logs must be kept from: its snapshot's

@@ -302,9 +302,17 @@ fn table_rows(
     table: &Table,
     fields: &[Field],
 ) -> Result<Vec<Vec<serde_json::Value>>> {
-    let snapshot = view.scan(table)?;
+    rows_of(&view.scan(table)?.batches, table, fields)
+}
+
+/// Scanned rows of `table` as JSON.
+fn rows_of(
+    batches: &[RecordBatch],
+    table: &Table,
+    fields: &[Field],
+) -> Result<Vec<Vec<serde_json::Value>>> {
     let mut rows = Vec::new();
-    for b in &snapshot.batches {
+    for b in batches {
         let batch = batch_from_arrow(b, fields, 0, vec![1; b.num_rows()]).map_err(|e| {
             invalid(format!(
                 "cannot read table '{}': {e}",
@@ -548,6 +556,17 @@ pub(crate) fn stored_keys(store: &Store, name: &str) -> Result<Vec<String>> {
         .collect())
 }
 
+/// The error for a flow that has no recording.
+pub(crate) fn not_recorded(name: &str) -> crate::Error {
+    NotFoundSnafu {
+        message: format!(
+            "flow '{name}' is not being recorded; start a recording first \
+             (POST /v1/flows/{name}/recording, or `sandflow record --start {name}`)"
+        ),
+    }
+    .build()
+}
+
 /// What [`export`] needs of a flow.
 pub(crate) struct ExportSource<'a> {
     pub name: &'a str,
@@ -561,14 +580,7 @@ pub(crate) struct ExportSource<'a> {
 pub(crate) fn export(store: &Store, f: ExportSource<'_>) -> Result<Recording> {
     let view = store.view()?;
     let Some(bytes) = view.get_meta(&start_key(f.name))? else {
-        return NotFoundSnafu {
-            message: format!(
-                "flow '{0}' is not being recorded; start a recording first \
-                 (POST /v1/flows/{0}/recording, or `sandflow record --start {0}`)",
-                f.name
-            ),
-        }
-        .fail();
+        return Err(not_recorded(f.name));
     };
     let stored: StoredStart = serde_json::from_slice(&bytes).map_err(|e| {
         invalid(format!(
@@ -803,10 +815,9 @@ pub async fn replay(
     })
     .await
     .map_err(|e| flow_error(format!("the replay failed: {e}")))??;
-    let view = core.store.view()?;
-    let rows = table_rows(&view, &sink, &sink_fields)?;
-    let snapshot = view.scan(&sink)?;
-    drop(view);
+    // One scan for both the values and their text.
+    let snapshot = core.store.scan(&sink)?;
+    let rows = rows_of(&snapshot.batches, &sink, &sink_fields)?;
     let csv = csv_of(
         &sink
             .arrow_schema
