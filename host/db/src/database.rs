@@ -325,6 +325,7 @@ fn session(core: &Arc<Core>) -> SessionContext {
         DEFAULT_CATALOG,
         Arc::new(SandCatalog { core: core.clone() }),
     );
+    crate::sql::functions::register(&ctx);
     ctx
 }
 
@@ -623,19 +624,6 @@ impl Database {
     /// Whether a database of that name exists.
     pub fn database_exists(&self, name: &str) -> bool {
         self.core.catalog.database_exists(name).unwrap_or(false)
-    }
-
-    /// Why a session cannot use `database` as its current database, if it
-    /// names an existing one other than `public`: statements always resolve
-    /// unqualified names in `public` for now.
-    pub fn unsupported_session_database(&self, database: &str) -> Option<String> {
-        (database != DEFAULT_DATABASE && self.database_exists(database)).then(|| {
-            format!(
-                "choosing database '{database}' for a session is not supported yet: \
-                 statements run in '{DEFAULT_DATABASE}'; connect to '{DEFAULT_DATABASE}' and \
-                 name tables as {database}.table"
-            )
-        })
     }
 
     /// A table by name: `t` (database `public`) or `db.t`. Its

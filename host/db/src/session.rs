@@ -376,18 +376,20 @@ fn float_digits(v: &str) -> std::result::Result<String, String> {
 }
 
 fn search_path(v: &str) -> std::result::Result<String, String> {
+    match search_path_database(v) {
+        Some(_) => Ok(v.trim().to_string()),
+        None => Err("name a database, e.g. SET search_path = public".to_string()),
+    }
+}
+
+/// The database a `search_path` value names first (`$user` and
+/// `pg_catalog` skipped); `public` when it names none.
+fn search_path_database(v: &str) -> Option<String> {
     let first = v
         .split(',')
         .map(|s| s.trim().trim_matches('"').trim_matches('\'').to_string())
         .find(|s| s != "$user" && !s.is_empty() && s != "pg_catalog");
-    match first.as_deref() {
-        None | Some(crate::catalog::DEFAULT_DATABASE) => Ok(v.trim().to_string()),
-        Some(other) => Err(format!(
-            "choosing '{other}' as the session's database is not supported yet: statements \
-             run in '{}'; name tables as {other}.table",
-            crate::catalog::DEFAULT_DATABASE
-        )),
-    }
+    Some(first.unwrap_or_else(|| crate::catalog::DEFAULT_DATABASE.to_string()))
 }
 
 fn client_messages(v: &str) -> std::result::Result<String, String> {
@@ -476,7 +478,8 @@ const SETTINGS: &[SettingDef] = &[
         reported: None,
         default: "\"$user\", public",
         check: search_path,
-        description: "Where unqualified names are found (public only, for now).",
+        description: "Where unqualified names are found: its first database is the session's \
+                      (as USE sets it).",
     },
     SettingDef {
         name: "standard_conforming_strings",
@@ -656,6 +659,30 @@ impl Session {
         &self.ctx
     }
 
+    /// The session's database: where unqualified table names are (`public`
+    /// until `USE`, a client's connection parameter or `?db=` changes it).
+    pub fn database(&self) -> String {
+        crate::sql::context_database(&self.ctx)
+    }
+
+    /// Makes `database` the session's database (`USE database`); it must
+    /// exist.
+    pub fn use_database(&mut self, database: &str) -> Result<()> {
+        if !self.core.catalog.database_exists(database)? {
+            return crate::error::DatabaseNotFoundSnafu {
+                message: format!(
+                    "database '{database}' does not exist; see SHOW DATABASES, or create it \
+                     with CREATE DATABASE {database}"
+                ),
+            }
+            .fail();
+        }
+        let state = self.ctx.state_ref();
+        let mut state = state.write();
+        state.config_mut().options_mut().catalog.default_schema = database.to_string();
+        Ok(())
+    }
+
     /// Parses a script: every statement, before any of them runs. Parsing
     /// runs on the executor's deep stacks.
     pub async fn parse(&self, sql: &str) -> Result<Vec<Statement>> {
@@ -734,6 +761,8 @@ impl Session {
         let sql = match &spec.data {
             CopyData::Query(q) => q.clone(),
             CopyData::Table { table, columns } => {
+                let mut table = table.clone();
+                table.bind(&self.database());
                 let cols = if columns.is_empty() {
                     "*".to_string()
                 } else {
@@ -776,6 +805,8 @@ impl Session {
             }
             .fail();
         };
+        let mut table = table.clone();
+        table.bind(&self.database());
         let target = self
             .core
             .catalog
@@ -977,6 +1008,11 @@ impl Session {
     }
 
     fn apply(&mut self, def: &'static SettingDef, value: String) -> Result<()> {
+        if def.name == "search_path" {
+            if let Some(database) = search_path_database(&value) {
+                self.use_database(&database)?;
+            }
+        }
         if def.name == "timezone" {
             let state = self.ctx.state_ref();
             let mut state = state.write();
@@ -1183,6 +1219,15 @@ impl Session {
                 return Ok(out);
             }
         }
+        if let Stmt::Use(database) = &stmt.stmt {
+            self.use_database(database)?;
+            return Ok(Output::Affected {
+                tag: "USE".into(),
+                rows: 0,
+            });
+        }
+        let mut stmt = stmt;
+        stmt.stmt.bind_database(&self.database());
         let ddl = stmt.is_ddl();
         if ddl {
             if let Some(b) = self.block.as_mut() {

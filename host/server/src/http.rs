@@ -474,24 +474,18 @@ async fn run_sql(
         Err(message) => return error_response(StatusCode::BAD_REQUEST, 1004, message, started),
     };
     debug!(db = params.get("db").map(String::as_str), "HTTP SQL: {sql}");
-    if let Some(db) = params.get("db").filter(|d| !d.is_empty()) {
-        if let Some(message) = state.db.unsupported_session_database(db) {
-            return error_response(StatusCode::BAD_REQUEST, 1001, message, started);
-        }
-        if !state.db.database_exists(db) {
-            return error_response(
-                StatusCode::BAD_REQUEST,
-                4001,
-                format!("database '{db}' does not exist; see SHOW DATABASES"),
-                started,
-            );
-        }
-    }
     // Each request is a session of its own (its own settings; its statements
     // one transaction). The limit stops a statement through the session's
     // commit gate, so a request that timed out has written nothing; dropping
     // the request (the client going away) stops it too.
     let mut session = state.db.session();
+    if let Some(db) = params.get("db").filter(|d| !d.is_empty()) {
+        // GreptimeDB also takes `catalog-database`.
+        let db = db.strip_prefix("greptime-").unwrap_or(db);
+        if let Err(e) = session.use_database(db) {
+            return db_error_response(e, started);
+        }
+    }
     if let Some(Limit::Server(d) | Limit::Request(d)) = limit {
         session.set_deadline(Some(started + d));
     }

@@ -153,7 +153,6 @@ async fn connection(
         &options.session,
     );
     let shim = Shim {
-        db,
         session: Mutex::new(session),
         statements: HashMap::new(),
         next_statement: 1,
@@ -164,7 +163,6 @@ async fn connection(
 }
 
 struct Shim {
-    db: Arc<Database>,
     session: Mutex<Session>,
     /// Prepared statements: their text.
     statements: HashMap<u32, String>,
@@ -263,16 +261,11 @@ impl<W: AsyncWrite + Send + Unpin> AsyncMysqlShim<W> for Shim {
             // Some drivers name no database at connect: the default one.
             return w.ok().await;
         }
-        if !self.db.database_exists(database) {
-            let message = format!("database '{database}' does not exist; see SHOW DATABASES");
-            return w
-                .error(ErrorKind::ER_BAD_DB_ERROR, message.as_bytes())
-                .await;
-        }
-        match self.db.unsupported_session_database(database) {
-            None => w.ok().await,
-            Some(message) => {
-                w.error(ErrorKind::ER_BAD_DB_ERROR, message.as_bytes())
+        let used = self.session.lock().await.use_database(database);
+        match used {
+            Ok(()) => w.ok().await,
+            Err(e) => {
+                w.error(ErrorKind::ER_BAD_DB_ERROR, e.to_string().as_bytes())
                     .await
             }
         }
@@ -405,12 +398,8 @@ fn client_chatter(sql: &str) -> Option<Chatter> {
             vec!["Level".into(), "Code".into(), "Message".into()],
             None,
         )),
-        ["select", ..]
-            if lower.contains("@@")
-                || lower.contains("database()")
-                || lower.contains("version()") =>
-        {
-            // `SELECT @@version_comment LIMIT 1`, `SELECT DATABASE()`, ...
+        ["select", ..] if lower.contains("@@") || lower.contains("version()") => {
+            // `SELECT @@version_comment LIMIT 1`, `SELECT version()`, ...
             let body = trimmed[6..].trim();
             let body = match body.to_ascii_lowercase().find(" limit ") {
                 Some(i) => &body[..i],
@@ -441,9 +430,6 @@ fn client_chatter(sql: &str) -> Option<Chatter> {
 /// for an expression that is not one (the query then goes to the database).
 fn system_value(expr: &str) -> Option<Option<String>> {
     let e = expr.to_ascii_lowercase();
-    if e == "database()" || e == "schema()" {
-        return Some(Some("public".into()));
-    }
     if e == "version()" {
         return Some(Some(VERSION.into()));
     }

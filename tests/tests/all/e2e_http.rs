@@ -388,23 +388,61 @@ fn flows_over_http() {
     assert_eq!(v["output"][0]["records"]["rows"], json!([[0]]), "{v}");
 }
 
-// `/v1/sql?db=`: `public` (or nothing) runs the statement; another existing
-// database is refused as not supported yet, an unknown one as missing.
+// `/v1/sql?db=` is the request's database: unqualified names are there (for
+// sandflow's statements and DataFusion's), flows created there remember it;
+// GreptimeDB's `catalog-database` form is taken too; an unknown database is
+// an error with GreptimeDB's code.
 #[test]
 fn sql_db_parameter() {
     let s = Server::start();
     s.sql("CREATE DATABASE metrics");
-    let (status, text) = s.http("POST", "/v1/sql?db=public&sql=SELECT%201", None, "");
-    assert_eq!(status, 200, "{text}");
-    let (status, text) = s.http("POST", "/v1/sql?db=metrics&sql=SELECT%201", None, "");
-    assert_eq!(status, 400, "{text}");
-    assert!(
-        text.contains("not supported yet") && text.contains("metrics.table"),
+    let in_db = |db: &str, sql: &str| {
+        let path = format!("/v1/sql?db={db}&sql={}", url_encode(sql));
+        let (status, text) = s.http("POST", &path, None, "");
+        assert_eq!(status, 200, "{sql}: {text}");
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()
+    };
+    in_db(
+        "metrics",
+        "CREATE TABLE m (k STRING, v BIGINT, ts TIMESTAMP TIME INDEX, PRIMARY KEY (k))",
+    );
+    in_db(
+        "metrics",
+        "CREATE FLOW totals SINK TO totals_out AS SELECT k, sum(v) AS total FROM m GROUP BY k",
+    );
+    in_db(
+        "greptime-metrics",
+        "INSERT INTO m VALUES ('a', 2, 0), ('b', 3, 0)",
+    );
+    in_db("metrics", "ADMIN FLUSH_FLOW('totals')");
+    let v = in_db("metrics", "SELECT k, total FROM totals_out ORDER BY k");
+    assert_eq!(
+        v["output"][0]["records"]["rows"],
+        json!([["a", 2], ["b", 3]]),
+        "{v}"
+    );
+    let v = in_db("metrics", "SHOW TABLES");
+    assert_eq!(
+        v["output"][0]["records"]["schema"]["column_schemas"][0]["name"], "Tables_in_metrics",
+        "{v}"
+    );
+    let v = in_db("public", "SELECT count(*) FROM metrics.m");
+    assert_eq!(v["output"][0]["records"]["rows"], json!([[2]]), "{v}");
+    let (status, text) = s.http(
+        "POST",
+        "/v1/sql?db=public&sql=SELECT%20*%20FROM%20m",
+        None,
+        "",
+    );
+    assert_eq!(status, 404, "{text}");
+    let (status, text) = s.http("POST", "/v1/sql?db=nope&sql=SELECT%201", None, "");
+    assert_eq!(status, 404, "{text}");
+    assert!(text.contains("'nope' does not exist"), "{text}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()["code"],
+        4004,
         "{text}"
     );
-    let (status, text) = s.http("POST", "/v1/sql?db=nope&sql=SELECT%201", None, "");
-    assert_eq!(status, 400, "{text}");
-    assert!(text.contains("'nope' does not exist"), "{text}");
 }
 
 // A client that goes away mid-query stops its statement: the server does

@@ -71,6 +71,31 @@ fn the_mysql_client_creates_a_flow_writes_and_reads_its_sink() {
     assert!(e.contains("ERROR 1064"), "{e}");
     let e = mysql(&s, "USE metrics").unwrap_err();
     assert!(e.contains("ERROR 1049"), "{e}");
+    // A database: named at connect (the client's COM_INIT_DB) or by USE.
+    ok("CREATE DATABASE metrics; USE metrics; CREATE TABLE m (k STRING, v BIGINT, ts TIMESTAMP TIME INDEX, PRIMARY KEY (k)); INSERT INTO m VALUES ('x', 1, 0)");
+    assert_eq!(
+        ok("USE metrics; SELECT DATABASE(), count(*) FROM m"),
+        "metrics\t1"
+    );
+    let out = Command::new("mysql")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-P",
+            &s.mysql_port.to_string(),
+            "-u",
+            "sandflow",
+        ])
+        .args([
+            "--batch",
+            "--skip-column-names",
+            "metrics",
+            "-e",
+            "SELECT k FROM m",
+        ])
+        .output()
+        .expect("run mysql");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "x", "{out:?}");
 }
 
 #[test]

@@ -148,27 +148,42 @@ fn describe_and_show() {
     }
 }
 
-// Statements run in `public`: a connection naming another existing database
-// is refused at startup instead of silently running there; a name that is no
-// database (psql's default is the user name) still connects to `public`.
+// `psql -d db` makes db the session's database: unqualified names are
+// there, flows created there remember it. A name that is no database (psql's
+// default is the user name) connects to `public`.
 #[test]
-fn connecting_to_another_database_is_refused_by_name() {
+fn psql_connects_to_a_database() {
     let s = Server::start();
     s.sql("CREATE DATABASE metrics");
-    let err = s
-        .psql_args(&["-d", "metrics", "-c", "SELECT 1"])
-        .expect_err("metrics is not public");
-    assert!(
-        err.contains("database 'metrics'") && err.contains("not supported yet"),
-        "{err}"
+    let in_metrics = |sql: &str| {
+        s.psql_args(&["-d", "metrics", "-c", sql])
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .trim()
+            .to_string()
+    };
+    assert_eq!(in_metrics("SELECT database()"), "metrics");
+    in_metrics("CREATE TABLE m (k STRING, v BIGINT, ts TIMESTAMP TIME INDEX, PRIMARY KEY (k))");
+    in_metrics(
+        "CREATE FLOW totals SINK TO totals_out AS SELECT k, sum(v) AS total FROM m GROUP BY k",
+    );
+    in_metrics("INSERT INTO m VALUES ('a', 2, 0), ('a', 3, 1)");
+    in_metrics("ADMIN FLUSH_FLOW('totals')");
+    assert_eq!(in_metrics("SELECT k, total FROM totals_out"), "a|5");
+    // From public the tables are metrics.*; unqualified they are not there.
+    assert_eq!(s.sql("SELECT k, total FROM metrics.totals_out"), "a|5");
+    let err = s.psql("SELECT * FROM totals_out").unwrap_err();
+    assert!(err.contains("not found"), "{err}");
+    // SET search_path moves the session too, and \dt lists that database.
+    assert_eq!(
+        s.sql("SET search_path = metrics; SELECT count(*) FROM m"),
+        "SET\n2"
     );
     assert_eq!(
-        s.psql_args(&["-d", "sandflow", "-c", "SELECT 1"])
+        s.psql_args(&["-d", "sandflow", "-c", "SELECT database()"])
             .unwrap()
             .trim(),
-        "1"
+        "public"
     );
-    assert_eq!(s.sql("SELECT 1"), "1");
 }
 
 // ---- Hardening: nothing a client sends crashes the server, touches its disk

@@ -10,7 +10,6 @@ use datafusion::prelude::SessionContext;
 use prost::Message;
 
 use super::arrow::{fields_from_arrow, ConvertError};
-use crate::catalog::DEFAULT_DATABASE;
 use crate::runtime::{Field, SourceSchema};
 use crate::sql::parser::{table_name, TableName};
 
@@ -85,15 +84,15 @@ pub async fn compile(ctx: &SessionContext, sql: &str) -> Result<CompiledFlow, Co
 }
 
 /// The tables `query` names in its FROM clauses (not its CTEs), resolved as
-/// a flow's sources are (`t` is `public.t`), in the order written, each once.
-/// Empty when the text does not parse.
-pub fn named_tables(query: &str) -> Vec<TableName> {
+/// a flow's sources are (`t` is `database.t`), in the order written, each
+/// once. Empty when the text does not parse.
+pub fn named_tables(query: &str, database: &str) -> Vec<TableName> {
     use datafusion::sql::sqlparser::ast::{ObjectName, Query, Visit, Visitor};
     use datafusion::sql::sqlparser::dialect::GenericDialect;
     use std::ops::ControlFlow;
 
-    #[derive(Default)]
     struct Names {
+        database: String,
         ctes: Vec<String>,
         tables: Vec<TableName>,
     }
@@ -110,7 +109,8 @@ pub fn named_tables(query: &str) -> Vec<TableName> {
             ControlFlow::Continue(())
         }
         fn pre_visit_relation(&mut self, name: &ObjectName) -> ControlFlow<()> {
-            if let Ok(t) = table_name(name) {
+            if let Ok(mut t) = table_name(name) {
+                t.bind(&self.database);
                 if !self.tables.contains(&t) {
                     self.tables.push(t);
                 }
@@ -123,14 +123,18 @@ pub fn named_tables(query: &str) -> Vec<TableName> {
     else {
         return Vec::new();
     };
-    let mut names = Names::default();
+    let mut names = Names {
+        database: database.to_string(),
+        ctes: Vec::new(),
+        tables: Vec::new(),
+    };
     for s in &statements {
         let _ = s.visit(&mut names);
     }
-    let Names { ctes, tables } = names;
+    let Names { ctes, tables, .. } = names;
     tables
         .into_iter()
-        .filter(|t| !(t.database == DEFAULT_DATABASE && ctes.contains(&t.table)))
+        .filter(|t| t.qualified || !ctes.contains(&t.table))
         .collect()
 }
 

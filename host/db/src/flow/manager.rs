@@ -174,6 +174,10 @@ pub struct FlowDef {
     pub sink_table: String,
     /// The query as written after `AS`.
     pub query: String,
+    /// The database the query's unqualified names are in: the session's when
+    /// the flow was created.
+    #[serde(default = "default_database")]
+    pub database: String,
     pub expire_after_ms: Option<i64>,
     /// `EVAL INTERVAL`: the longest the sink may lag its sources while input
     /// is pending. The flow ticks at least this often then (more often when
@@ -198,6 +202,10 @@ pub struct FlowDef {
     /// names, as written.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pending: bool,
+}
+
+fn default_database() -> String {
+    DEFAULT_DATABASE.to_string()
 }
 
 impl FlowDef {
@@ -864,6 +872,7 @@ impl FlowManager {
             sink_database: stmt.sink.database.clone(),
             sink_table: stmt.sink.table.clone(),
             query: stmt.query.clone(),
+            database: stmt.database.clone(),
             expire_after_ms,
             eval_interval_ms,
             comment: stmt.comment.clone(),
@@ -875,17 +884,17 @@ impl FlowManager {
             pending,
         };
         // Sources are resolved by compiling; the definition records them.
-        let compiled = match compile_flow(ctx, &stmt.name, &stmt.query).await {
+        let compiled = match compile_flow(ctx, &stmt.database, &stmt.name, &stmt.query).await {
             Ok(compiled) => compiled,
             Err(e) => {
-                let missing = self.missing_sources(core, &stmt.query);
+                let missing = self.missing_sources(core, &stmt.query, &stmt.database);
                 if missing.is_empty() {
                     return Err(e);
                 }
                 if !options.defer_on_missing_source() {
                     return Err(missing_sources_error(&stmt.name, &missing));
                 }
-                let sources = named_tables(&stmt.query)
+                let sources = named_tables(&stmt.query, &stmt.database)
                     .into_iter()
                     .map(|t| (t.database, t.table))
                     .collect();
@@ -893,7 +902,7 @@ impl FlowManager {
                 return self.create_pending(core, ctx, def, old, &missing).await;
             }
         };
-        let mut def = define(source_names(&compiled), false);
+        let mut def = define(source_names(&compiled, &stmt.database), false);
         self.check_graph(&def)?;
         // Checks everything and derives the sink to create, but writes nothing.
         let prepared = self.prepare(core, ctx, &def, None).await?;
@@ -1042,12 +1051,14 @@ impl FlowManager {
                 sink: TableName {
                     database: def.sink_database.clone(),
                     table: def.sink_table.clone(),
+                    qualified: true,
                 },
                 expire_after: def.expire_after_ms.map(format_interval),
                 eval_interval: def.eval_interval_ms.map(format_interval),
                 comment: def.comment.clone(),
                 options: def.options.clone(),
                 query: def.query.clone(),
+                database: def.database.clone(),
             };
             match self.create_locked(core, ctx, stmt).await {
                 Ok(_) => info!(flow = %def.name, "pending flow started: its sources exist"),
@@ -1062,8 +1073,8 @@ impl FlowManager {
 
     /// The tables `query` names that do not exist (after its compilation
     /// failed: then a missing table is the likely cause, and says so).
-    fn missing_sources(&self, core: &Arc<Core>, query: &str) -> Vec<TableName> {
-        named_tables(query)
+    fn missing_sources(&self, core: &Arc<Core>, query: &str, database: &str) -> Vec<TableName> {
+        named_tables(query, database)
             .into_iter()
             .filter(|t| t.database != "information_schema")
             .filter(|t| matches!(core.catalog.table(&t.database, &t.table), Ok(None)))
@@ -1493,9 +1504,9 @@ impl FlowManager {
     ) -> Result<Prepared> {
         let options =
             parse_options(&def.options).map_err(|message| SqlSnafu { message }.build())?;
-        let compiled = compile_flow(ctx, &def.name, &def.query).await?;
+        let compiled = compile_flow(ctx, &def.database, &def.name, &def.query).await?;
         let mut sources = Vec::new();
-        for (d, t) in source_names(&compiled) {
+        for (d, t) in source_names(&compiled, &def.database) {
             sources.push(core.catalog.require_table(&d, &t)?);
         }
         let limits = limits(&self.settings.default_limits, &options);
@@ -2126,8 +2137,15 @@ fn limits(defaults: &FlowLimits, options: &FlowOptions) -> FlowLimits {
     }
 }
 
-async fn compile_flow(ctx: &SessionContext, name: &str, query: &str) -> Result<CompiledFlow> {
-    compile(ctx, query).await.map_err(|e| {
+/// Compiles a flow's query with its unqualified names in `database`.
+async fn compile_flow(
+    ctx: &SessionContext,
+    database: &str,
+    name: &str,
+    query: &str,
+) -> Result<CompiledFlow> {
+    let ctx = crate::sql::context_in(ctx, database);
+    compile(&ctx, query).await.map_err(|e| {
         let message = format!("cannot create flow '{name}': {e}");
         if message.contains(super::compile::TOO_COMPLEX) {
             TooComplexSnafu { message }.build()
@@ -2141,12 +2159,12 @@ async fn compile_flow(ctx: &SessionContext, name: &str, query: &str) -> Result<C
     })
 }
 
-fn source_names(compiled: &CompiledFlow) -> Vec<(String, String)> {
+fn source_names(compiled: &CompiledFlow, database: &str) -> Vec<(String, String)> {
     compiled
         .sources
         .iter()
         .map(|s| match &s.table {
-            TableReference::Bare { table } => (DEFAULT_DATABASE.to_string(), table.to_string()),
+            TableReference::Bare { table } => (database.to_string(), table.to_string()),
             TableReference::Partial { schema, table } => (schema.to_string(), table.to_string()),
             TableReference::Full { schema, table, .. } => (schema.to_string(), table.to_string()),
         })

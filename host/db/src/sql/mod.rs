@@ -4,6 +4,7 @@
 
 pub mod copy;
 pub mod executor;
+pub mod functions;
 pub mod parser;
 pub mod provider;
 
@@ -51,6 +52,24 @@ pub fn from_df(e: DataFusionError) -> Error {
         }
         _ => SqlSnafu { message }.build(),
     }
+}
+
+/// The database a context resolves unqualified table names in (a session's
+/// database).
+pub fn context_database(ctx: &SessionContext) -> String {
+    ctx.state_ref()
+        .read()
+        .config_options()
+        .catalog
+        .default_schema
+        .clone()
+}
+
+/// A context like `ctx` that resolves unqualified table names in `database`.
+pub fn context_in(ctx: &SessionContext, database: &str) -> SessionContext {
+    let mut state = ctx.state();
+    state.config_mut().options_mut().catalog.default_schema = database.to_string();
+    SessionContext::new_with_state(state)
 }
 
 /// Runs one parsed statement in `ctx` (a session's context), with values for
@@ -419,6 +438,17 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
             )
         }
         Stmt::Admin { function, args } => admin(core, ctx, &function, &args).await,
+        // A session changes its own database (Session::use_database); a
+        // statement run without one keeps its context's.
+        Stmt::Use(database) => {
+            if !core.catalog.database_exists(&database)? {
+                return DatabaseNotFoundSnafu {
+                    message: format!("database '{database}' does not exist; see SHOW DATABASES"),
+                }
+                .fail();
+            }
+            Ok(affected("USE", 0))
+        }
         Stmt::Query(stmt) => run_datafusion(ctx, *stmt, None, core.clock.now_ms()).await,
     }
 }
@@ -506,9 +536,10 @@ async fn admin(
                 }
                 .fail();
             };
+            let session_database = context_database(ctx);
             let (database, table) = match name.split_once('.') {
                 Some((d, t)) => (d, t),
-                None => (DEFAULT_DATABASE, name.as_str()),
+                None => (session_database.as_str(), name.as_str()),
             };
             if core.catalog.table(database, table)?.is_none() {
                 return NotFoundSnafu {

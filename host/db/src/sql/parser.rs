@@ -20,11 +20,23 @@ use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer};
 use crate::catalog::{ColumnType, DEFAULT_CATALOG, DEFAULT_DATABASE};
 use crate::error::{Result, SqlSnafu, TooComplexSnafu, UnsupportedSnafu};
 
-/// A table name resolved against the default database.
+/// A table name. An unqualified name is in `public` until
+/// [`Stmt::bind_database`] puts it in the session's database.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableName {
     pub database: String,
     pub table: String,
+    /// Whether the database was written (`db.t`), not taken from the session.
+    pub qualified: bool,
+}
+
+impl TableName {
+    /// Puts an unqualified name in `database`.
+    pub fn bind(&mut self, database: &str) {
+        if !self.qualified {
+            self.database = database.to_string();
+        }
+    }
 }
 
 impl std::fmt::Display for TableName {
@@ -81,6 +93,8 @@ pub struct CreateFlow {
     pub options: Vec<(String, String)>,
     /// The query text exactly as written after `AS`.
     pub query: String,
+    /// The database its query's unqualified names are in (the session's).
+    pub database: String,
 }
 
 /// One parsed statement.
@@ -117,6 +131,8 @@ pub enum Stmt {
         like: Option<String>,
     },
     ShowCreateFlow(String),
+    /// `USE database`: the session's database for unqualified names.
+    Use(String),
     /// `ADMIN func(arg, ...)`: function name lower-cased, arguments as text.
     Admin {
         function: String,
@@ -140,7 +156,8 @@ impl Stmt {
             | Stmt::ShowCreateTable(_)
             | Stmt::Describe(_)
             | Stmt::ShowFlows { .. }
-            | Stmt::ShowCreateFlow(_) => true,
+            | Stmt::ShowCreateFlow(_)
+            | Stmt::Use(_) => true,
             Stmt::CreateTable(_)
             | Stmt::CreateDatabase { .. }
             | Stmt::DropTable { .. }
@@ -149,6 +166,27 @@ impl Stmt {
             | Stmt::DropFlow { .. }
             | Stmt::Admin { .. } => false,
             Stmt::Query(stmt) => stmt.visit(&mut ReadOnly).is_continue(),
+        }
+    }
+}
+
+impl Stmt {
+    /// Puts the statement's unqualified table names in `database` (the
+    /// session's): sandflow's own statements here; DataFusion's through the
+    /// session's default schema.
+    pub fn bind_database(&mut self, database: &str) {
+        match self {
+            Stmt::CreateTable(ct) => ct.name.bind(database),
+            Stmt::DropTable { names, .. } => names.iter_mut().for_each(|n| n.bind(database)),
+            Stmt::ShowTables { database: d, .. } => {
+                d.get_or_insert_with(|| database.to_string());
+            }
+            Stmt::ShowCreateTable(n) | Stmt::Describe(n) => n.bind(database),
+            Stmt::CreateFlow(cf) => {
+                cf.sink.bind(database);
+                cf.database = database.to_string();
+            }
+            _ => {}
         }
     }
 }
@@ -238,14 +276,17 @@ pub fn table_name(name: &ObjectName) -> Result<TableName> {
         [t] => Ok(TableName {
             database: DEFAULT_DATABASE.into(),
             table: t.clone(),
+            qualified: false,
         }),
         [d, t] => Ok(TableName {
             database: d.clone(),
             table: t.clone(),
+            qualified: true,
         }),
         [c, d, t] if c == DEFAULT_CATALOG => Ok(TableName {
             database: d.clone(),
             table: t.clone(),
+            qualified: true,
         }),
         _ => Err(syntax(format!(
             "invalid table name {name}; use table, database.table or {DEFAULT_CATALOG}.database.table"
@@ -1222,11 +1263,22 @@ fn parse_one(p: &mut Parser, sql: &str) -> Result<Stmt> {
                 if_exists,
             }
         }
-        Statement::Use(_) => {
-            return UnsupportedSnafu {
-                message: "USE is not supported; qualify table names instead, e.g. mydb.mytable",
+        Statement::Use(u) => {
+            use datafusion::sql::sqlparser::ast::Use;
+            match u {
+                Use::Object(name) | Use::Database(name) | Use::Schema(name) => {
+                    Stmt::Use(database_name(&name)?)
+                }
+                other => {
+                    return UnsupportedSnafu {
+                        message: format!(
+                            "{other} is not supported; write USE database to choose the \
+                             session's database"
+                        ),
+                    }
+                    .fail()
+                }
             }
-            .fail()
         }
         Statement::CreateTable(_) => {
             return UnsupportedSnafu {
@@ -1383,6 +1435,7 @@ fn parse_create_flow(p: &mut Parser, sql: &str, or_replace: bool) -> Result<Crea
         comment: None,
         options: Vec::new(),
         query: String::new(),
+        database: DEFAULT_DATABASE.into(),
     };
     loop {
         if is_word(p, 0, "EXPIRE") && is_word(p, 1, "AFTER") {

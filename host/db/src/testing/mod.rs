@@ -45,6 +45,9 @@ pub struct TestDatabase {
     clock: Arc<VirtualClock>,
     storage: RedbStorage,
     flows: FlowSettings,
+    /// The test's session database (`USE`), kept across statements and
+    /// restarts as a client's connection would keep it.
+    session_database: std::sync::Mutex<String>,
 }
 
 impl std::fmt::Debug for TestDatabase {
@@ -84,6 +87,7 @@ impl TestDatabase {
             clock,
             storage,
             flows,
+            session_database: std::sync::Mutex::new(crate::catalog::DEFAULT_DATABASE.into()),
         })
     }
 
@@ -100,11 +104,34 @@ impl TestDatabase {
         self.clock.now_ms()
     }
 
-    /// Runs `sql` (one or more statements), then every flow that has input.
+    /// Runs `sql` (one or more statements) in the test's session database,
+    /// then every flow that has input.
     pub async fn execute(&self, sql: &str) -> Result<Vec<Output>> {
-        let out = Box::pin(self.database().execute(sql)).await;
+        let current = self.session_database();
+        let mut session = self.database().session();
+        // A database dropped since: the session falls back to `public`.
+        if session.use_database(&current).is_err() {
+            self.set_session_database(crate::catalog::DEFAULT_DATABASE);
+        }
+        let out = Box::pin(session.execute(sql)).await;
+        self.set_session_database(&session.database());
         self.database().run_flows().await?;
         out
+    }
+
+    fn session_database(&self) -> String {
+        self.session_database
+            .lock()
+            .map(|d| d.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    fn set_session_database(&self, database: &str) {
+        let mut d = self
+            .session_database
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        *d = database.to_string();
     }
 
     /// Runs a query; returns its rows, each cell as sqllogictest writes it

@@ -1020,12 +1020,16 @@ impl NoopStartupHandler for StartupHandler {
             .get(pgwire::api::METADATA_DATABASE)
             .cloned()
             .unwrap_or_default();
-        if let Some(message) = svc.db.unsupported_session_database(&named) {
-            return Err(fatal("0A000", message));
-        }
         let mut session = svc
             .db
             .session_with(&svc.base, Dialect::Postgres, &svc.defaults);
+        // psql names the user's name when no database is given: a database
+        // that does not exist is the default one, `public`.
+        if svc.db.database_exists(&named) {
+            session
+                .use_database(&named)
+                .map_err(|e| fatal(sqlstate(&e), e.to_string()))?;
+        }
         apply_startup_parameters(&mut session, client.metadata())
             .map_err(|e| fatal(sqlstate(&e), e.to_string()))?;
         for (name, value) in session.reported_settings() {
