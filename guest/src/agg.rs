@@ -7,7 +7,7 @@ use crate::codec::{Reader, Writer};
 use crate::column::{get, Chunk, ColBuilder, Diffs, S};
 use crate::expr::Expr;
 use crate::hash::{FxHashMap, IntMap};
-use crate::plan::{AggKind, AggSpec};
+use crate::plan::{AggKind, AggSpec, SketchKind};
 use crate::types::{internal, Column, DataType, FlowError, Storage};
 
 /// Sentinel group id for rows that do not take part (expired keys).
@@ -94,6 +94,7 @@ impl Vals {
                 storage == Some(Storage::Floats),
                 storage == Some(Storage::Bytes),
             ),
+            State::Sketch { .. } => (false, true),
         };
         Vals {
             float,
@@ -390,12 +391,37 @@ impl Counts {
 #[derive(Debug, Clone, PartialEq)]
 enum State {
     Count(Counts),
-    SumInt { s: Vec<i64>, n: Counts },
-    SumFloat { s: Vec<f64>, n: Counts },
-    AvgInt { s: Vec<i128>, n: Counts },
-    AvgFloat { s: Vec<f64>, n: Counts },
-    MinMax { sets: Vec<MultiSet>, max: bool },
-    Distinct { sets: Vec<MultiSet>, n: Vec<i64> },
+    SumInt {
+        s: Vec<i64>,
+        n: Counts,
+    },
+    SumFloat {
+        s: Vec<f64>,
+        n: Counts,
+    },
+    AvgInt {
+        s: Vec<i128>,
+        n: Counts,
+    },
+    AvgFloat {
+        s: Vec<f64>,
+        n: Counts,
+    },
+    MinMax {
+        sets: Vec<MultiSet>,
+        max: bool,
+    },
+    Distinct {
+        sets: Vec<MultiSet>,
+        n: Vec<i64>,
+    },
+    /// A sketch's inputs as a multiset per group; the state is computed
+    /// from them when read, so it is exactly a fresh sketch's over the
+    /// current rows.
+    Sketch {
+        sets: Vec<MultiSet>,
+        kind: SketchKind,
+    },
 }
 
 impl State {
@@ -427,6 +453,10 @@ impl State {
                 sets: Vec::new(),
                 n: Vec::new(),
             },
+            AggKind::Sketch(kind) => State::Sketch {
+                sets: Vec::new(),
+                kind,
+            },
         }
     }
 
@@ -445,7 +475,9 @@ impl State {
                 s.resize(len, 0);
                 n.grow(len);
             }
-            State::MinMax { sets, .. } => sets.resize_with(len, MultiSet::default),
+            State::MinMax { sets, .. } | State::Sketch { sets, .. } => {
+                sets.resize_with(len, MultiSet::default)
+            }
             State::Distinct { sets, n } => {
                 sets.resize_with(len, MultiSet::default);
                 n.resize(len, 0);
@@ -468,7 +500,9 @@ impl State {
                 set(s, g, 0);
                 n.reset(g);
             }
-            State::MinMax { sets, .. } => set(sets, g, MultiSet::default()),
+            State::MinMax { sets, .. } | State::Sketch { sets, .. } => {
+                set(sets, g, MultiSet::default())
+            }
             State::Distinct { sets, n } => {
                 set(sets, g, MultiSet::default());
                 set(n, g, 0);
@@ -486,6 +520,8 @@ impl State {
             | State::AvgInt { n, .. } => n.get(g, rows) == 0,
             State::MinMax { sets, .. } => sets.get(g).is_none_or(|s| s.is_empty()),
             State::Distinct { sets, .. } => sets.get(g).is_none_or(|s| s.is_empty()),
+            // A group of NULLs only has the empty sketch, not NULL.
+            State::Sketch { .. } => rows.get(g).copied().unwrap_or(0) == 0,
         }
     }
 
@@ -555,6 +591,17 @@ impl State {
                     }
                 }
             }
+            State::Sketch { sets, kind } => {
+                let t = in_ty.unwrap_or(DataType::Binary);
+                let empty = MultiSet::default();
+                for &g in groups {
+                    let set = sets.get(g as usize).unwrap_or(&empty);
+                    match sketch_state(*kind, set, t) {
+                        Some(b) => out.push_wide(Out::B(b)),
+                        None => out.push_null(),
+                    }
+                }
+            }
         }
         out.fill_nulls();
     }
@@ -567,6 +614,12 @@ impl State {
                 let t = in_ty.ok_or("a min, max or count(DISTINCT) without an argument")?;
                 sets.iter().try_for_each(|m| m.check(t))
             }
+            State::Sketch { sets, kind } => {
+                let t = in_ty.ok_or("a sketch function without an argument")?;
+                sets.iter().try_for_each(|m| m.check(t))?;
+                sets.iter()
+                    .try_for_each(|m| check_sketch_inputs(*kind, m, t))
+            }
             _ => Ok(()),
         }
     }
@@ -577,7 +630,9 @@ impl State {
             State::SumInt { s, n } => s.len() * 8 + n.approx_bytes(),
             State::SumFloat { s, n } | State::AvgFloat { s, n } => s.len() * 8 + n.approx_bytes(),
             State::AvgInt { s, n } => s.len() * 16 + n.approx_bytes(),
-            State::MinMax { sets, .. } => sets.iter().map(|s| 48 + s.approx_bytes()).sum(),
+            State::MinMax { sets, .. } | State::Sketch { sets, .. } => {
+                sets.iter().map(|s| 48 + s.approx_bytes()).sum()
+            }
             State::Distinct { sets, n } => {
                 n.len() * 8 + sets.iter().map(|s| 48 + s.approx_bytes()).sum::<usize>()
             }
@@ -603,7 +658,7 @@ impl State {
                 }
                 n.write(w, rows);
             }
-            State::MinMax { sets, .. } => {
+            State::MinMax { sets, .. } | State::Sketch { sets, .. } => {
                 w.u64(sets.len() as u64);
                 for s in sets {
                     s.write(w);
@@ -653,7 +708,7 @@ impl State {
                 *n = Counts::read(r, rows)?;
                 check(s.len())?;
             }
-            State::MinMax { sets, .. } => {
+            State::MinMax { sets, .. } | State::Sketch { sets, .. } => {
                 let l = r.len(16)?;
                 let mut v = Vec::with_capacity(l);
                 for _ in 0..l {
@@ -1182,7 +1237,10 @@ impl AggOp {
             let arg = args.get(mi).and_then(|a| a.as_deref());
             let filter = filters.get(mi).and_then(|f| f.as_deref());
             let at = self.arg_types.get(mi).copied().flatten();
-            update(state, &self.rows, &gids, diffs, arg, at, filter);
+            if let Err(e) = update(state, &self.rows, &gids, diffs, arg, at, filter) {
+                self.gids = gids;
+                return Err(e);
+            }
         }
         scatter_diffs(&mut self.rows, &gids, diffs);
         self.gids = gids;
@@ -1709,7 +1767,7 @@ fn update(
     arg: Option<&Column>,
     at: Option<DataType>,
     filter: Option<&Column>,
-) {
+) -> Result<(), FlowError> {
     // Every row counts: the counts follow the row counts (and only add up when stored).
     let simple = filter.is_none() && arg.is_none_or(|a| a.nulls.is_empty());
     let empty = Column::default();
@@ -1720,7 +1778,7 @@ fn update(
                 if let Some(v) = &mut n.0 {
                     scatter_diffs(v, gids, diffs);
                 }
-                return;
+                return Ok(());
             }
             State::SumInt { s, n } => {
                 if let Some(v) = &mut n.0 {
@@ -1730,7 +1788,7 @@ fn update(
                     Diffs::Each(d) => scatter_mul_add(s, gids, d, &a.ints),
                     Diffs::All(d) => scatter_scaled_add(s, gids, &a.ints, *d),
                 }
-                return;
+                return Ok(());
             }
             _ => {}
         }
@@ -1832,6 +1890,33 @@ fn update(
                 }
             }
         }
+        State::Sketch { sets, kind } => {
+            // Every input is checked before any is taken: a bad one fails
+            // the flow with the state as it was.
+            for i in 0..gids.len() {
+                if keep(i) && valid(i) {
+                    check_sketch_input(*kind, get(a, t.storage(), i))?;
+                }
+            }
+            for (i, (g, d)) in gids.iter().zip(diffs.iter()).enumerate() {
+                if !(keep(i) && valid(i)) {
+                    continue;
+                }
+                if let Some(ms) = sets.get_mut(*g as usize) {
+                    let v = get(a, t.storage(), i);
+                    match v {
+                        S::B(b) => {
+                            ms.add_bytes(b, *d);
+                        }
+                        _ => {
+                            if let Some(k) = ord_key(v, t) {
+                                ms.add_int(k, *d);
+                            }
+                        }
+                    }
+                }
+            }
+        }
         State::Distinct { sets, n } => {
             for (i, (g, d)) in gids.iter().zip(diffs.iter()).enumerate() {
                 if !(keep(i) && valid(i)) {
@@ -1856,9 +1941,114 @@ fn update(
             }
         }
     }
+    Ok(())
 }
 
 /// Checks that the expressions an aggregate evaluates are well-formed for its input.
+/// Checks one input of a sketch function before it is taken: a merge's
+/// state must decode, a uddsketch value must be a number.
+fn check_sketch_input(kind: SketchKind, v: S<'_>) -> Result<(), FlowError> {
+    use crate::sketch::{HllAcc, UddAcc};
+    let bad = |f: &str, m: String| crate::types::bad(format!("{f}: {m}"));
+    match (kind, v) {
+        (SketchKind::HllMerge, S::B(b)) => HllAcc::new()
+            .add_state(b, 1)
+            .map_err(|m| bad("hll_merge", m)),
+        (
+            SketchKind::UddMerge {
+                max_buckets,
+                error_rate,
+            },
+            S::B(b),
+        ) => UddAcc::new(max_buckets, error_rate)
+            .and_then(|mut acc| acc.add_state(b, 1))
+            .map_err(|m| bad("uddsketch_merge", m)),
+        (SketchKind::Udd { .. }, S::F(f)) if f.is_nan() => Err(bad(
+            "uddsketch_state",
+            "NaN has no quantile; filter it out with WHERE NOT isnan(x)".into(),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Checks restored sketch inputs as [`check_sketch_input`] checks new ones.
+fn check_sketch_inputs(kind: SketchKind, m: &MultiSet, t: DataType) -> Result<(), String> {
+    for b in m.bytes.keys() {
+        check_sketch_input(kind, S::B(b)).map_err(|e| e.to_string())?;
+    }
+    for k in m.ints.keys() {
+        if let Out::F(f) = from_ord_key(*k, t) {
+            check_sketch_input(kind, S::F(f)).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
+}
+
+/// The sketch of a group's current inputs (`set`, values of type `t`):
+/// what the function gives over those rows. `None` only if the inputs are
+/// not what [`check_sketch_input`] lets in.
+fn sketch_state(kind: SketchKind, set: &MultiSet, t: DataType) -> Option<Vec<u8>> {
+    use crate::sketch::{self, HllAcc, UddAcc};
+    let values = || {
+        set.ints
+            .iter()
+            .filter(|(_, c)| **c > 0)
+            .map(move |(k, c)| (from_ord_key(*k, t), *c))
+    };
+    match kind {
+        SketchKind::Hll => {
+            let mut acc = HllAcc::new();
+            for (v, c) in values() {
+                let h = match v {
+                    Out::F(f) => sketch::hll_hash_f64(f),
+                    Out::I(x) if t == DataType::Boolean => sketch::hll_hash_bool(x != 0),
+                    Out::I(x) if t.is_unsigned_int() => sketch::hll_hash_u64(x as u64),
+                    Out::I(x) => sketch::hll_hash_i64(x),
+                    _ => continue,
+                };
+                acc.add_hash(h, c);
+            }
+            for (b, c) in set.bytes.iter().filter(|(_, c)| **c > 0) {
+                acc.add_bytes(b, *c);
+            }
+            Some(acc.state())
+        }
+        SketchKind::HllMerge => {
+            let mut acc = HllAcc::new();
+            for (b, c) in set.bytes.iter().filter(|(_, c)| **c > 0) {
+                acc.add_state(b, *c).ok()?;
+            }
+            Some(acc.state())
+        }
+        SketchKind::Udd {
+            max_buckets,
+            error_rate,
+        } => {
+            let mut acc = UddAcc::new(max_buckets, error_rate).ok()?;
+            for (v, c) in values() {
+                let x = match v {
+                    Out::F(f) => f,
+                    Out::I(x) if t.is_unsigned_int() => x as u64 as f64,
+                    Out::I(x) => x as f64,
+                    _ => continue,
+                };
+                acc.add_value(x, c).ok()?;
+            }
+            acc.state().ok()
+        }
+        SketchKind::UddMerge {
+            max_buckets,
+            error_rate,
+        } => {
+            let mut acc = UddAcc::new(max_buckets, error_rate).ok()?;
+            for (b, c) in set.bytes.iter().filter(|(_, c)| **c > 0) {
+                acc.add_state(b, *c).ok()?;
+            }
+            acc.state().ok()
+        }
+    }
+}
+
 pub(crate) fn validate(spec: &AggSpec) -> Result<(), FlowError> {
     let all: Vec<&Expr> = spec
         .keys

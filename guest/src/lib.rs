@@ -16,6 +16,7 @@ mod expr;
 mod flow;
 mod hash;
 mod plan;
+pub mod sketch;
 pub use sandflow_contract as types;
 mod wire;
 

@@ -27,6 +27,22 @@ pub(crate) enum AggKind {
     Avg,
     Min,
     Max,
+    /// A sketch function's state over the argument's current values.
+    Sketch(SketchKind),
+}
+
+/// GreptimeDB's sketch aggregates (see `sketch.rs`): their state is computed
+/// from the exact multiset of current inputs, so deletes are exact.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum SketchKind {
+    /// `hll(x)`.
+    Hll,
+    /// `hll_merge(state)`.
+    HllMerge,
+    /// `uddsketch_state(max_buckets, error_rate, x)`.
+    Udd { max_buckets: i64, error_rate: f64 },
+    /// `uddsketch_merge(max_buckets, error_rate, state)`.
+    UddMerge { max_buckets: i64, error_rate: f64 },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -381,7 +397,7 @@ fn lower_rel(rel: &Rel, ctx: &mut Ctx<'_>, ops: &mut Vec<OpSpec>) -> Result<Sche
                     .get(&f.function_reference)
                     .cloned()
                     .ok_or_else(|| bad("aggregate function reference not declared"))?;
-                let mut args = Vec::new();
+                let mut args: Vec<Expr> = Vec::new();
                 for a in &f.arguments {
                     match &a.arg_type {
                         Some(ArgType::Value(v)) => args.push(lower_expr(v, &in_schema, ctx)?.0),
@@ -389,9 +405,29 @@ fn lower_rel(rel: &Rel, ctx: &mut Ctx<'_>, ops: &mut Vec<OpSpec>) -> Result<Sche
                     }
                 }
                 let distinct = f.invocation == AggregationInvocation::Distinct as i32;
+                // The sketch functions take their parameters first, as literals.
+                let sketch = sketch_kind(&name, &args)?;
+                if sketch.is_some() {
+                    args = args.split_off(args.len().saturating_sub(1));
+                }
                 let arg = args.first().cloned();
                 let arg_ty = arg.as_ref().map(|a| a.ty());
                 let (kind, out, nullable) = match (name.as_str(), arg_ty) {
+                    (_, Some(t)) if sketch.is_some() => {
+                        let k = sketch.unwrap_or(SketchKind::Hll);
+                        let merge = matches!(k, SketchKind::HllMerge | SketchKind::UddMerge { .. });
+                        if merge && t != DataType::Binary {
+                            return Err(unsupported(format!(
+                                "{name} takes a BINARY state (of hll or uddsketch_state), not {t}"
+                            )));
+                        }
+                        if matches!(k, SketchKind::Udd { .. }) && !t.is_numeric() {
+                            return Err(unsupported(format!(
+                                "uddsketch_state takes a number, not {t}"
+                            )));
+                        }
+                        (AggKind::Sketch(k), DataType::Binary, false)
+                    }
                     ("count", None) => (AggKind::CountStar, DataType::Int64, false),
                     ("count", Some(_)) if distinct => {
                         (AggKind::CountDistinct, DataType::Int64, false)
@@ -1154,6 +1190,71 @@ fn lower_call(
         _ => any_null || out_null.unwrap_or(false),
     };
     Ok((Expr::Call(func, args, t), nullable))
+}
+
+/// The sketch function `name` is, with its literal parameters checked;
+/// `None` for other functions.
+fn sketch_kind(name: &str, args: &[Expr]) -> Result<Option<SketchKind>, FlowError> {
+    let one = |what: &str| {
+        if args.len() == 1 {
+            Ok(())
+        } else {
+            Err(unsupported(format!("{name} takes one argument, {what}")))
+        }
+    };
+    let params = |what: &str| -> Result<(i64, f64), FlowError> {
+        let [b, e, _] = args else {
+            return Err(unsupported(format!(
+                "{name} takes three arguments: {name}(max_buckets, error_rate, {what})"
+            )));
+        };
+        let max_buckets = match b {
+            Expr::Lit(Lit::Int(i), _) => *i,
+            _ => {
+                return Err(unsupported(format!(
+                    "{name}'s max_buckets must be an integer literal, e.g. {name}(128, 0.01, ...)"
+                )))
+            }
+        };
+        let error_rate = match e {
+            Expr::Lit(Lit::Float(f), _) => *f,
+            Expr::Lit(Lit::Int(i), _) => *i as f64,
+            _ => {
+                return Err(unsupported(format!(
+                    "{name}'s error_rate must be a number literal, e.g. {name}(128, 0.01, ...)"
+                )))
+            }
+        };
+        // The same checks as the accumulator's, at CREATE FLOW.
+        crate::sketch::UddAcc::new(max_buckets, error_rate)
+            .map_err(|m| unsupported(format!("{name}: {m}")))?;
+        Ok((max_buckets, error_rate))
+    };
+    Ok(Some(match name {
+        "hll" => {
+            one("the value to count distinct")?;
+            SketchKind::Hll
+        }
+        "hll_merge" => {
+            one("a state of hll")?;
+            SketchKind::HllMerge
+        }
+        "uddsketch_state" => {
+            let (max_buckets, error_rate) = params("value")?;
+            SketchKind::Udd {
+                max_buckets,
+                error_rate,
+            }
+        }
+        "uddsketch_merge" => {
+            let (max_buckets, error_rate) = params("state")?;
+            SketchKind::UddMerge {
+                max_buckets,
+                error_rate,
+            }
+        }
+        _ => return Ok(None),
+    }))
 }
 
 #[cfg(test)]
