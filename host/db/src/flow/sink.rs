@@ -13,7 +13,8 @@
 //! * an existing sink fits when its columns are the output's (by name, or by
 //!   position where only the name differs and the types agree), optionally
 //!   followed by one timestamp column written with the tick time and a
-//!   `__ts_placeholder`; types are cast when the cast is lossless. A
+//!   `__ts_placeholder`; types are cast when the cast is lossless (or is a
+//!   timestamp to a coarser precision, truncated, see [`fits_sink`]). A
 //!   timestamp column of the sink's key (time index or primary key) that the
 //!   query does not give is 0, like `__ts_placeholder`: with the tick time in
 //!   it, each update would add a row instead of replacing one.
@@ -157,6 +158,22 @@ pub fn lossless(from: ColumnType, to: ColumnType) -> bool {
     }
 }
 
+/// Whether a query's column of type `from` may go into a sink column of type
+/// `to`: a lossless cast, or a timestamp into one of coarser precision (as
+/// GreptimeDB writes a `TIMESTAMP '...'` literal, nanoseconds, into a
+/// millisecond column): the finer part of each value is truncated, as an
+/// INSERT into that column would do.
+pub fn fits_sink(from: ColumnType, to: ColumnType) -> bool {
+    use ColumnType::*;
+    let ts = |t: ColumnType| {
+        matches!(
+            t,
+            TimestampSecond | TimestampMillisecond | TimestampMicrosecond | TimestampNanosecond
+        )
+    };
+    lossless(from, to) || (ts(from) && ts(to))
+}
+
 /// Checks that `table` can hold `output`; returns, per sink column, where its
 /// values come from, or an error listing every mismatch.
 pub fn fit(table: &Table, output: &[Field]) -> Result<Vec<SinkColumn>, String> {
@@ -170,7 +187,7 @@ pub fn fit(table: &Table, output: &[Field]) -> Result<Vec<SinkColumn>, String> {
             let Some(j) = cols.iter().position(|c| c.name == f.name) else {
                 continue;
             };
-            if !lossless(out_types[i], cols[j].data_type) {
+            if !fits_sink(out_types[i], cols[j].data_type) {
                 problems.push(format!(
                     "column '{}' is {} in the sink but the query gives {}, which does not convert without loss",
                     f.name,
@@ -191,7 +208,7 @@ pub fn fit(table: &Table, output: &[Field]) -> Result<Vec<SinkColumn>, String> {
                 continue;
             };
             let ok = if c.name == f.name {
-                lossless(out_types[i], c.data_type)
+                fits_sink(out_types[i], c.data_type)
             } else {
                 out_types[i] == c.data_type
             };
@@ -428,6 +445,9 @@ mod tests {
         assert!(!lossless(TimestampMicrosecond, TimestampMillisecond));
         assert!(!lossless(Float64, Int32));
         assert!(!lossless(String, Int32));
+        assert!(fits_sink(TimestampNanosecond, TimestampMillisecond));
+        assert!(!fits_sink(TimestampNanosecond, Date));
+        assert!(!fits_sink(Int64, Int32));
     }
 
     #[test]

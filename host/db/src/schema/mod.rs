@@ -264,6 +264,13 @@ impl Table {
 
     /// `WITH (ttl = 'instant')`: the table keeps no rows; its writes only
     /// reach the flows that read it (GreptimeDB's flow-only source tables).
+    /// `WITH (merge_mode = 'last_non_null')`: a row that replaces another
+    /// (same primary key and time index) keeps the old value of each column
+    /// it has NULL in.
+    pub fn last_non_null(&self) -> bool {
+        self.info.options.get("merge_mode").map(String::as_str) == Some("last_non_null")
+    }
+
     pub fn instant(&self) -> bool {
         self.info.options.get("ttl").map(String::as_str) == Some(TTL_INSTANT)
     }

@@ -734,6 +734,20 @@ pub fn schema_from_create(ct: &CreateTable) -> Result<(TableSchema, BTreeMap<Str
                     options.insert(k.clone(), "true".to_string());
                 }
             }
+            // GreptimeDB's: which of the versions of a row (same primary key
+            // and time index) a read sees. `last_row`, the default, is what
+            // sandflow always does.
+            "merge_mode" => match v.trim().to_ascii_lowercase().as_str() {
+                "last_row" => {}
+                "last_non_null" => {
+                    options.insert(k.clone(), "last_non_null".to_string());
+                }
+                _ => {
+                    return sql_fail(format!(
+                        "merge_mode must be 'last_row' or 'last_non_null', not '{v}'"
+                    ))
+                }
+            },
             "ttl" => match v.trim().to_ascii_lowercase().as_str() {
                 TTL_INSTANT => {
                     options.insert(k.clone(), TTL_INSTANT.to_string());
@@ -756,12 +770,20 @@ pub fn schema_from_create(ct: &CreateTable) -> Result<(TableSchema, BTreeMap<Str
             _ => {
                 return UnsupportedSnafu {
                     message: format!(
-                        "table option '{k}' is not supported; supported: append_mode, ttl"
+                        "table option '{k}' is not supported; supported: append_mode, \
+                         merge_mode, ttl"
                     ),
                 }
                 .fail()
             }
         }
+    }
+    if append_mode && options.contains_key("merge_mode") {
+        return sql_fail(
+            "merge_mode = 'last_non_null' merges the versions of a row, and an append-mode \
+             table keeps every version: choose one of the two options"
+                .to_string(),
+        );
     }
     let pk: Vec<&str> = primary_key.iter().map(String::as_str).collect();
     let mut schema = TableSchema::new(columns, &time_index, &pk, append_mode)?;

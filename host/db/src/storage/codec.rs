@@ -296,6 +296,50 @@ pub(crate) fn encode_value(
     }
 }
 
+/// Each value column's encoded bytes in `value` (`None`: NULL).
+fn value_spans<'a>(table: &Table, value: &'a [u8]) -> Result<Vec<Option<&'a [u8]>>> {
+    let columns = &table.schema().columns;
+    let mut input = Input {
+        bytes: value,
+        pos: 0,
+    };
+    if input.byte()? != VALUE_FORMAT {
+        return Err(corrupt("unknown value format"));
+    }
+    let n = table.value_columns.len();
+    let bitmap = input.take(n.div_ceil(8))?;
+    let mut spans = Vec::with_capacity(n);
+    for (i, &c) in table.value_columns.iter().enumerate() {
+        if bitmap[i / 8] & (1 << (i % 8)) != 0 {
+            spans.push(None);
+        } else {
+            let start = input.pos;
+            decode_value_cell(columns[c].data_type, &mut input)?;
+            spans.push(Some(&value[start..input.pos]));
+        }
+    }
+    Ok(spans)
+}
+
+/// The value `merge_mode = 'last_non_null'` keeps when `new` replaces
+/// `old` (both encoded values of `table`): each column's value from `new`
+/// unless it is NULL there, else from `old`.
+pub(crate) fn merge_last_non_null(table: &Table, old: &[u8], new: &[u8]) -> Result<Vec<u8>> {
+    let (old, new) = (value_spans(table, old)?, value_spans(table, new)?);
+    let n = table.value_columns.len();
+    let mut out = Vec::with_capacity(64);
+    out.push(VALUE_FORMAT);
+    let bitmap_at = out.len();
+    out.resize(bitmap_at + n.div_ceil(8), 0);
+    for (i, (o, n)) in old.iter().zip(&new).enumerate() {
+        match n.or(*o) {
+            Some(bytes) => out.extend_from_slice(bytes),
+            None => out[bitmap_at + i / 8] |= 1 << (i % 8),
+        }
+    }
+    Ok(out)
+}
+
 fn decode_value_cell<'a>(ty: ColumnType, input: &mut Input<'a>) -> Result<Cell<'a>> {
     Ok(match ty {
         ColumnType::Boolean => Cell::Bool(input.byte()? != 0),

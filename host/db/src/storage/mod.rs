@@ -740,7 +740,17 @@ fn upsert_rows(
             }
             continue;
         }
-        let old = space.put(&key, value_bytes(table, &readers, row, &mut value))?;
+        if table.last_non_null() {
+            value_bytes(table, &readers, row, &mut value);
+            if let Some(old) = space.get(&key)? {
+                value = codec::merge_last_non_null(table, &old, &value)?;
+            }
+        }
+        let old = if table.last_non_null() {
+            space.put(&key, &value)?
+        } else {
+            space.put(&key, value_bytes(table, &readers, row, &mut value))?
+        };
         if let Some(out) = out.as_deref_mut() {
             match old {
                 Some(old) if old == value => {}
@@ -769,6 +779,17 @@ fn apply_staged(
     let mut rows = 0u64;
     if !table.instant() {
         for (key, value) in &staged.keys {
+            let merged;
+            let value = match value {
+                Some(v) if table.last_non_null() && !staged.fresh.contains(key) => {
+                    merged = match space.get(key)? {
+                        Some(old) => codec::merge_last_non_null(table, &old, v)?,
+                        None => v.clone(),
+                    };
+                    Some(&merged)
+                }
+                v => v.as_ref(),
+            };
             let old = match value {
                 Some(v) => space.put(key, v)?,
                 None => space.delete(key)?,

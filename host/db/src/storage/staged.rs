@@ -34,6 +34,10 @@ pub(crate) struct StagedTable {
     /// New rows of an append-mode or `ttl = 'instant'` table: the key without
     /// its per-commit suffix, and the value (the suffix is given at commit).
     pub(crate) appends: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Keys of a `merge_mode = 'last_non_null'` table written after the
+    /// transaction deleted them: at commit their values replace the stored
+    /// ones instead of merging with them.
+    pub(crate) fresh: std::collections::BTreeSet<Vec<u8>>,
 }
 
 /// The writes of an open transaction; see the module docs.
@@ -68,6 +72,7 @@ impl Staged {
                 table: table.clone(),
                 keys: BTreeMap::new(),
                 appends: Vec::new(),
+                fresh: Default::default(),
             })
     }
 }
@@ -92,6 +97,18 @@ impl Store {
             codec::encode_value(table, &readers, row, &mut value);
             if append {
                 target.appends.push((key, value));
+            } else if table.last_non_null() {
+                // Merged with what the transaction wrote before; with the
+                // stored row at commit (unless the transaction deleted it).
+                let value = match target.keys.get(&key) {
+                    Some(Some(prev)) => codec::merge_last_non_null(table, prev, &value)?,
+                    Some(None) => {
+                        target.fresh.insert(key.clone());
+                        value
+                    }
+                    None => value,
+                };
+                target.keys.insert(key, Some(value));
             } else {
                 target.keys.insert(key, Some(value));
             }
@@ -138,6 +155,7 @@ impl Store {
             table: table.clone(),
             keys: BTreeMap::new(),
             appends: Vec::new(),
+            fresh: Default::default(),
         };
         let view = mine.as_ref().unwrap_or(&empty);
         // Keys of the rows visible to the transaction, in chunks with their rows.
