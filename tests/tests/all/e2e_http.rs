@@ -348,6 +348,19 @@ fn flows_over_http() {
         json!([["per_host", "running", "per_host_sink"]]),
         "{v}"
     );
+    // Expressions over it name their columns after the table as written,
+    // not after where sandflow keeps it.
+    let v =
+        ok("SELECT upper(flow_name), count(*) FROM information_schema.flows GROUP BY flow_name");
+    let names = &v["output"][0]["records"]["schema"]["column_schemas"];
+    assert_eq!(names[0]["name"], "upper(flows.flow_name)", "{v}");
+    assert_eq!(names[1]["name"], "count(*)", "{v}");
+    let v = ok("SELECT f.flow_name FROM information_schema.flows AS f");
+    assert_eq!(
+        v["output"][0]["records"]["rows"],
+        json!([["per_host"]]),
+        "{v}"
+    );
     let (status, v) = s.http_sql("CREATE FLOW per_host SINK TO x AS SELECT host FROM m");
     assert!((400..500).contains(&status), "{status} {v}");
     assert!(

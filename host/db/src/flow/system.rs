@@ -20,7 +20,8 @@ use datafusion::datasource::MemTable;
 use datafusion::logical_expr::{Expr, TableType};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::sql::sqlparser::ast::{
-    visit_relations_mut, Ident, ObjectName, ObjectNamePart, Statement,
+    visit_relations_mut, Ident, ObjectName, ObjectNamePart, Statement, TableAlias, TableFactor,
+    VisitMut, VisitorMut,
 };
 
 use super::manager::FlowInfo;
@@ -35,25 +36,59 @@ pub const FLOWS_TABLE: &str = "flows";
 /// STATUS` shows): run-time facts per flow.
 pub const FLOW_STATISTICS_TABLE: &str = "flow_statistics";
 
+/// The system table `name` names (`information_schema.flows` in any case,
+/// optionally prefixed by the catalog), if it names one.
+fn system_table(name: &ObjectName) -> Option<String> {
+    let parts: Vec<String> = name
+        .0
+        .iter()
+        .map(|p| match p {
+            ObjectNamePart::Identifier(i) if i.quote_style.is_none() => i.value.to_lowercase(),
+            ObjectNamePart::Identifier(i) => i.value.clone(),
+            other => other.to_string(),
+        })
+        .collect();
+    let table = match parts.as_slice() {
+        [s, t] if s == "information_schema" => Some(t),
+        [c, s, t] if c == DEFAULT_CATALOG && s == "information_schema" => Some(t),
+        _ => None,
+    };
+    table
+        .filter(|t| *t == FLOWS_TABLE || *t == FLOW_STATISTICS_TABLE)
+        .cloned()
+}
+
+/// Names a system table in FROM by its own name when it has no alias, so
+/// that expressions over it name their columns `flows.x`, not after the
+/// system schema it is rewritten to.
+struct AliasSystemTables;
+
+impl VisitorMut for AliasSystemTables {
+    type Break = ();
+
+    fn pre_visit_table_factor(&mut self, factor: &mut TableFactor) -> ControlFlow<()> {
+        if let TableFactor::Table { name, alias, .. } = factor {
+            if alias.is_none() {
+                if let Some(t) = system_table(name) {
+                    *alias = Some(TableAlias {
+                        explicit: true,
+                        name: Ident::new(t),
+                        columns: Vec::new(),
+                        at: None,
+                    });
+                }
+            }
+        }
+        ControlFlow::Continue(())
+    }
+}
+
 /// Rewrites `information_schema.flows` (any case, optionally prefixed by the
 /// catalog) to the system schema's table.
 pub fn rewrite_system_tables(stmt: &mut Statement) {
+    let _ = stmt.visit(&mut AliasSystemTables);
     let _ = visit_relations_mut(stmt, |name: &mut ObjectName| {
-        let parts: Vec<String> = name
-            .0
-            .iter()
-            .map(|p| match p {
-                ObjectNamePart::Identifier(i) if i.quote_style.is_none() => i.value.to_lowercase(),
-                ObjectNamePart::Identifier(i) => i.value.clone(),
-                other => other.to_string(),
-            })
-            .collect();
-        let table = match parts.as_slice() {
-            [s, t] if s == "information_schema" => Some(t),
-            [c, s, t] if c == DEFAULT_CATALOG && s == "information_schema" => Some(t),
-            _ => None,
-        };
-        if let Some(t) = table.filter(|t| *t == FLOWS_TABLE || *t == FLOW_STATISTICS_TABLE) {
+        if let Some(t) = system_table(name) {
             *name = ObjectName(vec![
                 ObjectNamePart::Identifier(Ident::new(DEFAULT_CATALOG)),
                 ObjectNamePart::Identifier(Ident::with_quote('"', SYSTEM_SCHEMA)),
