@@ -37,6 +37,11 @@ pub enum Error {
     /// No database of that name (GreptimeDB's code 4004, SQLSTATE 3D000).
     #[snafu(display("{message}"))]
     DatabaseNotFound { message: String },
+    /// The statement met a concurrent change it cannot be applied over (an
+    /// ALTER TABLE); it wrote nothing and may simply run again (SQLSTATE
+    /// 40001).
+    #[snafu(display("{message}"))]
+    Conflict { message: String },
     /// Valid SQL that sandflow does not implement (yet).
     #[snafu(display("{message}"))]
     Unsupported { message: String },
@@ -93,6 +98,9 @@ impl Error {
                 message: message.clone(),
             },
             Error::Unsupported { message } => Error::Unsupported {
+                message: message.clone(),
+            },
+            Error::Conflict { message } => Error::Conflict {
                 message: message.clone(),
             },
             Error::InvalidData { message } => Error::InvalidData {

@@ -395,15 +395,76 @@ pub async fn write(db: &Database, database: &str, body: &str, precision: Precisi
     };
     let body = body.to_string();
     let now = db.now_ms().saturating_mul(1_000_000);
+    let points =
+        blocking(move || parse(&body).map_err(|e| invalid(format!("invalid line protocol: {e}"))))
+            .await?;
+    // New tags and fields of existing tables become their columns first (as
+    // GreptimeDB does): tags as primary-key strings, fields by their values.
+    for alter in new_columns(&core, &database, &points)? {
+        crate::sql::alter::alter_table(&core, &db.session_context(), alter).await?;
+    }
     let c = core.clone();
-    let written = blocking(move || {
-        let points = parse(&body).map_err(|e| invalid(format!("invalid line protocol: {e}")))?;
-        write_points(&c, &database, &points, precision, now)
-    })
-    .await?;
+    let written = blocking(move || write_points(&c, &database, &points, precision, now)).await?;
     // A table it created may be what a pending flow waits for.
     core.flows.start_pending(&core, &db.session_context()).await;
     Ok(written)
+}
+
+/// The ALTER TABLEs that give existing tables the tags and fields `points`
+/// bring and they lack (`ADD COLUMN IF NOT EXISTS`: a concurrent write may
+/// add them first).
+fn new_columns(
+    core: &Core,
+    database: &str,
+    points: &[Point],
+) -> Result<Vec<crate::sql::parser::AlterTable>> {
+    use crate::sql::parser::{AlterOp, AlterTable, ColumnDef, TableName};
+    let mut alters: Vec<AlterTable> = Vec::new();
+    if !core.catalog.database_exists(database)? {
+        return Ok(alters);
+    }
+    for shape in shapes(points)? {
+        let Some(table) = core.catalog.table(database, shape.measurement)? else {
+            continue;
+        };
+        let schema = table.schema();
+        let column = |name: &str, data_type: ColumnType, tag: bool| AlterOp::AddColumn {
+            column: ColumnDef {
+                name: name.to_string(),
+                data_type,
+                nullable: Some(true),
+                default: None,
+                comment: None,
+                index: None,
+                time_index: false,
+                primary_key: tag,
+            },
+            if_not_exists: true,
+            position: None,
+        };
+        let mut ops = Vec::new();
+        for (k, _) in &shape.tags {
+            if schema.column_index(k).is_none() {
+                ops.push(column(k, ColumnType::String, true));
+            }
+        }
+        for (k, v, _) in &shape.fields {
+            if schema.column_index(k).is_none() {
+                ops.push(column(k, v.column_type(), false));
+            }
+        }
+        if !ops.is_empty() {
+            alters.push(AlterTable {
+                name: TableName {
+                    database: database.to_string(),
+                    table: shape.measurement.to_string(),
+                    qualified: true,
+                },
+                ops,
+            });
+        }
+    }
+    Ok(alters)
 }
 
 fn invalid(message: String) -> crate::error::Error {
@@ -573,8 +634,8 @@ impl Shape<'_> {
         if !missing.is_empty() {
             let existing: Vec<&str> = schema.columns.iter().map(|c| c.name.as_str()).collect();
             return Err(invalid(format!(
-                "table {name:?} has no column{} {}; sandflow cannot add columns to an existing \
-                 table yet (its columns: {}). Write the point without {}, or to a new measurement",
+                "table {name:?} has no column{} {} (its columns: {}): they were dropped while \
+                 this write ran; write the point again, without {} if it should stay so",
                 if missing.len() == 1 { "" } else { "s" },
                 missing
                     .iter()
@@ -801,6 +862,7 @@ mod tests {
             name: "cpu".into(),
             schema: TableSchema::new(columns, time_index, pk, false).unwrap(),
             options: BTreeMap::new(),
+            version: 0,
         })
     }
 
@@ -827,6 +889,7 @@ mod tests {
             name: "m".into(),
             schema,
             options: BTreeMap::new(),
+            version: 0,
         });
         let batch = shapes[0]
             .batch(&t, Precision::Seconds, 7_500_000_000)
@@ -897,7 +960,7 @@ mod tests {
             e.contains("\"rack\", \"w\"") && e.contains("host, v, n, ts"),
             "{e}"
         );
-        assert!(e.contains("cannot add columns"), "{e}");
+        assert!(e.contains("dropped while this write ran"), "{e}");
         // An integer is not written into a DOUBLE column (InfluxDB: "field type conflict").
         let e = fits("\ncpu,host=b v=1i").unwrap_err().to_string();
         for needle in ["\"v\"", "DOUBLE", "BIGINT", "1i", "line 2", "1.5 or 1"] {

@@ -134,6 +134,7 @@ impl Statement {
     fn is_ddl(&self) -> bool {
         match &self.stmt {
             Stmt::CreateTable(_)
+            | Stmt::AlterTable(_)
             | Stmt::CreateDatabase { .. }
             | Stmt::DropTable { .. }
             | Stmt::DropDatabase { .. }

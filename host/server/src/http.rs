@@ -172,6 +172,8 @@ pub fn error_code(e: &Error) -> u32 {
         // GreptimeDB's RuntimeResourcesExhausted.
         Error::LimitExceeded { .. } => 6000,
         Error::Transaction { .. } => 1004,
+        // GreptimeDB's TableUnavailable: try again.
+        Error::Conflict { .. } => 4002,
         Error::Storage { .. } => 5000,
         Error::Flow { .. } => 1003,
         Error::Internal { .. } => 1003,
@@ -195,6 +197,7 @@ pub fn error_status(e: &Error) -> StatusCode {
             StatusCode::NOT_FOUND
         }
         Error::TableExists { .. } | Error::FlowExists { .. } => StatusCode::BAD_REQUEST,
+        Error::Conflict { .. } => StatusCode::CONFLICT,
         Error::Storage { .. } | Error::Flow { .. } | Error::Internal { .. } => {
             StatusCode::INTERNAL_SERVER_ERROR
         }

@@ -572,6 +572,7 @@ fn error_kind(e: &Error) -> ErrorKind {
             ErrorKind::ER_WRONG_VALUE_FOR_VAR
         }
         Error::Cancelled { .. } => ErrorKind::ER_QUERY_INTERRUPTED,
+        Error::Conflict { .. } => ErrorKind::ER_LOCK_DEADLOCK,
         _ => ErrorKind::ER_UNKNOWN_ERROR,
     }
 }

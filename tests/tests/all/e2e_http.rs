@@ -195,8 +195,8 @@ weather,city=Oslo,sensor=x temp=-3.25,hum=80i,ok=f,note=\"cold, dry\" 1700000001
         "cpu must not land in public"
     );
 
-    // A new tag or field of an existing table: 400 naming it, nothing written
-    // (not even the request's other, fitting points).
+    // A new tag or field of an existing table becomes its column (a tag a
+    // primary-key string), as in GreptimeDB; the rows already there have NULL.
     let (status, text) = s.http(
         "POST",
         "/v1/influxdb/write?db=metrics&precision=s",
@@ -205,12 +205,24 @@ weather,city=Oslo,sensor=x temp=-3.25,hum=80i,ok=f,note=\"cold, dry\" 1700000001
 cpu,host=h4,rack=r1 usage=0.2,temp=40 11
 ",
     );
-    assert_eq!(status, 400, "{text}");
-    assert!(
-        text.contains("rack") && text.contains("temp") && text.contains("cannot add columns"),
-        "{text}"
+    assert_eq!(status, 204, "{text}\n{}", s.logs());
+    assert_eq!(
+        s.sql("SELECT host, rack, usage, temp FROM metrics.cpu ORDER BY host"),
+        "h1||0.5|\nh2||0.75|\nh3||0.1|\nh4|r1|0.2|40.0"
     );
-    assert_eq!(s.sql("SELECT count(*) FROM metrics.cpu"), "2");
+    // The new tag is part of the key: the same host with another rack is
+    // another row.
+    let (status, text) = s.http(
+        "POST",
+        "/v1/influxdb/write?db=metrics&precision=s",
+        None,
+        "cpu,host=h4,rack=r2 usage=0.3 11\n",
+    );
+    assert_eq!(status, 204, "{text}");
+    assert_eq!(
+        s.sql("SELECT count(*) FROM metrics.cpu WHERE host = 'h4'"),
+        "2"
+    );
 }
 
 #[test]
@@ -277,18 +289,11 @@ fn influx_request_is_all_or_nothing() {
     for needle in ["\\\"v\\\"", "DOUBLE", "BIGINT", "line 2", "line 3"] {
         assert!(text.contains(needle), "{needle} missing from {text}");
     }
-    // A field the table does not have.
-    let (status, text) = write("d_new,k=a x=1i 2\ncpu,host=h4 usage=0.1,temp=3 4\n");
-    assert_eq!(status, 400, "{text}");
-    assert!(
-        text.contains("temp") && text.contains("cannot add columns"),
-        "{text}"
-    );
     // None of them wrote anything or created a table.
     assert_eq!(count("cpu"), "1");
     assert_eq!(count("zz_mem"), "1");
     let t = tables();
-    for name in ["a_new", "b_new", "c_new", "d_new", "m2"] {
+    for name in ["a_new", "b_new", "c_new", "m2"] {
         assert!(!t.lines().any(|l| l == name), "{name} was created:\n{t}");
     }
 

@@ -263,6 +263,52 @@ impl Catalog {
     }
 }
 
+impl Catalog {
+    /// ALTER TABLE: replaces `old`'s definition by `info` (same id; maybe
+    /// another name), together with the writes `rows` gives for the new
+    /// table (its rows in the new layout), in one storage transaction.
+    pub fn alter_table(
+        &self,
+        store: &Store,
+        old: &Arc<Table>,
+        info: TableInfo,
+        rows: impl FnOnce(&Arc<Table>) -> Result<WriteSet>,
+    ) -> Result<Arc<Table>> {
+        let _ddl = self.ddl.lock().map_err(|_| poisoned())?;
+        let database = &old.info.database;
+        match self.table(database, &old.info.name)? {
+            Some(t) if t.id() == old.id() => {}
+            _ => return self.require_table(database, &old.info.name),
+        }
+        if info.name != old.info.name && self.table(database, &info.name)?.is_some() {
+            return TableExistsSnafu {
+                message: format!(
+                    "cannot rename table '{}' to '{}': a table of that name exists",
+                    old.qualified_name(),
+                    display_name(database, &info.name)
+                ),
+            }
+            .fail();
+        }
+        let json = serde_json::to_vec(&info).map_err(|e| {
+            InternalSnafu {
+                message: format!("cannot encode table metadata: {e}"),
+            }
+            .build()
+        })?;
+        let table = Table::new(info);
+        let mut set = rows(&table)?;
+        set.push_meta(MetaWrite::Put(table_meta_key(table.id()), json));
+        store.commit(set)?;
+        let mut state = self.state.write().map_err(|_| poisoned())?;
+        if let Some(tables) = state.databases.get_mut(database) {
+            tables.remove(&old.info.name);
+            tables.insert(table.info.name.clone(), table.clone());
+        }
+        Ok(table)
+    }
+}
+
 /// DDL staged under the catalog's DDL lock, committed in ONE storage
 /// transaction together with other writes (rows, flow definitions): a
 /// line-protocol request creates its tables in the commit that writes its
@@ -348,6 +394,7 @@ impl DdlBatch<'_> {
             name: name.to_string(),
             schema,
             options,
+            version: 0,
         };
         let json = serde_json::to_vec(&info).map_err(|e| {
             InternalSnafu {

@@ -586,33 +586,132 @@ impl FlowManager {
             if h.def.pending || !(reads || h.sink_id == Some(id)) {
                 continue;
             }
-            self.halt(&h);
             let role = if reads { "source" } else { "sink" };
-            let mut status = h.status.lock().map(|s| s.clone()).unwrap_or_default();
-            status.error = Some(format!(
+            let message = format!(
                 "{role} table '{}' was dropped; drop the flow with DROP FLOW {}, or create the \
                  table again and run CREATE OR REPLACE FLOW",
                 table.qualified_name(),
                 h.def.name
-            ));
-            status.failures += 1;
-            status.pending_since_ms = None;
-            let status = Arc::new(Mutex::new(status));
-            self.register_metrics(core, &h.def.name, &status);
-            let handle = Arc::new(FlowHandle {
-                def: h.def.clone(),
-                status,
-                source_ids: h.source_ids.clone(),
-                sink_id: h.sink_id,
-                slot: None,
-                _readers: h._readers.clone(),
-                incarnation: self.incarnations.fetch_add(1, Ordering::Relaxed),
-                recording: h.recording.clone(),
-                sources: h.sources.clone(),
-            });
+            );
             warn!(flow = %h.def.name, "flow stopped: its {role} table {} was dropped", table.qualified_name());
-            if let Ok(mut f) = self.flows.write() {
-                f.insert(h.def.name.clone(), handle);
+            self.stop_failed(core, &h, message, true);
+        }
+    }
+
+    /// Stops `h`'s flow and keeps it, failed with `message` (a failure
+    /// counted if `failure`), until DROP FLOW, CREATE OR REPLACE FLOW or
+    /// ADMIN RESUME_FLOW.
+    fn stop_failed(&self, core: &Arc<Core>, h: &Arc<FlowHandle>, message: String, failure: bool) {
+        self.halt(h);
+        let mut status = h.status.lock().map(|s| s.clone()).unwrap_or_default();
+        status.error = Some(message);
+        if failure {
+            status.failures += 1;
+        }
+        status.pending_since_ms = None;
+        let status = Arc::new(Mutex::new(status));
+        self.register_metrics(core, &h.def.name, &status);
+        let handle = Arc::new(FlowHandle {
+            def: h.def.clone(),
+            status,
+            source_ids: h.source_ids.clone(),
+            sink_id: h.sink_id,
+            slot: None,
+            _readers: h._readers.clone(),
+            incarnation: self.incarnations.fetch_add(1, Ordering::Relaxed),
+            recording: h.recording.clone(),
+            sources: h.sources.clone(),
+        });
+        if let Ok(mut f) = self.flows.write() {
+            f.insert(h.def.name.clone(), handle);
+        }
+    }
+
+    /// Before an ALTER TABLE of table `id`: stops the flows that read or
+    /// write it (they would read its rows in the layout they were built
+    /// for) and returns their definitions for [`FlowManager::table_altered`].
+    pub(crate) async fn table_altering(&self, core: &Arc<Core>, table: &Table) -> Vec<FlowDef> {
+        let _ddl = self.ddl.lock().await;
+        let id = table.id();
+        let mut defs = Vec::new();
+        for h in self.handles() {
+            if h.def.pending || !(h.source_ids.contains(&id) || h.sink_id == Some(id)) {
+                continue;
+            }
+            let message = format!(
+                "stopped while ALTER TABLE {} runs; it starts again when it is done",
+                table.qualified_name()
+            );
+            self.stop_failed(core, &h, message, false);
+            defs.push(h.def.clone());
+        }
+        defs
+    }
+
+    /// After an ALTER TABLE (or after it failed): starts the flows that
+    /// [`FlowManager::table_altering`] stopped again, rebuilt over the
+    /// table as it is now (a back-fill), except those that read a column
+    /// the ALTER dropped, renamed or retyped, or a table it renamed: they
+    /// stay failed with the reason.
+    pub(crate) async fn table_altered(
+        &self,
+        core: &Arc<Core>,
+        ctx: &SessionContext,
+        defs: Vec<FlowDef>,
+        change: &TableChange,
+    ) {
+        let _ddl = self.ddl.lock().await;
+        let table = (change.database.clone(), change.table.clone());
+        for mut def in defs {
+            let reads = def.sources.contains(&table);
+            let shown = display_name(&change.database, &change.table);
+            let mut why = None;
+            if reads {
+                if let Some(new) = &change.renamed_to {
+                    why = Some(format!(
+                        "its source table '{shown}' was renamed to '{new}' (ALTER TABLE)"
+                    ));
+                }
+                for (column, what) in &change.columns {
+                    if why.is_none() && query_mentions(&def.query, column) {
+                        why = Some(format!(
+                            "column '{column}' of its source table '{shown}' {what} (ALTER TABLE)"
+                        ));
+                    }
+                }
+            }
+            if let Some(why) = why {
+                if let Some(h) = self.get(&def.name) {
+                    warn!(flow = %def.name, "flow failed: {why}");
+                    let message = format!(
+                        "{why}; change the query and run CREATE OR REPLACE FLOW, or DROP FLOW {}",
+                        def.name
+                    );
+                    self.stop_failed(core, &h, message, true);
+                }
+                continue;
+            }
+            if (def.sink_database.clone(), def.sink_table.clone()) == table {
+                if let Some(new) = &change.renamed_to {
+                    def.sink_table = new.clone();
+                }
+            }
+            let name = def.name.clone();
+            match self
+                .create_locked(core, ctx, recreate_statement(&def))
+                .await
+            {
+                Ok(_) => info!(flow = %name, "flow rebuilt after ALTER TABLE {shown}"),
+                Err(e) => {
+                    if let Some(h) = self.get(&name) {
+                        warn!(flow = %name, "flow cannot start after ALTER TABLE: {e}");
+                        let message = format!(
+                            "cannot start again after ALTER TABLE {shown}: {e}; fix the query or \
+                             the table and run CREATE OR REPLACE FLOW, or DROP FLOW {name}"
+                        );
+                        self.stop_failed(core, &h, message, true);
+                    }
+                }
             }
         }
     }
@@ -1044,23 +1143,7 @@ impl FlowManager {
             }
             tried.insert(handle.def.name.clone());
             let def = &handle.def;
-            let stmt = CreateFlow {
-                name: def.name.clone(),
-                or_replace: true,
-                if_not_exists: false,
-                sink: TableName {
-                    database: def.sink_database.clone(),
-                    table: def.sink_table.clone(),
-                    qualified: true,
-                },
-                expire_after: def.expire_after_ms.map(format_interval),
-                eval_interval: def.eval_interval_ms.map(format_interval),
-                comment: def.comment.clone(),
-                options: def.options.clone(),
-                query: def.query.clone(),
-                database: def.database.clone(),
-            };
-            match self.create_locked(core, ctx, stmt).await {
+            match self.create_locked(core, ctx, recreate_statement(def)).await {
                 Ok(_) => info!(flow = %def.name, "pending flow started: its sources exist"),
                 Err(e) => {
                     warn!(flow = %def.name, "pending flow cannot start: {e}");
@@ -1596,6 +1679,7 @@ impl FlowManager {
                     name: def.sink_table.clone(),
                     schema: schema.clone(),
                     options: Default::default(),
+                    version: 0,
                 });
                 (SinkPlan::Create(schema), draft)
             }
@@ -2135,6 +2219,54 @@ fn limits(defaults: &FlowLimits, options: &FlowOptions) -> FlowLimits {
             .unwrap_or(defaults.output_rows_per_tick),
         state_size: options.state_size_limit.or(defaults.state_size),
     }
+}
+
+/// What an ALTER TABLE changed that flows may depend on.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TableChange {
+    pub database: String,
+    /// The table's name before the ALTER.
+    pub table: String,
+    pub renamed_to: Option<String>,
+    /// Columns dropped, renamed or retyped, with what happened to them
+    /// (`was dropped`, ...), by their names before the ALTER.
+    pub columns: Vec<(String, String)>,
+}
+
+/// The `CREATE OR REPLACE FLOW` that defines `def` again.
+fn recreate_statement(def: &FlowDef) -> CreateFlow {
+    CreateFlow {
+        name: def.name.clone(),
+        or_replace: true,
+        if_not_exists: false,
+        sink: TableName {
+            database: def.sink_database.clone(),
+            table: def.sink_table.clone(),
+            qualified: true,
+        },
+        expire_after: def.expire_after_ms.map(format_interval),
+        eval_interval: def.eval_interval_ms.map(format_interval),
+        comment: def.comment.clone(),
+        options: def.options.clone(),
+        query: def.query.clone(),
+        database: def.database.clone(),
+    }
+}
+
+/// Whether `query` may read `column`: it names it (as a word, in any case,
+/// or quoted exactly) or selects `*`. Errs on the side of yes.
+fn query_mentions(query: &str, column: &str) -> bool {
+    use datafusion::sql::sqlparser::dialect::GenericDialect;
+    use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
+    let Ok(tokens) = Tokenizer::new(&GenericDialect {}, query).tokenize() else {
+        return true;
+    };
+    tokens.iter().any(|t| match t {
+        Token::Mul => true,
+        Token::Word(w) if w.quote_style.is_some() => w.value == column,
+        Token::Word(w) => w.value.to_lowercase() == column,
+        _ => false,
+    })
 }
 
 /// Compiles a flow's query with its unqualified names in `database`.

@@ -406,6 +406,7 @@ mod tests {
             name: "sink".into(),
             schema,
             options: Default::default(),
+            version: 0,
         })
     }
 

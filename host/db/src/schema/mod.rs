@@ -224,6 +224,15 @@ pub struct TableInfo {
     /// The `WITH (...)` options as given (normalised keys).
     #[serde(default)]
     pub options: BTreeMap<String, String>,
+    /// How its rows are laid out: 0 at CREATE, one more at each ALTER
+    /// TABLE that rewrites them. Writes made with an older layout are
+    /// refused (see `WriteSet::relayout`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub version: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// A table as the running database sees it: its metadata plus derived,

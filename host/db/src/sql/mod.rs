@@ -2,6 +2,7 @@
 //! queries and DML are planned and run by DataFusion over
 //! [`provider`]'s tables.
 
+pub mod alter;
 pub mod copy;
 pub mod executor;
 pub mod functions;
@@ -130,10 +131,6 @@ async fn plan_statement_in(
         ),
         Sql::Truncate { .. } => Some(
             "TRUNCATE is not supported yet; DELETE FROM the table without WHERE deletes every row",
-        ),
-        Sql::AlterTable { .. } => Some(
-            "ALTER TABLE is not supported yet: a table keeps the columns it was created with; \
-             create a new table and copy the rows with INSERT INTO ... SELECT",
         ),
         Sql::Copy { .. } => Some(
             "COPY to or from a file is not allowed: the server never reads or writes its own \
@@ -346,6 +343,7 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
             core.flows.start_pending(core, ctx).await;
             Ok(affected("CREATE TABLE", 0))
         }
+        Stmt::AlterTable(at) => alter::alter_table(core, ctx, at).await,
         Stmt::CreateDatabase {
             name,
             if_not_exists,
@@ -646,6 +644,48 @@ pub(crate) async fn drop_table(
     Ok(dropped.is_some())
 }
 
+/// The value stored for table option `k` (`merge_mode` or `ttl`) given as
+/// `v`; `None` when it is the default (nothing stored). Other names are
+/// refused.
+pub(crate) fn row_option(k: &str, v: &str) -> Result<Option<String>> {
+    let sql_fail = |message: String| Err(SqlSnafu { message }.build());
+    match k {
+        // GreptimeDB's: which of the versions of a row (same primary key and
+        // time index) a read sees. `last_row`, the default, is what sandflow
+        // always does.
+        "merge_mode" => match v.trim().to_ascii_lowercase().as_str() {
+            "last_row" => Ok(None),
+            "last_non_null" => Ok(Some("last_non_null".to_string())),
+            _ => sql_fail(format!(
+                "merge_mode must be 'last_row' or 'last_non_null', not '{v}'"
+            )),
+        },
+        "ttl" => match v.trim().to_ascii_lowercase().as_str() {
+            TTL_INSTANT => Ok(Some(TTL_INSTANT.to_string())),
+            // Rows are kept forever anyway.
+            "forever" | "" => Ok(None),
+            other => {
+                crate::schema::interval::parse_interval(other).map_err(|e| {
+                    SqlSnafu {
+                        message: format!(
+                            "ttl: {e}; use a duration such as '7d' or '12 hours', \
+                             'instant' or 'forever'"
+                        ),
+                    }
+                    .build()
+                })?;
+                Ok(Some(other.to_string()))
+            }
+        },
+        _ => UnsupportedSnafu {
+            message: format!(
+                "table option '{k}' is not supported; supported: append_mode, merge_mode, ttl"
+            ),
+        }
+        .fail(),
+    }
+}
+
 /// Turns a parsed CREATE TABLE into a table schema and options.
 pub fn schema_from_create(ct: &CreateTable) -> Result<(TableSchema, BTreeMap<String, String>)> {
     let table = &ct.name;
@@ -734,39 +774,11 @@ pub fn schema_from_create(ct: &CreateTable) -> Result<(TableSchema, BTreeMap<Str
                     options.insert(k.clone(), "true".to_string());
                 }
             }
-            // GreptimeDB's: which of the versions of a row (same primary key
-            // and time index) a read sees. `last_row`, the default, is what
-            // sandflow always does.
-            "merge_mode" => match v.trim().to_ascii_lowercase().as_str() {
-                "last_row" => {}
-                "last_non_null" => {
-                    options.insert(k.clone(), "last_non_null".to_string());
+            "merge_mode" | "ttl" => {
+                if let Some(value) = row_option(k, v)? {
+                    options.insert(k.clone(), value);
                 }
-                _ => {
-                    return sql_fail(format!(
-                        "merge_mode must be 'last_row' or 'last_non_null', not '{v}'"
-                    ))
-                }
-            },
-            "ttl" => match v.trim().to_ascii_lowercase().as_str() {
-                TTL_INSTANT => {
-                    options.insert(k.clone(), TTL_INSTANT.to_string());
-                }
-                // Rows are kept forever anyway.
-                "forever" | "" => {}
-                other => {
-                    crate::schema::interval::parse_interval(other).map_err(|e| {
-                        SqlSnafu {
-                            message: format!(
-                                "ttl: {e}; use a duration such as '7d' or '12 hours', \
-                                 'instant' or 'forever'"
-                            ),
-                        }
-                        .build()
-                    })?;
-                    options.insert(k.clone(), other.to_string());
-                }
-            },
+            }
             _ => {
                 return UnsupportedSnafu {
                     message: format!(

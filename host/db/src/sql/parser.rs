@@ -97,10 +97,48 @@ pub struct CreateFlow {
     pub database: String,
 }
 
+/// `ALTER TABLE name op [, op ...]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AlterTable {
+    pub name: TableName,
+    pub ops: Vec<AlterOp>,
+}
+
+/// Where `ADD COLUMN` puts the new column.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ColumnPosition {
+    First,
+    After(String),
+}
+
+/// One change of an `ALTER TABLE`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AlterOp {
+    /// `ADD [COLUMN] [IF NOT EXISTS] def [FIRST | AFTER c]`.
+    AddColumn {
+        column: ColumnDef,
+        if_not_exists: bool,
+        position: Option<ColumnPosition>,
+    },
+    /// `DROP [COLUMN] [IF EXISTS] c`.
+    DropColumn { name: String, if_exists: bool },
+    /// `RENAME [COLUMN] a TO b`.
+    RenameColumn { from: String, to: String },
+    /// `RENAME [TO] t`: the table's new name, in its database.
+    RenameTable(String),
+    /// `MODIFY [COLUMN] c type` or `ALTER [COLUMN] c [SET DATA] TYPE type`.
+    ModifyColumn { name: String, data_type: ColumnType },
+    /// `SET 'k' = 'v' [, ...]`: table options.
+    SetOptions(Vec<(String, String)>),
+    /// `UNSET 'k' [, ...]`.
+    UnsetOptions(Vec<String>),
+}
+
 /// One parsed statement.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Stmt {
     CreateTable(CreateTable),
+    AlterTable(AlterTable),
     CreateDatabase {
         name: String,
         if_not_exists: bool,
@@ -159,6 +197,7 @@ impl Stmt {
             | Stmt::ShowCreateFlow(_)
             | Stmt::Use(_) => true,
             Stmt::CreateTable(_)
+            | Stmt::AlterTable(_)
             | Stmt::CreateDatabase { .. }
             | Stmt::DropTable { .. }
             | Stmt::DropDatabase { .. }
@@ -177,6 +216,7 @@ impl Stmt {
     pub fn bind_database(&mut self, database: &str) {
         match self {
             Stmt::CreateTable(ct) => ct.name.bind(database),
+            Stmt::AlterTable(at) => at.name.bind(database),
             Stmt::DropTable { names, .. } => names.iter_mut().for_each(|n| n.bind(database)),
             Stmt::ShowTables { database: d, .. } => {
                 d.get_or_insert_with(|| database.to_string());
@@ -1167,6 +1207,11 @@ fn parse_one(p: &mut Parser, sql: &str) -> Result<Stmt> {
         p.next_token();
         return parse_create_table(p).map(Stmt::CreateTable);
     }
+    if is_kw(p, 0, Keyword::ALTER) && is_kw(p, 1, Keyword::TABLE) {
+        p.next_token();
+        p.next_token();
+        return parse_alter_table(p).map(Stmt::AlterTable);
+    }
     if is_kw(p, 0, Keyword::SHOW) {
         if is_kw(p, 1, Keyword::TABLES)
             || (is_kw(p, 1, Keyword::FULL) && is_kw(p, 2, Keyword::TABLES))
@@ -1664,6 +1709,160 @@ fn parse_column(p: &mut Parser) -> Result<ColumnDef> {
         }
     }
     Ok(col)
+}
+
+/// An option name or value in `SET` / `UNSET`: quoted or a word.
+fn option_text(p: &mut Parser, what: &str) -> Result<String> {
+    match p.next_token().token {
+        Token::SingleQuotedString(s) | Token::DoubleQuotedString(s) => Ok(s),
+        Token::Word(w) => Ok(w.value),
+        Token::Number(n, _) => Ok(n),
+        other => Err(syntax(format!("expected {what}, found {other}"))),
+    }
+}
+
+fn parse_alter_table(p: &mut Parser) -> Result<AlterTable> {
+    let name = table_name(&p.parse_object_name(false).map_err(sql_err)?)?;
+    let ident = |p: &mut Parser| -> Result<String> {
+        Ok(normalize_ident(&p.parse_identifier().map_err(sql_err)?))
+    };
+    let mut ops = Vec::new();
+    loop {
+        let op = if p.parse_keyword(Keyword::ADD) {
+            let _ = p.parse_keyword(Keyword::COLUMN);
+            let if_not_exists = p.parse_keywords(&[Keyword::IF, Keyword::NOT, Keyword::EXISTS]);
+            let column = parse_column(p)?;
+            let position = if p.parse_keyword(Keyword::FIRST) {
+                Some(ColumnPosition::First)
+            } else if p.parse_keyword(Keyword::AFTER) {
+                Some(ColumnPosition::After(ident(p)?))
+            } else {
+                None
+            };
+            AlterOp::AddColumn {
+                column,
+                if_not_exists,
+                position,
+            }
+        } else if p.parse_keyword(Keyword::DROP) {
+            let _ = p.parse_keyword(Keyword::COLUMN);
+            let if_exists = p.parse_keywords(&[Keyword::IF, Keyword::EXISTS]);
+            AlterOp::DropColumn {
+                name: ident(p)?,
+                if_exists,
+            }
+        } else if p.parse_keyword(Keyword::RENAME) {
+            if p.parse_keyword(Keyword::COLUMN) {
+                let from = ident(p)?;
+                p.expect_keyword(Keyword::TO).map_err(sql_err)?;
+                AlterOp::RenameColumn {
+                    from,
+                    to: ident(p)?,
+                }
+            } else if p.parse_keyword(Keyword::TO) {
+                AlterOp::RenameTable(new_table_name(p, &name)?)
+            } else {
+                // `RENAME a TO b` (a column) or `RENAME t` (the table).
+                let first = ident(p)?;
+                if p.parse_keyword(Keyword::TO) {
+                    AlterOp::RenameColumn {
+                        from: first,
+                        to: ident(p)?,
+                    }
+                } else {
+                    AlterOp::RenameTable(first)
+                }
+            }
+        } else if p.parse_keyword(Keyword::MODIFY) {
+            let _ = p.parse_keyword(Keyword::COLUMN);
+            let name = ident(p)?;
+            let _ = p.parse_keyword(Keyword::TYPE);
+            AlterOp::ModifyColumn {
+                name,
+                data_type: parse_column_type(p)?,
+            }
+        } else if p.parse_keyword(Keyword::ALTER) {
+            let _ = p.parse_keyword(Keyword::COLUMN);
+            let name = ident(p)?;
+            let _ = p.parse_keywords(&[Keyword::SET, Keyword::DATA]);
+            p.expect_keyword(Keyword::TYPE).map_err(sql_err)?;
+            AlterOp::ModifyColumn {
+                name,
+                data_type: parse_column_type(p)?,
+            }
+        } else if p.parse_keyword(Keyword::SET) {
+            let mut options = Vec::new();
+            loop {
+                let key = option_text(p, "an option name")?.to_lowercase();
+                p.expect_token(&Token::Eq).map_err(sql_err)?;
+                options.push((key, option_text(p, "an option value")?));
+                if !p.consume_token(&Token::Comma) || !is_option_start(p) {
+                    break;
+                }
+            }
+            AlterOp::SetOptions(options)
+        } else if is_word(p, 0, "UNSET") {
+            p.next_token();
+            let mut keys = Vec::new();
+            loop {
+                keys.push(option_text(p, "an option name")?.to_lowercase());
+                if !p.consume_token(&Token::Comma) || !is_option_start(p) {
+                    break;
+                }
+            }
+            AlterOp::UnsetOptions(keys)
+        } else {
+            return Err(syntax(format!(
+                "ALTER TABLE {name}: expected ADD COLUMN, DROP COLUMN, RENAME COLUMN, RENAME TO, \
+                 MODIFY COLUMN, SET or UNSET, found {}",
+                p.peek_token().token
+            )));
+        };
+        ops.push(op);
+        // `, ADD ...`: the comma of a SET list was taken there already.
+        if p.consume_token(&Token::Comma) {
+            continue;
+        }
+        if matches!(
+            ops.last(),
+            Some(AlterOp::SetOptions(_) | AlterOp::UnsetOptions(_))
+        ) && (is_kw(p, 0, Keyword::ADD)
+            || is_kw(p, 0, Keyword::DROP)
+            || is_kw(p, 0, Keyword::RENAME)
+            || is_kw(p, 0, Keyword::MODIFY))
+        {
+            continue;
+        }
+        break;
+    }
+    Ok(AlterTable { name, ops })
+}
+
+/// Whether the next token starts another option of a SET / UNSET list
+/// (not another ALTER TABLE operation).
+fn is_option_start(p: &Parser) -> bool {
+    let next = p.peek_token().token;
+    let op = matches!(&next, Token::Word(w) if matches!(
+        w.keyword,
+        Keyword::ADD | Keyword::DROP | Keyword::RENAME | Keyword::MODIFY | Keyword::ALTER | Keyword::SET
+    ) || w.value.eq_ignore_ascii_case("UNSET"));
+    !op
+}
+
+/// The new name in `RENAME TO t`: a bare name, or the same database's.
+fn new_table_name(p: &mut Parser, old: &TableName) -> Result<String> {
+    let new = table_name(&p.parse_object_name(false).map_err(sql_err)?)?;
+    if new.qualified && new.database != old.database {
+        return UnsupportedSnafu {
+            message: format!(
+                "ALTER TABLE ... RENAME TO cannot move table '{old}' to database '{}'; \
+                 a table keeps its database",
+                new.database
+            ),
+        }
+        .fail();
+    }
+    Ok(new.table)
 }
 
 fn column_list(p: &mut Parser) -> Result<Vec<String>> {

@@ -617,6 +617,7 @@ mod tests {
             name: "t".into(),
             schema,
             options: Default::default(),
+            version: 0,
         })
     }
 

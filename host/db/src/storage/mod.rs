@@ -89,6 +89,9 @@ pub struct WriteSet {
     rows: Vec<RowOp>,
     meta: Vec<MetaWrite>,
     fences: Vec<Fence>,
+    /// An ALTER TABLE's rewrite: the table, its new layout version, and
+    /// the commit its rows were read at (see [`WriteSet::relayout`]).
+    relayout: Option<(TableId, u64, u64)>,
 }
 
 impl std::fmt::Debug for WriteSet {
@@ -97,6 +100,7 @@ impl std::fmt::Debug for WriteSet {
             .field("rows", &self.rows)
             .field("meta", &self.meta)
             .field("fences", &self.fences.len())
+            .field("relayout", &self.relayout)
             .finish()
     }
 }
@@ -109,6 +113,15 @@ pub type Fence = Arc<dyn Fn() -> Result<()> + Send + Sync>;
 impl WriteSet {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Makes this write set an ALTER TABLE's rewrite of `table`'s rows to
+    /// layout `version`, read at commit `read_seq`: it fails (writing
+    /// nothing) if a commit wrote the table since, and once it commits,
+    /// writes made with an older layout of the table are refused.
+    pub fn relayout(&mut self, table: TableId, version: u64, read_seq: u64) -> &mut Self {
+        self.relayout = Some((table, version, read_seq));
+        self
     }
 
     /// Writes rows (upsert by key, or append for append-mode tables).
@@ -204,6 +217,10 @@ pub struct CommitInfo {
 
 struct CommitState {
     last_seq: u64,
+    /// Per table changed since the store opened: the last commit that wrote
+    /// its rows, and its layout version if an ALTER TABLE set one.
+    written: HashMap<TableId, u64>,
+    layouts: HashMap<TableId, u64>,
     /// Per table, the readers of its change log: a table with a live reader
     /// is logged (see [`log`]).
     readers: log::Readers,
@@ -258,6 +275,8 @@ impl Store {
             kv,
             state: Mutex::new(CommitState {
                 last_seq,
+                written: HashMap::new(),
+                layouts: HashMap::new(),
                 readers: HashMap::new(),
                 logs: HashSet::new(),
             }),
@@ -323,6 +342,35 @@ impl Store {
         let mut state = self.state.lock().map_err(|_| poisoned())?;
         for fence in &set.fences {
             fence()?;
+        }
+        for op in &ops {
+            let t = match op {
+                RowOp::Upsert(t, _) | RowOp::Delete(t, _) => t,
+                RowOp::Staged(s) => &s.table,
+            };
+            let current = state.layouts.get(&t.id()).copied().unwrap_or(0);
+            let relaid = set
+                .relayout
+                .is_some_and(|(id, v, _)| id == t.id() && v == t.info.version);
+            if t.info.version < current && !relaid {
+                return crate::error::ConflictSnafu {
+                    message: format!(
+                        "table '{}' was altered (ALTER TABLE) while this statement ran; \
+                         nothing was written; run the statement again",
+                        t.qualified_name()
+                    ),
+                }
+                .fail();
+            }
+        }
+        if let Some((id, _, read_seq)) = set.relayout {
+            if state.written.get(&id).is_some_and(|&w| w > read_seq) {
+                return crate::error::ConflictSnafu {
+                    message: "the table was written while ALTER TABLE read it; run it again"
+                        .to_string(),
+                }
+                .fail();
+            }
         }
         let seq = state.last_seq + 1;
         let mut txn = self.kv.begin_write()?;
@@ -390,6 +438,16 @@ impl Store {
         }
         txn.commit()?;
         state.last_seq = seq;
+        for op in &ops {
+            let t = match op {
+                RowOp::Upsert(t, _) | RowOp::Delete(t, _) => t,
+                RowOp::Staged(s) => &s.table,
+            };
+            state.written.insert(t.id(), seq);
+        }
+        if let Some((id, version, _)) = set.relayout {
+            state.layouts.insert(id, version);
+        }
         // Durable: wake the readers.
         for (table, _) in &changes {
             log::wake(&mut state.readers, table.id(), seq);

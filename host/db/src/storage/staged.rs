@@ -306,6 +306,7 @@ mod tests {
             name: "t".into(),
             schema,
             options: Default::default(),
+            version: 0,
         });
         store
             .commit_meta(vec![MetaWrite::CreateTable(t.id())])

@@ -143,6 +143,8 @@ pub fn sqlstate(e: &Error) -> &'static str {
         }
         // statement_too_complex: the statement guard, not a syntax error.
         Error::TooComplex { .. } => "54001",
+        // serialization_failure: run it again.
+        Error::Conflict { .. } => "40001",
         Error::Cancelled { .. } => "57014",
         Error::Transaction { .. } => {
             if msg.contains("aborted") {
