@@ -97,6 +97,51 @@ pub(crate) enum Func {
     },
     /// `date_trunc(unit, ts)`: args[0] is the timestamp.
     DateTrunc(TruncUnit),
+    /// `regexp_like(s, pattern[, flags])`, `s ~ pattern`, `~*`, `!~`, `!~*`: whether the
+    /// pattern (a literal, compiled when the plan is lowered) matches anywhere in args[0],
+    /// the opposite when `negated`; NULL where args[0] is NULL.
+    RegexMatch {
+        re: Pattern,
+        negated: bool,
+    },
+}
+
+/// A regular expression compiled once, when the plan is lowered, exactly as DataFusion 55
+/// compiles it for `regexp_like` and `~` (arrow's `regexp_is_match_scalar`): the flags are
+/// prepended as `(?flags)` and the result is built by `regex::Regex::new`, with its default
+/// limits (so a pattern DataFusion accepts is accepted here too).
+#[derive(Debug, Clone)]
+pub(crate) struct Pattern(regex::Regex);
+
+impl Pattern {
+    /// Compiles `pattern` with optional `flags` (`i`, `m`, `s`, `U`, `u`, `R`, `x`, `-`),
+    /// or explains on one line why it does not compile (e.g. empty flags: `(?)` is an error).
+    pub fn new(pattern: &str, flags: Option<&str>) -> Result<Self, FlowError> {
+        let full = match flags {
+            Some(f) => format!("(?{f}){pattern}"),
+            None => pattern.to_string(),
+        };
+        regex::Regex::new(&full).map(Pattern).map_err(|e| {
+            // A syntax error is several lines (the pattern, a caret, then "error: why").
+            let msg = e.to_string();
+            let why = msg.lines().last().unwrap_or_default();
+            let why = why.strip_prefix("error: ").unwrap_or(why);
+            bad(format!(
+                "regular expression {full:?} did not compile: {why}"
+            ))
+        })
+    }
+
+    /// The pattern as compiled (flags included).
+    pub fn as_str(&self) -> &str {
+        self.0.as_str()
+    }
+}
+
+impl PartialEq for Pattern {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -502,7 +547,34 @@ fn eval_call(f: &Func, args: &[Expr], t: DataType, c: &Chunk) -> Result<Column, 
                 ..Column::default()
             })
         }
+        Func::RegexMatch { re, negated } => {
+            let v = arg(args, 0)?.eval(c)?;
+            Ok(bool_col(
+                regex_matches(&re.0, &v, *negated, n),
+                v.nulls.clone(),
+            ))
+        }
     }
+}
+
+/// Whether `re` matches each of the first `n` strings of `v` (0 for NULL rows, which the
+/// caller marks NULL), inverted when `negated`.
+#[inline(never)]
+fn regex_matches(re: &regex::Regex, v: &Column, negated: bool, n: usize) -> Vec<i64> {
+    (0..n)
+        .map(|i| {
+            if v.is_null(i) {
+                return 0;
+            }
+            let b = v.bytes_at(i);
+            // Strings are valid UTF-8 (validate_batch); the lossy path only keeps this total.
+            let hit = match std::str::from_utf8(b) {
+                Ok(s) => re.is_match(s),
+                Err(_) => re.is_match(&String::from_utf8_lossy(b)),
+            };
+            (hit != negated) as i64
+        })
+        .collect()
 }
 
 const NS_PER_DAY: i128 = 86_400_000_000_000;

@@ -15,7 +15,7 @@ use substrait::proto::rel::RelType;
 use substrait::proto::rel_common::EmitKind;
 use substrait::proto::{plan_rel, r#type, Expression, Plan, Rel, RelCommon, Type};
 
-use crate::expr::{cast_supported, Arith, Cmp, Expr, Func, Lit, TruncUnit};
+use crate::expr::{cast_supported, Arith, Cmp, Expr, Func, Lit, Pattern, TruncUnit};
 use crate::types::{bad, unsupported, DataType, Field, FlowError, SourceSchema};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -780,7 +780,20 @@ fn lower_expr(e: &Expression, schema: &Schema, ctx: &Ctx<'_>) -> Result<(Expr, b
             let mut out_ty: Option<DataType> = None;
             let mut nullable = it.r#else.is_none();
             let mut thens = Vec::new();
-            for clause in &it.ifs {
+            // DataFusion writes a simple CASE (`CASE x WHEN v THEN ...`, which its optimiser
+            // also makes of e.g. `s LIKE '%'`) as a first clause holding `x` and no result;
+            // each WHEN then tests `x = v`.
+            let (base, clauses) = match it.ifs.split_first() {
+                Some((first, rest)) if first.then.is_none() => {
+                    let x = first
+                        .r#if
+                        .as_ref()
+                        .ok_or_else(|| bad("CASE without condition"))?;
+                    (Some(lower_expr(x, schema, ctx)?.0), rest)
+                }
+                _ => (None, it.ifs.as_slice()),
+            };
+            for clause in clauses {
                 let c = clause
                     .r#if
                     .as_ref()
@@ -790,6 +803,20 @@ fn lower_expr(e: &Expression, schema: &Schema, ctx: &Ctx<'_>) -> Result<(Expr, b
                     .as_ref()
                     .ok_or_else(|| bad("CASE without result"))?;
                 let (c, _) = lower_expr(c, schema, ctx)?;
+                let c = match &base {
+                    Some(x) => {
+                        let bytes = |t: DataType| t.storage() == crate::types::Storage::Bytes;
+                        if bytes(x.ty()) != bytes(c.ty()) {
+                            return Err(unsupported(format!(
+                                "CASE {} WHEN {} is not supported in flows (mixed comparison)",
+                                x.ty(),
+                                c.ty()
+                            )));
+                        }
+                        Expr::Call(Func::Cmp(Cmp::Eq), vec![x.clone(), c], DataType::Boolean)
+                    }
+                    None => c,
+                };
                 let (t, tn) = lower_expr(t, schema, ctx)?;
                 nullable |= tn;
                 if out_ty.is_none() && !matches!(t, Expr::Lit(Lit::Null, _)) {
@@ -1064,6 +1091,9 @@ fn lower_call(
                 n || out_null.unwrap_or(false),
             ));
         }
+        "regexp_like" | "regex_match" | "regex_imatch" | "regex_not_match" | "regex_not_imatch" => {
+            return lower_regex_match(name, raw, out_ty, out_null, schema, ctx)
+        }
         other => {
             return Err(unsupported(format!(
                 "function {other} is not supported in flows"
@@ -1190,6 +1220,117 @@ fn lower_call(
         _ => any_null || out_null.unwrap_or(false),
     };
     Ok((Expr::Call(func, args, t), nullable))
+}
+
+/// `regexp_like(s, pattern[, flags])`, and the operators DataFusion's optimizer rewrites it to
+/// (a literal `flags` of `''` or `'i'`, or none) and SQL's own: `s ~ pattern` arrives as
+/// `regex_match`, `~*` as `regex_imatch`, `!~` and `!~*` as `regex_not_match` and
+/// `regex_not_imatch`. The pattern and the flags must be constants; the pattern is compiled here,
+/// once, as DataFusion 55 compiles it (`(?flags)pattern`).
+fn lower_regex_match(
+    name: &str,
+    raw: &[&Expression],
+    out_ty: Option<DataType>,
+    out_null: Option<bool>,
+    schema: &Schema,
+    ctx: &Ctx<'_>,
+) -> Result<(Expr, bool), FlowError> {
+    let (negated, op_flags) = match name {
+        "regex_imatch" => (false, Some("i")),
+        "regex_not_match" => (true, None),
+        "regex_not_imatch" => (true, Some("i")),
+        _ => (false, None),
+    };
+    let is_fn = name == "regexp_like";
+    let (value, pattern, flags) = match raw {
+        [v, p] => (*v, *p, None),
+        [v, p, f] if is_fn => (*v, *p, Some(*f)),
+        _ => {
+            return Err(bad(format!(
+                "function {name} called with {} arguments",
+                raw.len()
+            )))
+        }
+    };
+    if let Some(t) = out_ty.filter(|t| *t != DataType::Boolean) {
+        return Err(unsupported(format!(
+            "{name} returning {t} is not supported in flows (it returns a boolean)"
+        )));
+    }
+    let (value, value_null) = lower_expr(value, schema, ctx)?;
+    if value.ty() != DataType::Utf8 && !matches!(value, Expr::Lit(Lit::Null, _)) {
+        return Err(unsupported(format!(
+            "{name} over {} is not supported in flows (strings only)",
+            value.ty()
+        )));
+    }
+    // A constant string argument, `None` when it is NULL (of any type: before DataFusion's
+    // analyser, a NULL literal is untyped, which lower_expr refuses).
+    let constant = |e: &Expression, what: &str| -> Result<Option<String>, FlowError> {
+        if let Some(RexType::Literal(l)) = &e.rex_type {
+            if let Some(LiteralType::Null(_)) = l.literal_type {
+                return Ok(None);
+            }
+        }
+        let (x, _) = lower_expr(e, schema, ctx)?;
+        let x = match x {
+            Expr::Cast(inner, DataType::Utf8) => *inner,
+            x => x,
+        };
+        match x {
+            Expr::Lit(Lit::Null, _) => Ok(None),
+            Expr::Lit(Lit::Bytes(b), DataType::Utf8) => {
+                Ok(Some(String::from_utf8_lossy(&b).into_owned()))
+            }
+            _ => Err(unsupported(format!(
+                "{name} with a {what} that is not a constant string is not supported in flows"
+            ))),
+        }
+    };
+    let pattern = constant(pattern, "pattern")?;
+    // DataFusion: a NULL flags argument is the same as none; flags with `g` are refused.
+    // Its optimiser rewrites regexp_like without flags, or with '' or 'i', to `~` / `~*` (so
+    // '' never reaches the regex as an invalid `(?)`); other flags stay regexp_like's.
+    let (flags, rewritten) = match flags {
+        Some(f) => match constant(f, "flags argument")? {
+            None => (None, false),
+            Some(f) if f.is_empty() => (None, true),
+            Some(f) => {
+                let i = f == "i";
+                (Some(f), i)
+            }
+        },
+        None => (op_flags.map(str::to_string), true),
+    };
+    if is_fn && flags.as_deref().is_some_and(|f| f.contains('g')) {
+        return Err(bad("regexp_like() does not support the \"global\" option"));
+    }
+    let nullable = value_null || out_null.unwrap_or(false);
+    let Some(pattern) = pattern else {
+        // A NULL pattern matches nothing, not even to say false: every row is NULL.
+        return Ok((Expr::Lit(Lit::Null, DataType::Boolean), true));
+    };
+    if rewritten && !negated && pattern == ".*" {
+        // DataFusion's optimiser makes `s ~ '.*'` (and `~*`) `s IS NOT NULL`: false, not NULL,
+        // for a NULL string. (`!~ '.*'` becomes `s IS NULL AND NULL`, which is what the regex
+        // gives anyway.)
+        return Ok((
+            Expr::Call(Func::IsNotNull, vec![value], DataType::Boolean),
+            out_null.unwrap_or(false),
+        ));
+    }
+    let re = Pattern::new(&pattern, flags.as_deref()).map_err(|e| match e {
+        FlowError::BadInput(m) => bad(format!("{name}: {m}")),
+        e => e,
+    })?;
+    Ok((
+        Expr::Call(
+            Func::RegexMatch { re, negated },
+            vec![value],
+            DataType::Boolean,
+        ),
+        nullable,
+    ))
 }
 
 /// The sketch function `name` is, with its literal parameters checked;
@@ -1320,6 +1461,18 @@ mod tests {
 
     /// `SELECT func(args...) FROM t`, the call declared to return `out`.
     fn call_plan(func: &str, args: Vec<Expression>, out: Type) -> Vec<u8> {
+        project_plan(func, args, out, vec![3], vec!["x".into()])
+    }
+
+    /// `SELECT ... FROM t` where the columns are picked by `mapping` from `k, g, u` (0-2) and
+    /// `func(args...)` (3), the call declared to return `out`.
+    fn project_plan(
+        func: &str,
+        args: Vec<Expression>,
+        out: Type,
+        mapping: Vec<i32>,
+        names: Vec<String>,
+    ) -> Vec<u8> {
         let read = Rel {
             rel_type: Some(RelType::Read(Box::new(ReadRel {
                 base_schema: Some(NamedStruct {
@@ -1351,7 +1504,7 @@ mod tests {
             rel_type: Some(rel::RelType::Project(Box::new(ProjectRel {
                 common: Some(RelCommon {
                     emit_kind: Some(EmitKind::Emit(Emit {
-                        output_mapping: vec![3],
+                        output_mapping: mapping,
                     })),
                     ..Default::default()
                 }),
@@ -1372,7 +1525,7 @@ mod tests {
             relations: vec![PlanRel {
                 rel_type: Some(plan_rel::RelType::Root(RelRoot {
                     input: Some(project),
-                    names: vec!["x".into()],
+                    names,
                 })),
             }],
             ..Default::default()
@@ -1446,5 +1599,395 @@ mod tests {
         assert!(!f.nullable);
         let f = output(&call_plan("coalesce", vec![col(0), col(0)], i64_ty(false))).unwrap();
         assert!(f.nullable);
+    }
+
+    fn lit(l: LiteralType) -> Expression {
+        Expression {
+            rex_type: Some(RexType::Literal(substrait::proto::expression::Literal {
+                literal_type: Some(l),
+                ..Default::default()
+            })),
+        }
+    }
+
+    fn text(s: &str) -> Expression {
+        lit(LiteralType::String(s.into()))
+    }
+
+    fn null_text() -> Expression {
+        lit(LiteralType::Null(ty(r#type::Kind::String(
+            r#type::String {
+                type_variation_reference: 0,
+                nullability: nullability(true),
+            },
+        ))))
+    }
+
+    fn bool_ty() -> Type {
+        ty(r#type::Kind::Bool(r#type::Boolean {
+            type_variation_reference: 0,
+            nullability: nullability(true),
+        }))
+    }
+
+    const STRINGS: [Option<&str>; 8] = [
+        Some("abc"),
+        Some("xyz"),
+        None,
+        Some("ABBA"),
+        Some("Köln"),
+        Some(""),
+        Some("line1\nline2"),
+        Some("ΣΊΣΥΦΟΣ"),
+    ];
+
+    /// `SELECT g, func(g, args...) FROM t` over a row per string of [`STRINGS`]: the result
+    /// of each row, in order.
+    fn regex_rows(func: &str, args: Vec<Expression>) -> Result<Vec<Option<bool>>, FlowError> {
+        use crate::types::{Batch, Value};
+        let mut all = vec![col(1)];
+        all.extend(args);
+        let plan = project_plan(
+            func,
+            all,
+            bool_ty(),
+            vec![1, 3],
+            vec!["g".into(), "x".into()],
+        );
+        let mut flow = crate::Flow::create(&plan, sources(), vec![])?;
+        let out = flow.output_schema();
+        assert_eq!(out[1].data_type, DataType::Boolean);
+        assert!(out[1].nullable);
+        let rows: Vec<Vec<Value>> = STRINGS
+            .iter()
+            .map(|s| {
+                vec![
+                    Value::Int(1),
+                    s.map_or(Value::Null, |s| Value::Str(s.into())),
+                    Value::UInt(0),
+                ]
+            })
+            .collect();
+        let n = rows.len();
+        let batch = Batch::from_rows(&sources()[0].fields, &rows, &vec![0; n], &vec![1; n])?;
+        flow.push(0, batch)?;
+        // A snapshot carries the plan, which is lowered (and the pattern compiled) again.
+        let mut flow = crate::Flow::restore(&flow.snapshot()?)?;
+        let tick = flow.tick(0, 1000)?;
+        let got = tick.output.to_rows(&out);
+        assert_eq!(got.len(), n);
+        let result = |s: &Option<&str>| -> Option<bool> {
+            let want = s.map_or(Value::Null, |s| Value::Str(s.into()));
+            let row = got.iter().find(|(r, _, _)| r[0] == want);
+            match row.map(|(r, _, d)| (&r[1], *d)) {
+                Some((Value::Bool(b), 1)) => Some(*b),
+                Some((Value::Null, 1)) => None,
+                other => panic!("{func} on {s:?}: {other:?}"),
+            }
+        };
+        Ok(STRINGS.iter().map(result).collect())
+    }
+
+    #[test]
+    fn regexp_like_matches_like_datafusion() {
+        let (t, f, null) = (Some(true), Some(false), None);
+        // STRINGS: abc, xyz, NULL, ABBA, Köln, "", line1\nline2, ΣΊΣΥΦΟΣ
+        // The function, its arguments after `g`, and the result for each of STRINGS.
+        type Case = (&'static str, Vec<Expression>, [Option<bool>; 8]);
+        let cases: Vec<Case> = vec![
+            ("regexp_like", vec![text("b")], [t, f, null, f, f, f, f, f]),
+            (
+                "regexp_like",
+                vec![text("^(a|x)")],
+                [t, t, null, f, f, f, f, f],
+            ),
+            // The 'i' flag, and DataFusion's optimised forms of it (`~*`, `!~*`).
+            (
+                "regexp_like",
+                vec![text("b"), text("i")],
+                [t, f, null, t, f, f, f, f],
+            ),
+            ("regex_imatch", vec![text("b")], [t, f, null, t, f, f, f, f]),
+            (
+                "regex_not_imatch",
+                vec![text("b")],
+                [f, t, null, f, t, t, t, t],
+            ),
+            ("regex_match", vec![text("b")], [t, f, null, f, f, f, f, f]),
+            (
+                "regex_not_match",
+                vec![text("b")],
+                [f, t, null, t, t, t, t, t],
+            ),
+            // Unicode: the example of DataFusion's documentation, \w, case folding.
+            (
+                "regexp_like",
+                vec![text("[a-zA-Z]ö[a-zA-Z]{2}")],
+                [f, f, null, f, t, f, f, f],
+            ),
+            (
+                "regexp_like",
+                vec![text("^\\w+$")],
+                [t, t, null, t, t, f, f, t],
+            ),
+            (
+                "regexp_like",
+                vec![text("σίσυφος"), text("i")],
+                [f, f, null, f, f, f, f, t],
+            ),
+            // Other flags: multi-line, dot-all, more than one.
+            (
+                "regexp_like",
+                vec![text("^line2$"), text("m")],
+                [f, f, null, f, f, f, t, f],
+            ),
+            (
+                "regexp_like",
+                vec![text("^line2$")],
+                [f, f, null, f, f, f, f, f],
+            ),
+            (
+                "regexp_like",
+                vec![text("1.line"), text("s")],
+                [f, f, null, f, f, f, t, f],
+            ),
+            (
+                "regexp_like",
+                vec![text("1.LINE"), text("is")],
+                [f, f, null, f, f, f, t, f],
+            ),
+            // The empty pattern matches every string.
+            ("regexp_like", vec![text("")], [t, t, null, t, t, t, t, t]),
+            // Empty flags are none: DataFusion's optimiser makes this `g ~ 'B'`.
+            (
+                "regexp_like",
+                vec![text("B"), text("")],
+                [f, f, null, t, f, f, f, f],
+            ),
+            // `.*` is `g IS NOT NULL` after DataFusion's optimiser, where it applies.
+            ("regexp_like", vec![text(".*")], [t, t, f, t, t, t, t, t]),
+            (
+                "regexp_like",
+                vec![text(".*"), text("i")],
+                [t, t, f, t, t, t, t, t],
+            ),
+            ("regex_imatch", vec![text(".*")], [t, t, f, t, t, t, t, t]),
+            ("regex_match", vec![text(".*")], [t, t, f, t, t, t, t, t]),
+            (
+                "regex_not_match",
+                vec![text(".*")],
+                [f, f, null, f, f, f, f, f],
+            ),
+            (
+                "regexp_like",
+                vec![text(".*"), null_text()],
+                [t, t, null, t, t, t, t, t],
+            ),
+            (
+                "regexp_like",
+                vec![text(".*"), text("s")],
+                [t, t, null, t, t, t, t, t],
+            ),
+            // NULL pattern: NULL everywhere; NULL flags: as if there were none (DataFusion).
+            ("regexp_like", vec![null_text()], [null; 8]),
+            ("regexp_like", vec![null_text(), text("i")], [null; 8]),
+            ("regex_match", vec![null_text()], [null; 8]),
+            (
+                "regexp_like",
+                vec![text("B"), null_text()],
+                [f, f, null, t, f, f, f, f],
+            ),
+        ];
+        for (func, args, want) in cases {
+            let got = regex_rows(func, args).unwrap_or_else(|e| panic!("{func}: {e}"));
+            assert_eq!(got, want, "{func}");
+        }
+    }
+
+    #[test]
+    fn regexp_like_refusals_are_clear_errors() {
+        let bad_input =
+            |func: &str, args: Vec<Expression>, needle: &str| match regex_rows(func, args) {
+                Err(FlowError::BadInput(m)) => assert!(m.contains(needle), "{func}: {m}"),
+                other => panic!("{func}: {other:?}"),
+            };
+        // Patterns that do not compile, with the regex crate's explanation.
+        bad_input(
+            "regexp_like",
+            vec![text("(ab")],
+            "regexp_like: regular expression \"(ab\" did not compile: unclosed group",
+        );
+        bad_input("regexp_like", vec![text("a{2,1}")], "did not compile");
+        bad_input("regex_match", vec![text("[z-a]")], "did not compile");
+        bad_input(
+            "regex_imatch",
+            vec![text("\\p{NotAClass}")],
+            "did not compile",
+        );
+        // Flags: only what the regex crate knows; 'g' is refused as DataFusion does.
+        bad_input("regexp_like", vec![text("a"), text("c")], "did not compile");
+        // Too big once compiled: the regex crate's default limit, as in DataFusion.
+        bad_input("regex_match", vec![text("\\w{1000}")], "exceeds size limit");
+        bad_input(
+            "regexp_like",
+            vec![text("a"), text("-")],
+            "dangling flag negation",
+        );
+        bad_input(
+            "regexp_like",
+            vec![text("a"), text("ig")],
+            "\"global\" option",
+        );
+        bad_input(
+            "regexp_like",
+            vec![null_text(), text("g")],
+            "\"global\" option",
+        );
+        bad_input(
+            "regexp_like",
+            vec![text("a"), text("i"), text("x")],
+            "4 arguments",
+        );
+        bad_input("regex_match", vec![text("a"), text("i")], "3 arguments");
+        let unsupported =
+            |func: &str, args: Vec<Expression>, needle: &str| match regex_rows(func, args) {
+                Err(FlowError::Unsupported(m)) => {
+                    assert!(
+                        m.contains(needle) && m.contains("not supported in flows"),
+                        "{m}"
+                    )
+                }
+                other => panic!("{func}: {other:?}"),
+            };
+        // The pattern or the flags from a column.
+        unsupported(
+            "regexp_like",
+            vec![col(1)],
+            "pattern that is not a constant",
+        );
+        unsupported(
+            "regex_match",
+            vec![col(1)],
+            "pattern that is not a constant",
+        );
+        unsupported("regexp_like", vec![text("a"), col(1)], "flags argument");
+        // Not over a string, or not returning a boolean.
+        let plan = call_plan("regexp_like", vec![col(0), text("1")], bool_ty());
+        match output(&plan) {
+            Err(FlowError::Unsupported(m)) => assert!(m.contains("strings only"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        let plan = call_plan("regexp_like", vec![col(1), text("1")], i64_ty(true));
+        match output(&plan) {
+            Err(FlowError::Unsupported(m)) => assert!(m.contains("returns a boolean"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn regex_patterns_compile_once_at_lowering() {
+        let plan = call_plan(
+            "regexp_like",
+            vec![col(1), text("a+"), text("i")],
+            bool_ty(),
+        );
+        let lowered = lower(&plan, &sources()).unwrap();
+        let Some(OpSpec::Project(exprs)) = lowered.ops.last() else {
+            panic!("{:?}", lowered.ops)
+        };
+        match exprs.as_slice() {
+            [Expr::Call(Func::RegexMatch { re, negated: false }, args, DataType::Boolean)] => {
+                assert_eq!(re.as_str(), "(?i)a+");
+                assert_eq!(args.as_slice(), &[Expr::Col(1, DataType::Utf8)]);
+            }
+            other => panic!("{other:?}"),
+        }
+        // Lowering the same plan twice gives equal plans (the compiled patterns compare equal).
+        assert_eq!(lower(&plan, &sources()).unwrap(), lowered);
+        // Over a value that cannot be NULL, the result cannot be NULL either.
+        let f = output(&call_plan(
+            "regexp_like",
+            vec![text("abc"), text("b")],
+            ty(r#type::Kind::Bool(r#type::Boolean {
+                type_variation_reference: 0,
+                nullability: nullability(false),
+            })),
+        ))
+        .unwrap();
+        assert_eq!(f.data_type, DataType::Boolean);
+        assert!(!f.nullable);
+    }
+
+    #[test]
+    fn simple_case_compares_the_base_with_each_when() {
+        use crate::types::{Batch, Value};
+        use substrait::proto::expression::if_then::IfClause;
+        use substrait::proto::expression::IfThen;
+        // DataFusion's form of `CASE g WHEN 'abc' THEN 1 WHEN NULL THEN 2 ELSE 0 END`: the
+        // base is a first clause without a result.
+        let case = |when: Expression| Expression {
+            rex_type: Some(RexType::IfThen(Box::new(IfThen {
+                ifs: vec![
+                    IfClause {
+                        r#if: Some(col(1)),
+                        then: None,
+                    },
+                    IfClause {
+                        r#if: Some(when),
+                        then: Some(lit(LiteralType::I64(1))),
+                    },
+                    IfClause {
+                        r#if: Some(null_text()),
+                        then: Some(lit(LiteralType::I64(2))),
+                    },
+                ],
+                r#else: Some(Box::new(lit(LiteralType::I64(0)))),
+            }))),
+        };
+        let plan = project_plan(
+            "coalesce",
+            vec![case(text("abc"))],
+            i64_ty(true),
+            vec![1, 3],
+            vec!["g".into(), "x".into()],
+        );
+        let mut flow = crate::Flow::create(&plan, sources(), vec![]).unwrap();
+        let rows: Vec<Vec<Value>> = [Some("abc"), Some("xyz"), None]
+            .iter()
+            .map(|s| {
+                let g = s.map_or(Value::Null, |s| Value::Str(s.into()));
+                vec![Value::Int(1), g, Value::UInt(0)]
+            })
+            .collect();
+        let batch = Batch::from_rows(&sources()[0].fields, &rows, &[0; 3], &[1; 3]).unwrap();
+        flow.push(0, batch).unwrap();
+        let out = flow.output_schema();
+        let mut got: Vec<(Value, Value)> = flow
+            .tick(0, 100)
+            .unwrap()
+            .output
+            .to_rows(&out)
+            .into_iter()
+            .map(|(r, _, _)| (r[0].clone(), r[1].clone()))
+            .collect();
+        got.sort_by_key(|(g, _)| format!("{g:?}"));
+        assert_eq!(
+            got,
+            vec![
+                (Value::Null, Value::Int(0)),
+                (Value::Str("abc".into()), Value::Int(1)),
+                (Value::Str("xyz".into()), Value::Int(0)),
+            ]
+        );
+        // A string base against a number is refused, as a comparison would be.
+        let plan = call_plan(
+            "coalesce",
+            vec![case(lit(LiteralType::I64(1)))],
+            i64_ty(true),
+        );
+        match output(&plan) {
+            Err(FlowError::Unsupported(m)) => assert!(m.contains("mixed comparison"), "{m}"),
+            other => panic!("{other:?}"),
+        }
     }
 }
