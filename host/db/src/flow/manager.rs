@@ -983,7 +983,16 @@ impl FlowManager {
             pending,
         };
         // Sources are resolved by compiling; the definition records them.
-        let compiled = match compile_flow(ctx, &stmt.database, &stmt.name, &stmt.query).await {
+        let compiled = match compile_flow(
+            core,
+            ctx,
+            &stmt.database,
+            &stmt.name,
+            &stmt.query,
+            expire_after_ms.is_some(),
+        )
+        .await
+        {
             Ok(compiled) => compiled,
             Err(e) => {
                 let missing = self.missing_sources(core, &stmt.query, &stmt.database);
@@ -1587,7 +1596,15 @@ impl FlowManager {
     ) -> Result<Prepared> {
         let options =
             parse_options(&def.options).map_err(|message| SqlSnafu { message }.build())?;
-        let compiled = compile_flow(ctx, &def.database, &def.name, &def.query).await?;
+        let compiled = compile_flow(
+            core,
+            ctx,
+            &def.database,
+            &def.name,
+            &def.query,
+            def.expire_after_ms.is_some(),
+        )
+        .await?;
         let mut sources = Vec::new();
         for (d, t) in source_names(&compiled, &def.database) {
             sources.push(core.catalog.require_table(&d, &t)?);
@@ -1670,9 +1687,13 @@ impl FlowManager {
                     }
                     .fail();
                 }
-                let schema =
-                    sink::derive_schema(&output, &compiled.group_keys, compiled.aggregates)
-                        .map_err(|message| SqlSnafu { message }.build())?;
+                let counted = visible(&output) < output.len();
+                let schema = sink::derive_schema(
+                    &output[..visible(&output)],
+                    &compiled.group_keys,
+                    compiled.aggregates && !counted,
+                )
+                .map_err(|message| SqlSnafu { message }.build())?;
                 let draft = Table::new(TableInfo {
                     id: 0,
                     database: def.sink_database.clone(),
@@ -1684,8 +1705,8 @@ impl FlowManager {
                 (SinkPlan::Create(schema), draft)
             }
         };
-        let mapping =
-            sink::fit(&fitting, &output).map_err(|message| SqlSnafu { message }.build())?;
+        let mapping = sink::fit(&fitting, &output[..visible(&output)])
+            .map_err(|message| SqlSnafu { message }.build())?;
         Ok(Prepared {
             guest,
             waker,
@@ -2271,13 +2292,15 @@ fn query_mentions(query: &str, column: &str) -> bool {
 
 /// Compiles a flow's query with its unqualified names in `database`.
 async fn compile_flow(
+    core: &Core,
     ctx: &SessionContext,
     database: &str,
     name: &str,
     query: &str,
+    expires: bool,
 ) -> Result<CompiledFlow> {
     let ctx = crate::sql::context_in(ctx, database);
-    compile(&ctx, query).await.map_err(|e| {
+    let fail = |e: super::compile::CompileError| {
         let message = format!("cannot create flow '{name}': {e}");
         if message.contains(super::compile::TOO_COMPLEX) {
             TooComplexSnafu { message }.build()
@@ -2288,6 +2311,62 @@ async fn compile_flow(
         } else {
             SqlSnafu { message }.build()
         }
+    };
+    let compiled = compile(&ctx, query).await.map_err(fail)?;
+    if compiled.aggregates || expires || rows_are_keyed(core, &compiled, database) {
+        return Ok(compiled);
+    }
+    // Rows of a query that does not carry its source's key may repeat:
+    // counted, a row leaves the sink only when its last copy goes.
+    let columns: Vec<String> = compiled
+        .output
+        .iter()
+        .map(|f| format!("\"{}\"", f.name.replace('"', "\"\"")))
+        .collect();
+    let counted = format!(
+        "SELECT *, count(*) AS \"{HIDDEN_COUNT}\" FROM ({query}) AS \"__sandflow_rows\" \
+         GROUP BY {}",
+        columns.join(", ")
+    );
+    match compile(&ctx, &counted).await {
+        Ok(c) => Ok(c),
+        // Some outputs cannot be grouped (none that flows make today): the
+        // query as it is.
+        Err(_) => Ok(compiled),
+    }
+}
+
+/// The hidden last output column of a non-aggregate flow whose rows may
+/// repeat: how many copies of the row the query has. It is not written.
+pub(crate) const HIDDEN_COUNT: &str = "__sandflow_n";
+
+/// How many of a guest's output columns go to the sink (all but
+/// [`HIDDEN_COUNT`]).
+fn visible(output: &[crate::runtime::Field]) -> usize {
+    match output.last() {
+        Some(f) if f.name == HIDDEN_COUNT => output.len() - 1,
+        _ => output.len(),
+    }
+}
+
+/// Whether a non-aggregate query's rows cannot repeat: it reads one table
+/// and outputs every column of that table's key (primary key and time
+/// index) under its own name.
+fn rows_are_keyed(core: &Core, compiled: &CompiledFlow, database: &str) -> bool {
+    let sources = source_names(compiled, database);
+    let [(d, t)] = sources.as_slice() else {
+        return false;
+    };
+    let Ok(Some(table)) = core.catalog.table(d, t) else {
+        return false;
+    };
+    let names: Vec<&str> = compiled.output.iter().map(|f| f.name.as_str()).collect();
+    table.key_columns.iter().all(|&i| {
+        table
+            .schema()
+            .columns
+            .get(i)
+            .is_some_and(|c| names.contains(&c.name.as_str()))
     })
 }
 

@@ -18,6 +18,11 @@
 //!   timestamp column of the sink's key (time index or primary key) that the
 //!   query does not give is 0, like `__ts_placeholder`: with the tick time in
 //!   it, each update would add a row instead of replacing one.
+//! * a non-aggregate flow whose rows may repeat (it does not output its
+//!   source's key) counts them (`__sandflow_n`, see the manager's
+//!   `compile_flow`); into a sink with such a 0 column in its key, each copy
+//!   is its own row, that column holding the copy's slot ([`copies`]), so
+//!   the sink holds the query's rows as a multiset.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -285,6 +290,92 @@ impl SinkWrites {
     }
 }
 
+/// Bits of a copy's number in a copy's slot (see [`copies`]): a row may be
+/// in the sink this many times at most.
+const COPY_BITS: u32 = 10;
+
+/// A counted flow's rows (its output ends with `__sandflow_n`, how many
+/// copies of the row the query has) into a sink whose key has a timestamp
+/// column the query does not give: each copy becomes its own sink row, that
+/// column holding the copy's slot: a hash of the row's values, then the
+/// copy's number. So rows that the rest of the key does not tell apart (a
+/// row and its copies, or rows that differ only in non-key columns) stay
+/// apart, and the sink holds the query's rows as a multiset. `None` when
+/// that does not apply. A row with more than 2^COPY_BITS copies keeps that
+/// many.
+fn copies(
+    table: &Table,
+    mapping: &[SinkColumn],
+    output: &RecordBatch,
+    batch: &RecordBatch,
+    diffs: &[i64],
+) -> Result<Option<(RecordBatch, Vec<i64>)>, String> {
+    let schema = output.schema();
+    let Some(last) = schema.fields().last() else {
+        return Ok(None);
+    };
+    if last.name() != crate::flow::manager::HIDDEN_COUNT {
+        return Ok(None);
+    }
+    let Some(slot_col) = table
+        .key_columns
+        .iter()
+        .copied()
+        .find(|&j| mapping.get(j) == Some(&SinkColumn::Zero))
+    else {
+        return Ok(None);
+    };
+    let visible = output.num_columns() - 1;
+    let counts = cast(output.column(visible), &ArrowType::Int64).map_err(|e| e.to_string())?;
+    let counts = counts
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .ok_or("the row counts are not integers")?;
+    let values: Vec<ArrayRef> = output.columns()[..visible].to_vec();
+    let converter = RowConverter::new(
+        values
+            .iter()
+            .map(|a| SortField::new(a.data_type().clone()))
+            .collect(),
+    )
+    .map_err(|e| e.to_string())?;
+    let encoded = converter
+        .convert_columns(&values)
+        .map_err(|e| format!("cannot encode the flow's rows: {e}"))?;
+    // Slots stay within a few thousand years in the column's own unit.
+    let ty = table.schema().columns[slot_col].data_type.to_arrow();
+    let bits: u32 = match &ty {
+        ArrowType::Timestamp(TimeUnit::Second, _) => 37,
+        ArrowType::Timestamp(TimeUnit::Millisecond, _) => 47,
+        ArrowType::Timestamp(TimeUnit::Microsecond, _) => 57,
+        _ => 61,
+    };
+    let mut idx = Vec::new();
+    let mut slots = Vec::new();
+    let mut expanded = Vec::new();
+    for (i, d) in diffs.iter().enumerate().take(output.num_rows()) {
+        let hash = sandflow_engine::sketch::hll_hash_bytes(encoded.row(i).data());
+        let base = ((hash >> (64 - (bits - COPY_BITS))) << COPY_BITS) as i64;
+        let n = counts.value(i).clamp(0, 1 << COPY_BITS);
+        for copy in 0..n {
+            idx.push(i as u32);
+            slots.push(base | copy);
+            expanded.push(*d);
+        }
+    }
+    let idx = UInt32Array::from(idx);
+    let mut columns = batch
+        .columns()
+        .iter()
+        .map(|c| take(c.as_ref(), &idx, None))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    let slots = Arc::new(Int64Array::from(slots)) as ArrayRef;
+    columns[slot_col] = cast(&slots, &ty).map_err(|e| e.to_string())?;
+    let batch = RecordBatch::try_new(batch.schema(), columns).map_err(|e| e.to_string())?;
+    Ok(Some((batch, expanded)))
+}
+
 /// Turns output rows (Arrow, in the flow's output schema) and their diffs
 /// into sink writes: per sink key, the last row with a positive diff is
 /// upserted; a key with only negative diffs is deleted.
@@ -330,6 +421,12 @@ pub fn writes(
     }
     let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays)
         .map_err(|e| format!("cannot build sink rows: {e}"))?;
+    let copies = copies(table, mapping, output, &batch, diffs)?;
+    let (batch, diffs) = match &copies {
+        Some((b, d)) => (b, d.as_slice()),
+        None => (&batch, diffs),
+    };
+    let rows = batch.num_rows();
     let key_cols: Vec<ArrayRef> = table
         .key_columns
         .iter()
