@@ -429,7 +429,7 @@ fn new_columns(
         };
         let schema = table.schema();
         let column = |name: &str, data_type: ColumnType, tag: bool| AlterOp::AddColumn {
-            column: ColumnDef {
+            column: Box::new(ColumnDef {
                 name: name.to_string(),
                 data_type,
                 nullable: Some(true),
@@ -438,7 +438,7 @@ fn new_columns(
                 index: None,
                 time_index: false,
                 primary_key: tag,
-            },
+            }),
             if_not_exists: true,
             position: None,
         };

@@ -69,8 +69,9 @@ impl From<ConvertError> for CompileError {
 
 /// Plans `sql` in `ctx` and encodes it for the guest.
 pub async fn compile(ctx: &SessionContext, sql: &str) -> Result<CompiledFlow, CompileError> {
+    let sql = crate::sql::parser::greptime_type_names(sql, crate::sql::parser::Dialect::Generic);
     let df = ctx
-        .sql(sql)
+        .sql(&sql)
         .await
         .map_err(|e| CompileError(format!("cannot plan the flow's query: {e}")))?;
     // Before optimising: the optimiser folds now() into a constant.

@@ -157,7 +157,8 @@ pub fn flows_batch(flows: &[FlowInfo], now: i64) -> datafusion::common::Result<R
                 .collect::<UInt64Array>(),
         ),
         s(&|_| DEFAULT_CATALOG.to_string()),
-        s(&|f| f.def.query.clone()),
+        // The whole statement, as SHOW CREATE FLOW prints it (GreptimeDB's).
+        s(&|f| f.def.create_statement()),
         opt(&|f| f.def.comment.clone()),
         Arc::new(
             flows

@@ -116,7 +116,7 @@ pub enum ColumnPosition {
 pub enum AlterOp {
     /// `ADD [COLUMN] [IF NOT EXISTS] def [FIRST | AFTER c]`.
     AddColumn {
-        column: ColumnDef,
+        column: Box<ColumnDef>,
         if_not_exists: bool,
         position: Option<ColumnPosition>,
     },
@@ -944,7 +944,63 @@ pub fn parse(sql: &str) -> Result<Vec<Stmt>> {
 
 /// Parses `;`-separated statements in `dialect`.
 pub fn parse_dialect(sql: &str, dialect: Dialect) -> Result<Vec<Stmt>> {
+    let sql = &greptime_type_names(sql, dialect);
     parse_tokens(dialect.tokens(sql)?, sql, dialect)
+}
+
+/// GreptimeDB's type names for timestamps (`'2024-01-01'::TimestampSecond`,
+/// `CAST(x AS TimestampNanosecond)`) written as SQL's (`TIMESTAMP(0)`), so
+/// that DataFusion plans them; the text is unchanged when it has none (or
+/// does not tokenize: the parser then says why).
+pub fn greptime_type_names(sql: &str, dialect: Dialect) -> String {
+    let precision = |w: &str| match w.to_ascii_lowercase().as_str() {
+        "timestampsecond" => Some(0),
+        "timestampmillisecond" => Some(3),
+        "timestampmicrosecond" => Some(6),
+        "timestampnanosecond" => Some(9),
+        _ => None,
+    };
+    let quick = sql.to_ascii_lowercase();
+    if !quick.contains("timestamp") {
+        return sql.to_string();
+    }
+    let Ok(tokens) = dialect.tokens(sql) else {
+        return sql.to_string();
+    };
+    let lines = Lines::new(sql);
+    let mut out = String::with_capacity(sql.len());
+    let mut last = 0;
+    let solid: Vec<&TokenWithSpan> = tokens
+        .iter()
+        .filter(|t| !matches!(t.token, Token::Whitespace(_)))
+        .collect();
+    for (i, t) in solid.iter().enumerate() {
+        let Token::Word(w) = &t.token else {
+            continue;
+        };
+        let prev = i
+            .checked_sub(1)
+            .and_then(|j| solid.get(j))
+            .map(|t| &t.token);
+        let next = solid.get(i + 1).map(|t| &t.token);
+        // `x::T`, or `CAST(x AS T)` (an alias `AS T` is not followed by `)`).
+        let is_type = matches!(prev, Some(Token::DoubleColon))
+            || (matches!(prev, Some(Token::Word(a)) if a.keyword == Keyword::AS)
+                && matches!(next, Some(Token::RParen)));
+        let Some(p) = precision(&w.value).filter(|_| is_type && w.quote_style.is_none()) else {
+            continue;
+        };
+        let from = lines.offset(t.span.start.line, t.span.start.column);
+        let to = lines.offset(t.span.end.line, t.span.end.column);
+        if from < last || to > sql.len() || from > to {
+            continue;
+        }
+        out.push_str(&sql[last..from]);
+        out.push_str(&format!("TIMESTAMP({p})"));
+        last = to;
+    }
+    out.push_str(&sql[last..]);
+    out
 }
 
 /// Parses `;`-separated statements from `tokens`, whose locations are in
@@ -1033,6 +1089,7 @@ fn greptime_values(mut tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSpan> {
 /// (trimmed, without the `;`) with its parse. Every statement is parsed
 /// before any runs; one that holds only whitespace and comments is dropped.
 pub fn parse_script(sql: &str, dialect: Dialect) -> Result<Vec<(String, Stmt)>> {
+    let sql = &greptime_type_names(sql, dialect);
     let mut out = Vec::new();
     for (text, tokens) in cut(dialect.tokens(sql)?, sql) {
         let mut stmts = parse_tokens(tokens, sql, dialect)?;
@@ -1731,7 +1788,7 @@ fn parse_alter_table(p: &mut Parser) -> Result<AlterTable> {
         let op = if p.parse_keyword(Keyword::ADD) {
             let _ = p.parse_keyword(Keyword::COLUMN);
             let if_not_exists = p.parse_keywords(&[Keyword::IF, Keyword::NOT, Keyword::EXISTS]);
-            let column = parse_column(p)?;
+            let column = Box::new(parse_column(p)?);
             let position = if p.parse_keyword(Keyword::FIRST) {
                 Some(ColumnPosition::First)
             } else if p.parse_keyword(Keyword::AFTER) {
@@ -1978,6 +2035,28 @@ pub fn like_match(pattern: &str, text: &str) -> bool {
         pi += 1;
     }
     pi == p.len()
+}
+
+#[cfg(test)]
+mod greptime_type_tests {
+    use super::*;
+
+    #[test]
+    fn greptime_timestamp_type_names_become_sql() {
+        let g = |s: &str| greptime_type_names(s, Dialect::Generic);
+        assert_eq!(
+            g("SELECT 0::TimestampSecond, CAST(x AS timestampnanosecond) AS TimestampMillisecond"),
+            "SELECT 0::TIMESTAMP(0), CAST(x AS TIMESTAMP(9)) AS TimestampMillisecond"
+        );
+        assert_eq!(
+            g("SELECT 'x::TimestampSecond'"),
+            "SELECT 'x::TimestampSecond'"
+        );
+        assert_eq!(
+            g("SELECT TimestampSecond FROM t"),
+            "SELECT TimestampSecond FROM t"
+        );
+    }
 }
 
 #[cfg(test)]

@@ -505,6 +505,8 @@ impl DataSink for SandSink {
         })
         .await
         .map_err(to_df)?;
-        Ok(info)
+        // A `ttl = 'instant'` table stores nothing (its rows only feed
+        // flows): 0 rows affected, as GreptimeDB reports.
+        Ok(if self.table.instant() { 0 } else { info })
     }
 }
