@@ -244,7 +244,10 @@ async fn errors_are_clear() {
         "CREATE TABLE t (a INT, ts TIMESTAMP TIME INDEX) WITH (compaction = 'twcs')",
     )
     .await;
-    assert!(e.to_string().contains("append_mode, ttl"), "{e}");
+    assert!(
+        e.to_string().contains("append_mode, merge_mode, ttl"),
+        "{e}"
+    );
     let e = error(
         &db,
         "CREATE TABLE t (a INT DEFAULT 'x', ts TIMESTAMP TIME INDEX)",

@@ -83,7 +83,6 @@ fn errors_are_reported_and_the_server_keeps_serving() {
             "INSERT the whole row again",
         ),
         ("TRUNCATE TABLE cpu", "DELETE FROM the table without WHERE"),
-        ("ALTER TABLE cpu ADD COLUMN x INT", "create a new table"),
     ] {
         let err = s.sql_err(sql);
         assert!(
@@ -569,4 +568,27 @@ fn copy_in_and_out_through_the_protocol() {
         .psql_args(&["-c", &format!("\\copy cpu FROM '{}'", text.display())])
         .is_err());
     assert_eq!(s.sql("SELECT count(*) FROM cpu"), "3");
+}
+
+// ALTER TABLE over psql: a new column reads as its DEFAULT for the rows
+// already there; a lossy type change is refused with SQLSTATE 0A000.
+#[test]
+fn psql_alter_table() {
+    let s = Server::start();
+    s.sql(CREATE);
+    s.sql("INSERT INTO cpu (host, region, usage, ts) VALUES ('a', 'eu', 0.5, 0)");
+    assert_eq!(
+        s.sql("ALTER TABLE cpu ADD COLUMN rack STRING DEFAULT 'r1' AFTER host"),
+        "ALTER TABLE"
+    );
+    assert_eq!(s.sql("SELECT host, rack, usage FROM cpu"), "a|r1|0.5");
+    let d = s.sql("\\d cpu");
+    assert!(d.contains("rack"), "{d}");
+    let err = s.sql_err("ALTER TABLE cpu MODIFY COLUMN usage INT");
+    assert!(
+        err.contains("0A000") || err.contains("without loss"),
+        "{err}"
+    );
+    assert_eq!(s.sql("ALTER TABLE cpu RENAME TO cpu2"), "ALTER TABLE");
+    assert_eq!(s.sql("SELECT count(*) FROM cpu2"), "1");
 }

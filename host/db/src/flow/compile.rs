@@ -26,6 +26,9 @@ pub struct CompiledFlow {
     pub group_keys: Vec<String>,
     /// Whether the query aggregates.
     pub aggregates: bool,
+    /// Whether the plan is the flow's query wrapped to count its rows (see
+    /// the manager's `compile_flow`): it aggregates, the query does not.
+    pub counted: bool,
 }
 
 /// One table a flow reads.
@@ -163,6 +166,7 @@ pub fn compile_plan(
         output,
         group_keys,
         aggregates,
+        counted: false,
     })
 }
 

@@ -45,7 +45,7 @@ use crate::catalog::{display_name, Table, TableInfo, TableSchema, DEFAULT_DATABA
 use crate::database::Core;
 use crate::error::{
     DatabaseNotFoundSnafu, FlowExistsSnafu, FlowNotFoundSnafu, FlowSnafu, InternalSnafu,
-    NotFoundSnafu, Result, SqlSnafu, TooComplexSnafu, UnsupportedSnafu,
+    InvalidDataSnafu, NotFoundSnafu, Result, SqlSnafu, TooComplexSnafu, UnsupportedSnafu,
 };
 use crate::runtime::{Digest, FlowLimits, RuntimeConfig, RuntimeError, Sandbox};
 use crate::sql::parser::{CreateFlow, TableName};
@@ -897,7 +897,7 @@ impl FlowManager {
         stmt: CreateFlow,
     ) -> Result<bool> {
         if stmt.or_replace && stmt.if_not_exists {
-            return SqlSnafu {
+            return UnsupportedSnafu {
                 message: "CREATE OR REPLACE FLOW and IF NOT EXISTS cannot be used together; \
                           use one of them",
             }
@@ -944,7 +944,7 @@ impl FlowManager {
             }
         }
         let options =
-            parse_options(&stmt.options).map_err(|message| SqlSnafu { message }.build())?;
+            parse_options(&stmt.options).map_err(|message| InvalidDataSnafu { message }.build())?;
         let expire_after_ms = match &stmt.expire_after {
             Some(text) => Some(parse_interval(text).map_err(|m| {
                 SqlSnafu {
@@ -1553,7 +1553,7 @@ impl FlowManager {
     fn check_graph(&self, def: &FlowDef) -> Result<()> {
         let sink = (def.sink_database.clone(), def.sink_table.clone());
         if def.sources.contains(&sink) {
-            return SqlSnafu {
+            return UnsupportedSnafu {
                 message: format!(
                     "flow '{}' reads its own sink table '{}'; a flow's sink cannot be one of its sources, \
                      choose another SINK TO table",
@@ -1687,11 +1687,10 @@ impl FlowManager {
                     }
                     .fail();
                 }
-                let counted = visible(&output) < output.len();
                 let schema = sink::derive_schema(
                     &output[..visible(&output)],
                     &compiled.group_keys,
-                    compiled.aggregates && !counted,
+                    compiled.aggregates && !compiled.counted,
                 )
                 .map_err(|message| SqlSnafu { message }.build())?;
                 let draft = Table::new(TableInfo {
@@ -2329,7 +2328,7 @@ async fn compile_flow(
         columns.join(", ")
     );
     match compile(&ctx, &counted).await {
-        Ok(c) => Ok(c),
+        Ok(c) => Ok(CompiledFlow { counted: true, ..c }),
         // Some outputs cannot be grouped (none that flows make today): the
         // query as it is.
         Err(_) => Ok(compiled),
