@@ -173,7 +173,7 @@ pub fn error_code(e: &Error) -> u32 {
         Error::LimitExceeded { .. } => 6000,
         Error::Transaction { .. } => 1004,
         // GreptimeDB's TableUnavailable: try again.
-        Error::Conflict { .. } => 4002,
+        Error::Conflict { .. } => 4010,
         Error::Storage { .. } => 5000,
         Error::Flow { .. } => 1003,
         Error::Internal { .. } => 1003,
