@@ -140,7 +140,7 @@ impl Statement {
             | Stmt::DropDatabase { .. }
             | Stmt::CreateFlow(_)
             | Stmt::DropFlow { .. } => true,
-            Stmt::Admin { function, .. } => function == "resume_flow",
+            Stmt::Admin { function, .. } => function == "resume_flow" || function == "pause_flow",
             _ => false,
         }
     }

@@ -202,6 +202,11 @@ pub struct FlowDef {
     /// names, as written.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pending: bool,
+    /// Stopped by `ADMIN PAUSE_FLOW`: it keeps its position (its snapshot
+    /// and its sources' logs from there) and runs again from it at
+    /// `ADMIN RESUME_FLOW`, also across restarts of the server.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
 }
 
 fn default_database() -> String {
@@ -716,6 +721,52 @@ impl FlowManager {
         }
     }
 
+    /// `ADMIN PAUSE_FLOW`: stops the flow where it is; its position (its
+    /// last commit and its sources' logs from there) is kept, and `ADMIN
+    /// RESUME_FLOW` continues from it, so rows written meanwhile reach the
+    /// sink exactly once. Returns false if it was paused already.
+    pub(crate) async fn pause(&self, core: &Arc<Core>, name: &str) -> Result<bool> {
+        let _ddl = self.ddl.lock().await;
+        let h = self.require(name)?;
+        if h.def.paused {
+            return Ok(false);
+        }
+        if h.def.pending {
+            return UnsupportedSnafu {
+                message: format!(
+                    "flow '{name}' is pending (it waits for its source tables): there is nothing \
+                     to pause; DROP FLOW {name} removes it"
+                ),
+            }
+            .fail();
+        }
+        let mut def = h.def.clone();
+        def.paused = true;
+        store_definition(core, &def)?;
+        self.halt(&h);
+        let mut status = h.status.lock().map(|s| s.clone()).unwrap_or_default();
+        status.error = None;
+        status.pending_since_ms = None;
+        let status = Arc::new(Mutex::new(status));
+        self.register_metrics(core, name, &status);
+        let handle = Arc::new(FlowHandle {
+            def,
+            status,
+            source_ids: h.source_ids.clone(),
+            sink_id: h.sink_id,
+            slot: None,
+            _readers: h._readers.clone(),
+            incarnation: self.incarnations.fetch_add(1, Ordering::Relaxed),
+            recording: h.recording.clone(),
+            sources: h.sources.clone(),
+        });
+        if let Ok(mut f) = self.flows.write() {
+            f.insert(name.to_string(), handle);
+        }
+        info!(flow = %name, "flow paused");
+        Ok(true)
+    }
+
     /// Flows that read or write table `id`.
     pub fn users_of(&self, id: u64) -> Vec<String> {
         self.handles()
@@ -804,12 +855,17 @@ impl FlowManager {
                 continue;
             }
             let recovery = load_recovery(core, &name, def.sources.len())?;
-            let prepared = match self.prepare(core, ctx, &def, recovery.as_ref()).await {
-                Ok(p) => self
-                    .ensure_sink(core, &def, &p.sink)
-                    .await
-                    .map(|sink| (p, sink)),
-                Err(e) => Err(e),
+            let prepared = if def.paused {
+                Err(None)
+            } else {
+                match self.prepare(core, ctx, &def, recovery.as_ref()).await {
+                    Ok(p) => self
+                        .ensure_sink(core, &def, &p.sink)
+                        .await
+                        .map(|sink| (p, sink))
+                        .map_err(Some),
+                    Err(e) => Err(Some(e)),
+                }
             };
             let handle = match prepared {
                 Ok((prepared, sink)) => {
@@ -840,7 +896,12 @@ impl FlowManager {
                     handle
                 }
                 Err(e) => {
-                    warn!(flow = %name, "flow cannot start: {e}");
+                    match &e {
+                        Some(e) => warn!(flow = %name, "flow cannot start: {e}"),
+                        None => {
+                            info!(flow = %name, "flow is paused; ADMIN RESUME_FLOW continues it")
+                        }
+                    }
                     // Its sources' logs are kept from its snapshot on (for
                     // ADMIN RESUME_FLOW).
                     let sources: Vec<Arc<Table>> = def
@@ -860,7 +921,7 @@ impl FlowManager {
                         _ => Vec::new(),
                     };
                     let status = Arc::new(Mutex::new(FlowStatus {
-                        error: Some(format!("cannot start after restart: {e}")),
+                        error: e.map(|e| format!("cannot start after restart: {e}")),
                         ..Default::default()
                     }));
                     self.register_metrics(core, &name, &status);
@@ -981,6 +1042,7 @@ impl FlowManager {
             updated_ms: now,
             sink_created: false,
             pending,
+            paused: false,
         };
         // Sources are resolved by compiling; the definition records them.
         let compiled = match compile_flow(
@@ -1311,7 +1373,7 @@ impl FlowManager {
         }
         let carried = {
             let s = handle.status.lock().unwrap_or_else(|p| p.into_inner());
-            if s.error.is_none() {
+            if s.error.is_none() && !handle.def.paused {
                 return Ok(false);
             }
             let mut c = s.carried();
@@ -1322,10 +1384,15 @@ impl FlowManager {
         if self.closed.load(Ordering::SeqCst) {
             return Ok(false);
         }
-        let def = handle.def.clone();
+        let mut def = handle.def.clone();
+        let was_paused = def.paused;
+        def.paused = false;
         let recovery = load_recovery(core, &def.name, def.sources.len())?;
         let prepared = self.prepare(core, ctx, &def, recovery.as_ref()).await?;
         let sink = self.ensure_sink(core, &def, &prepared.sink).await?;
+        if was_paused {
+            store_definition(core, &def)?;
+        }
         self.halt(&handle);
         let new = self.launch(core, def.clone(), prepared, sink, recovery, true, carried)?;
         if let Ok(mut f) = self.flows.write() {
@@ -1505,6 +1572,11 @@ impl FlowManager {
             return Err(flow_err(format!(
                 "flow '{name}' is pending: it starts once its source tables ({}) exist",
                 handle.def.source_names().join(", ")
+            )));
+        }
+        if handle.def.paused {
+            return Err(flow_err(format!(
+                "flow '{name}' is paused; continue it with ADMIN RESUME_FLOW('{name}')"
             )));
         }
         let Some(slot) = &handle.slot else {
@@ -2239,6 +2311,21 @@ fn limits(defaults: &FlowLimits, options: &FlowOptions) -> FlowLimits {
             .unwrap_or(defaults.output_rows_per_tick),
         state_size: options.state_size_limit.or(defaults.state_size),
     }
+}
+
+/// Stores `def` as the flow's definition (alone in its commit).
+fn store_definition(core: &Core, def: &FlowDef) -> Result<()> {
+    let json = serde_json::to_vec(def).map_err(|e| {
+        InternalSnafu {
+            message: format!("cannot encode the definition of flow '{}': {e}", def.name),
+        }
+        .build()
+    })?;
+    core.store.commit_meta(vec![crate::storage::MetaWrite::Put(
+        format!("{DEF_PREFIX}{}", def.name),
+        json,
+    )])?;
+    Ok(())
 }
 
 /// What an ALTER TABLE changed that flows may depend on.

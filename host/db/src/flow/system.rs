@@ -202,6 +202,8 @@ pub fn flows_batch(flows: &[FlowInfo], now: i64) -> datafusion::common::Result<R
                 "pending".to_string()
             } else if f.status.error.is_some() {
                 "failed".to_string()
+            } else if f.def.paused {
+                "paused".to_string()
             } else {
                 "running".to_string()
             }

@@ -515,6 +515,17 @@ async fn admin(
             let rows = core.flows.flush(name).await?;
             admin_output(function, name, rows as i64)
         }
+        "pause_flow" => {
+            let [name] = args else {
+                return SqlSnafu {
+                    message:
+                        "PAUSE_FLOW takes one argument, the flow's name: ADMIN PAUSE_FLOW('name')",
+                }
+                .fail();
+            };
+            let paused = core.flows.pause(core, name).await?;
+            admin_output(function, name, paused as i64)
+        }
         "resume_flow" => {
             let [name] = args else {
                 return SqlSnafu {
@@ -550,7 +561,7 @@ async fn admin(
         other => UnsupportedSnafu {
             message: format!(
                 "ADMIN {other} is not supported; supported: ADMIN FLUSH_FLOW('name'), \
-                 ADMIN RESUME_FLOW('name'), ADMIN FLUSH_TABLE('table')"
+                 ADMIN PAUSE_FLOW('name'), ADMIN RESUME_FLOW('name'), ADMIN FLUSH_TABLE('table')"
             ),
         }
         .fail(),
