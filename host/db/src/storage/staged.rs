@@ -314,6 +314,45 @@ mod tests {
         (dir, store, t)
     }
 
+    /// ALTER TABLE's guard: a rewrite read before another write lands is
+    /// refused; once a rewrite commits, writes made with the old layout are.
+    #[test]
+    fn relayout_refuses_stale_rewrites_and_old_layout_writes() {
+        let (_dir, store, t) = setup(false);
+        let mut set = WriteSet::new();
+        set.upsert(t.clone(), batch(&t, &[("a", 1)]));
+        store.commit(set).unwrap();
+        let read = store.scan(&t).unwrap().seq;
+        let mut info = t.info.clone();
+        info.version = 1;
+        let t2 = Table::new(info);
+        // A write lands after the rewrite read the rows.
+        let mut set = WriteSet::new();
+        set.upsert(t.clone(), batch(&t, &[("b", 2)]));
+        store.commit(set).unwrap();
+        let rewrite = |read_seq: u64| {
+            let mut set = WriteSet::new();
+            set.upsert(t2.clone(), batch(&t2, &[("a", 1)]));
+            set.relayout(t2.id(), 1, read_seq);
+            store.commit(set)
+        };
+        let e = rewrite(read).unwrap_err();
+        assert!(matches!(e, crate::error::Error::Conflict { .. }), "{e}");
+        rewrite(store.scan(&t).unwrap().seq).unwrap();
+        // The old layout is refused from now on; the new one is taken.
+        let mut set = WriteSet::new();
+        set.upsert(t.clone(), batch(&t, &[("c", 3)]));
+        let e = store.commit(set).unwrap_err();
+        assert!(e.to_string().contains("run the statement again"), "{e}");
+        let mut set = WriteSet::new();
+        set.upsert(t2.clone(), batch(&t2, &[("c", 3)]));
+        store.commit(set).unwrap();
+        assert_eq!(
+            rows(&store.scan(&t2).unwrap()),
+            vec![("a".into(), 1), ("b".into(), 2), ("c".into(), 3)]
+        );
+    }
+
     fn batch(t: &Table, rows: &[(&str, i64)]) -> RecordBatch {
         RecordBatch::try_new(
             t.arrow_schema.clone(),
