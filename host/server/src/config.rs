@@ -6,7 +6,7 @@
 //! postgres_addr = "0.0.0.0:4003"
 //! http_addr = "0.0.0.0:4000"
 //! mysql_addr = "0.0.0.0:4002"
-//! max_connections = 512         # open connections per front door; past it HTTP answers 503, PostgreSQL FATAL 53300
+//! max_connections = 1024        # open connections per front door; past it HTTP answers 503, PostgreSQL FATAL 53300
 //! startup_timeout = "60s"       # a PostgreSQL client must finish its startup within it
 //! statement_timeout = "0"       # statement_timeout of new PostgreSQL sessions (0: none)
 //!
@@ -42,7 +42,7 @@ pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:4000";
 pub const DEFAULT_MYSQL_ADDR: &str = "127.0.0.1:4002";
 pub use sandflow::flow::DEFAULT_TICK_INTERVAL;
 /// Open connections each front door accepts at once.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 /// A PostgreSQL client must complete its startup within this.
 pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long an HTTP client may take to send a complete request head.
@@ -229,7 +229,7 @@ pub struct StartArgs {
 
     /// Most connections each front door keeps open at once; past it the HTTP
     /// front door answers 503 and the PostgreSQL one FATAL 53300 ("too many
-    /// clients"), and closes the connection. [default: 512]
+    /// clients"), and closes the connection. [default: 1024]
     #[arg(long, value_name = "N", env = "SANDFLOW_MAX_CONNECTIONS")]
     pub max_connections: Option<String>,
 
@@ -945,7 +945,7 @@ mod tests {
         assert_eq!(c.http.header_read_timeout, DEFAULT_HTTP_HEADER_READ_TIMEOUT);
 
         let d = Config::merge(&StartArgs::default(), FileConfig::default()).unwrap();
-        assert_eq!(d.max_connections, 512);
+        assert_eq!(d.max_connections, 1024);
         assert_eq!(d.http.timeout, Some(Duration::from_secs(300)));
         assert!(d.http.allowed_hosts.is_empty());
 
