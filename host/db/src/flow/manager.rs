@@ -706,6 +706,12 @@ impl FlowManager {
                 .create_locked(core, ctx, recreate_statement(&def))
                 .await
             {
+                // A paused flow stays paused, rebuilt, until RESUME_FLOW.
+                Ok(_) if def.paused => {
+                    if let Err(e) = self.pause_locked(core, &name) {
+                        warn!(flow = %name, "flow cannot be paused again after ALTER TABLE: {e}");
+                    }
+                }
                 Ok(_) => info!(flow = %name, "flow rebuilt after ALTER TABLE {shown}"),
                 Err(e) => {
                     if let Some(h) = self.get(&name) {
@@ -727,6 +733,11 @@ impl FlowManager {
     /// sink exactly once. Returns false if it was paused already.
     pub(crate) async fn pause(&self, core: &Arc<Core>, name: &str) -> Result<bool> {
         let _ddl = self.ddl.lock().await;
+        self.pause_locked(core, name)
+    }
+
+    /// [`FlowManager::pause`] under the DDL lock.
+    fn pause_locked(&self, core: &Arc<Core>, name: &str) -> Result<bool> {
         let h = self.require(name)?;
         if h.def.paused {
             return Ok(false);
