@@ -258,21 +258,38 @@ fn hll_encode(registers: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Decodes an HLL state into its 16384 registers, rejecting anything malformed.
-fn hll_decode(state: &[u8]) -> Result<Vec<u8>, String> {
-    const WHAT: &str = "invalid HLL state";
-    if state.len() < HLL_HEADER_LEN || &state[..4] != HLL_MAGIC {
+/// Checks a state's magic, version and least length (`format`), naming the
+/// functions that make such states (`producers`) when it is not one.
+fn check_header(
+    state: &[u8],
+    (magic, version, header_len): (&[u8], u8, usize),
+    what: &str,
+    producers: &str,
+) -> Result<(), String> {
+    if state.len() < header_len || state.get(..magic.len()) != Some(magic) {
         return Err(format!(
-            "{WHAT}: not produced by hll() or hll_merge() (bad header, {} bytes)",
+            "{what}: not produced by {producers} (bad header, {} bytes)",
             state.len()
         ));
     }
-    if state[4] != HLL_VERSION {
-        return Err(format!(
-            "{WHAT}: unsupported format version {} (this build reads version {HLL_VERSION})",
-            state[4]
-        ));
+    match state.get(magic.len()) {
+        Some(&v) if v == version => Ok(()),
+        v => Err(format!(
+            "{what}: unsupported format version {} (this build reads version {version})",
+            v.copied().unwrap_or_default()
+        )),
     }
+}
+
+/// Decodes an HLL state into its 16384 registers, rejecting anything malformed.
+fn hll_decode(state: &[u8]) -> Result<Vec<u8>, String> {
+    const WHAT: &str = "invalid HLL state";
+    check_header(
+        state,
+        (HLL_MAGIC, HLL_VERSION, HLL_HEADER_LEN),
+        WHAT,
+        "hll() or hll_merge()",
+    )?;
     if u32::from(state[5]) != HLL_PRECISION {
         return Err(format!(
             "{WHAT}: precision {} is not supported (only {HLL_PRECISION})",
@@ -627,18 +644,12 @@ impl UddState {
 
     fn decode(state: &[u8]) -> Result<Self, String> {
         const WHAT: &str = "invalid UDDSketch state";
-        if state.len() < UDD_HEADER_LEN || &state[..4] != UDD_MAGIC {
-            return Err(format!(
-                "{WHAT}: not produced by uddsketch_state() or uddsketch_merge() (bad header, {} bytes)",
-                state.len()
-            ));
-        }
-        if state[4] != UDD_VERSION {
-            return Err(format!(
-                "{WHAT}: unsupported format version {} (this build reads version {UDD_VERSION})",
-                state[4]
-            ));
-        }
+        check_header(
+            state,
+            (UDD_MAGIC, UDD_VERSION, UDD_HEADER_LEN),
+            WHAT,
+            "uddsketch_state() or uddsketch_merge()",
+        )?;
         let level = state[5];
         if level > UDD_MAX_LEVEL {
             return Err(format!(
