@@ -1800,6 +1800,15 @@ fn update(
         filter.is_none_or(|f| !f.is_null(i) && f.ints.get(i).copied().unwrap_or(0) != 0)
     };
     let valid = |i: usize| -> bool { arg.is_none_or(|a| !a.is_null(i)) };
+    if let State::Sketch { kind, .. } = state {
+        // Every input is checked before any is taken: a bad one fails the
+        // flow with the state as it was.
+        for i in 0..gids.len() {
+            if keep(i) && valid(i) {
+                check_sketch_input(*kind, get(a, t.storage(), i))?;
+            }
+        }
+    }
     match state {
         State::Count(n) => {
             let v = n.own(rows);
@@ -1870,34 +1879,7 @@ fn update(
                 }
             }
         }
-        State::MinMax { sets, .. } => {
-            for (i, (g, d)) in gids.iter().zip(diffs.iter()).enumerate() {
-                if !(keep(i) && valid(i)) {
-                    continue;
-                }
-                if let Some(ms) = sets.get_mut(*g as usize) {
-                    let v = get(a, t.storage(), i);
-                    match v {
-                        S::B(b) => {
-                            ms.add_bytes(b, *d);
-                        }
-                        _ => {
-                            if let Some(k) = ord_key(v, t) {
-                                ms.add_int(k, *d);
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        State::Sketch { sets, kind } => {
-            // Every input is checked before any is taken: a bad one fails
-            // the flow with the state as it was.
-            for i in 0..gids.len() {
-                if keep(i) && valid(i) {
-                    check_sketch_input(*kind, get(a, t.storage(), i))?;
-                }
-            }
+        State::MinMax { sets, .. } | State::Sketch { sets, .. } => {
             for (i, (g, d)) in gids.iter().zip(diffs.iter()).enumerate() {
                 if !(keep(i) && valid(i)) {
                     continue;
