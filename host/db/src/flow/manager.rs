@@ -607,17 +607,32 @@ impl FlowManager {
     /// counted if `failure`), until DROP FLOW, CREATE OR REPLACE FLOW or
     /// ADMIN RESUME_FLOW.
     fn stop_failed(&self, core: &Arc<Core>, h: &Arc<FlowHandle>, message: String, failure: bool) {
+        self.stop_as(core, h, h.def.clone(), Some(message), failure);
+    }
+
+    /// Stops `h`'s flow and keeps it stopped, as `def`, with `error` (a
+    /// failure counted if `failure`); its log readers stay, so its sources'
+    /// logs are kept from its last commit.
+    fn stop_as(
+        &self,
+        core: &Arc<Core>,
+        h: &Arc<FlowHandle>,
+        def: FlowDef,
+        error: Option<String>,
+        failure: bool,
+    ) {
         self.halt(h);
         let mut status = h.status.lock().map(|s| s.clone()).unwrap_or_default();
-        status.error = Some(message);
+        status.error = error;
         if failure {
             status.failures += 1;
         }
         status.pending_since_ms = None;
         let status = Arc::new(Mutex::new(status));
-        self.register_metrics(core, &h.def.name, &status);
+        self.register_metrics(core, &def.name, &status);
+        let name = def.name.clone();
         let handle = Arc::new(FlowHandle {
-            def: h.def.clone(),
+            def,
             status,
             source_ids: h.source_ids.clone(),
             sink_id: h.sink_id,
@@ -628,7 +643,7 @@ impl FlowManager {
             sources: h.sources.clone(),
         });
         if let Ok(mut f) = self.flows.write() {
-            f.insert(h.def.name.clone(), handle);
+            f.insert(name, handle);
         }
     }
 
@@ -754,26 +769,7 @@ impl FlowManager {
         let mut def = h.def.clone();
         def.paused = true;
         store_definition(core, &def)?;
-        self.halt(&h);
-        let mut status = h.status.lock().map(|s| s.clone()).unwrap_or_default();
-        status.error = None;
-        status.pending_since_ms = None;
-        let status = Arc::new(Mutex::new(status));
-        self.register_metrics(core, name, &status);
-        let handle = Arc::new(FlowHandle {
-            def,
-            status,
-            source_ids: h.source_ids.clone(),
-            sink_id: h.sink_id,
-            slot: None,
-            _readers: h._readers.clone(),
-            incarnation: self.incarnations.fetch_add(1, Ordering::Relaxed),
-            recording: h.recording.clone(),
-            sources: h.sources.clone(),
-        });
-        if let Ok(mut f) = self.flows.write() {
-            f.insert(name.to_string(), handle);
-        }
+        self.stop_as(core, &h, def, None, false);
         info!(flow = %name, "flow paused");
         Ok(true)
     }
