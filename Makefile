@@ -52,7 +52,7 @@ unit: setup
 
 ## Starts the server with defaults (psql -h 127.0.0.1 -p 4003, HTTP on :4000).
 run: build
-	$(CARGO_TARGET_DIR)/release/sandflow start --data-dir $(DATA_DIR)
+	$(CARGO_TARGET_DIR)/release/sandflow start --data-dir $(DATA_DIR) --auth none
 
 ## The reference workload through the guest in wasm and natively.
 bench: setup

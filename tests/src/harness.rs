@@ -101,7 +101,11 @@ impl Server {
             .env_remove("SANDFLOW_DATA_DIR")
             .env_remove("SANDFLOW_CONFIG")
             // Servers of tests run side by side: never the fixed default port.
-            .env("SANDFLOW_MYSQL_ADDR", "127.0.0.1:0");
+            .env("SANDFLOW_MYSQL_ADDR", "127.0.0.1:0")
+            // Tests listen on loopback only; those of authentication set
+            // SANDFLOW_AUTH (or --auth) themselves.
+            .env("SANDFLOW_AUTH", "none")
+            .env_remove("SANDFLOW_ADMIN_PASSWORD");
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "info");
         }

@@ -15,6 +15,15 @@
 //! header_read_timeout = "30s"   # a connection that sends no complete request head in time is closed
 //! timeout = "300s"              # longest a /v1/sql request runs ("0": no limit); ?timeout= may lower it
 //!
+//! [auth]
+//! mode = "password"             # "none" turns authentication off (only when every address is loopback)
+//! max_connections_per_user = 0  # open connections one user may hold per front door (0: only max_connections)
+//!
+//! [tls]
+//! cert = "server.pem"           # PEM certificate chain: PostgreSQL SSLRequest and HTTPS
+//! key = "server.key"            # PEM private key
+//! require = false               # true: plaintext connections are refused
+//!
 //! [flow]
 //! tick_interval = "200ms"      # how often a flow with new input is ticked (at most)
 //! memory_limit = "256MiB"       # default per flow, WITH (memory_limit = ...) overrides
@@ -97,6 +106,26 @@ pub enum ConfigError {
     InvalidHost { value: String },
     #[snafu(display("invalid http.allowed_hosts in the config file: {message}"))]
     InvalidHostList { message: String },
+    #[snafu(display(
+        "invalid auth mode {value:?}: use \"password\" (the default: every client logs in) \
+         or \"none\" (no authentication; only when every listen address is a loopback address)"
+    ))]
+    InvalidAuthMode { value: String },
+    #[snafu(display(
+        "--auth none is refused: {addr} ({what}) is not a loopback address, so anyone who can \
+         reach it could read, write and drop everything. Listen on 127.0.0.1 or ::1 only, or \
+         keep authentication on (the default) and log in as the superuser `sandflow`"
+    ))]
+    AuthNoneNotLoopback { what: String, addr: SocketAddr },
+    #[snafu(display(
+        "TLS needs both a certificate and a key: {given} is set but {missing} is not \
+         (--tls-cert and --tls-key, SANDFLOW_TLS_CERT/SANDFLOW_TLS_KEY, or [tls] cert/key)"
+    ))]
+    TlsIncomplete { given: String, missing: String },
+    #[snafu(display(
+        "--require-tls needs a certificate and key to serve TLS with: set --tls-cert and --tls-key"
+    ))]
+    RequireTlsWithoutCert,
 }
 
 /// sandflow: a time-series database whose continuous queries run in
@@ -320,6 +349,70 @@ pub struct StartArgs {
     /// never sleeps. [default: 60s]
     #[arg(long, value_name = "DURATION", env = "SANDFLOW_FLOW_SLEEP_AFTER")]
     pub flow_sleep_after: Option<String>,
+
+    /// "password": every client logs in (PostgreSQL SCRAM-SHA-256, HTTP
+    /// Basic, MySQL native password); on first start the superuser
+    /// `sandflow` gets the password in SANDFLOW_ADMIN_PASSWORD, or a
+    /// generated one written to <data-dir>/admin-password. "none": no
+    /// authentication, everyone is the superuser; refused unless every listen
+    /// address is a loopback address. [default: password]
+    #[arg(long, value_name = "MODE", env = "SANDFLOW_AUTH")]
+    pub auth: Option<String>,
+
+    /// Most connections one user may hold open at once on each front door;
+    /// past it the login is refused with 53300. 0: only --max-connections
+    /// limits them. [default: 0]
+    #[arg(long, value_name = "N", env = "SANDFLOW_MAX_CONNECTIONS_PER_USER")]
+    pub max_connections_per_user: Option<String>,
+
+    /// PEM file with the server's certificate chain: PostgreSQL clients may
+    /// then ask for TLS (sslmode=require/verify-full) and HTTP is served as
+    /// HTTPS. Needs --tls-key.
+    #[arg(long, value_name = "FILE", env = "SANDFLOW_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM file with the private key of --tls-cert.
+    #[arg(long, value_name = "FILE", env = "SANDFLOW_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+
+    /// Refuse connections that do not use TLS (PostgreSQL without SSLRequest,
+    /// MySQL, plain HTTP). Needs --tls-cert and --tls-key.
+    #[arg(long, env = "SANDFLOW_REQUIRE_TLS")]
+    pub require_tls: bool,
+}
+
+/// How clients prove who they are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AuthMode {
+    /// Every client logs in with a user name and password.
+    #[default]
+    Password,
+    /// Nobody logs in; every client is the superuser (loopback only).
+    None,
+}
+
+/// The `[auth]` section.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct AuthConfig {
+    pub mode: AuthMode,
+    /// Connections one user may hold per front door (`None`: no own limit).
+    pub max_connections_per_user: Option<usize>,
+}
+
+/// The `[tls]` section: certificate and key files, and whether plaintext is
+/// refused.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TlsConfig {
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    pub require: bool,
+}
+
+impl TlsConfig {
+    /// Whether TLS is served (a certificate and key are set).
+    pub fn enabled(&self) -> bool {
+        self.cert.is_some() && self.key.is_some()
+    }
 }
 
 /// The `[flow]` section.
@@ -406,6 +499,8 @@ pub struct Config {
     pub statement_timeout: Option<Duration>,
     pub http: HttpConfig,
     pub flow: FlowConfig,
+    pub auth: AuthConfig,
+    pub tls: TlsConfig,
 }
 
 impl Default for Config {
@@ -421,6 +516,8 @@ impl Default for Config {
             statement_timeout: None,
             http: HttpConfig::default(),
             flow: FlowConfig::default(),
+            auth: AuthConfig::default(),
+            tls: TlsConfig::default(),
         }
     }
 }
@@ -440,6 +537,25 @@ pub struct FileConfig {
     pub http: FileHttpConfig,
     #[serde(default)]
     pub flow: FileFlowConfig,
+    #[serde(default)]
+    pub auth: FileAuthConfig,
+    #[serde(default)]
+    pub tls: FileTlsConfig,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileAuthConfig {
+    pub mode: Option<String>,
+    pub max_connections_per_user: Option<toml::Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileTlsConfig {
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    pub require: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -726,12 +842,81 @@ impl Config {
             Some(s) => Some(parse_duration("statement_timeout", s)?).filter(|d| !d.is_zero()),
             None => None,
         };
+        let mode = match args.auth.as_deref().or(file.auth.mode.as_deref()) {
+            None => AuthMode::Password,
+            Some(m) => match m.trim().to_ascii_lowercase().as_str() {
+                "password" | "scram" | "on" => AuthMode::Password,
+                "none" | "off" => AuthMode::None,
+                _ => return Err(ConfigError::InvalidAuthMode { value: m.to_string() }),
+            },
+        };
+        let max_connections_per_user = match args
+            .max_connections_per_user
+            .clone()
+            .or(file.auth.max_connections_per_user.map(toml_text))
+        {
+            Some(s) => match s.trim().parse::<usize>() {
+                Ok(0) => None,
+                Ok(n) => Some(n),
+                Err(_) => {
+                    return Err(ConfigError::InvalidNumber {
+                        what: "auth.max_connections_per_user".into(),
+                        value: s,
+                        message: "use a whole number, 0 for no limit of its own".into(),
+                    })
+                }
+            },
+            None => None,
+        };
+        let tls = TlsConfig {
+            cert: args.tls_cert.clone().or(file.tls.cert),
+            key: args.tls_key.clone().or(file.tls.key),
+            require: args.require_tls || file.tls.require.unwrap_or(false),
+        };
+        match (&tls.cert, &tls.key) {
+            (Some(_), None) => {
+                return Err(ConfigError::TlsIncomplete {
+                    given: "tls cert".into(),
+                    missing: "tls key".into(),
+                })
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::TlsIncomplete {
+                    given: "tls key".into(),
+                    missing: "tls cert".into(),
+                })
+            }
+            _ => {}
+        }
+        if tls.require && !tls.enabled() {
+            return Err(ConfigError::RequireTlsWithoutCert);
+        }
+        let mysql_addr_given = args.mysql_addr.is_some() || file.mysql_addr.is_some();
+        if mode == AuthMode::None {
+            for (what, addr) in [
+                ("postgres_addr", postgres_addr),
+                ("http_addr", http_addr),
+                ("mysql_addr", mysql_addr),
+            ] {
+                if !addr.ip().is_loopback() {
+                    return Err(ConfigError::AuthNoneNotLoopback {
+                        what: what.into(),
+                        addr,
+                    });
+                }
+            }
+        }
         Ok(Config {
+            auth: AuthConfig {
+                mode,
+                max_connections_per_user,
+            },
+            tls,
             data_dir,
             postgres_addr,
             http_addr,
             mysql_addr,
-            mysql_addr_given: args.mysql_addr.is_some() || file.mysql_addr.is_some(),
+            mysql_addr_given,
             max_connections,
             startup_timeout,
             statement_timeout,
