@@ -24,6 +24,7 @@ use datafusion::logical_expr::{cast, Expr};
 use datafusion::optimizer::simplify_expressions::ExprSimplifier;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
+use crate::auth::{Access, Principal};
 use crate::catalog::{
     Catalog, ColumnSchema, Table, TableId, TableSchema, DEFAULT_CATALOG, DEFAULT_DATABASE,
 };
@@ -54,6 +55,8 @@ pub enum Output {
 pub(crate) struct Core {
     pub(crate) store: Arc<Store>,
     pub(crate) catalog: Catalog,
+    /// Users, grants, owners and quotas.
+    pub(crate) access: Access,
     pub(crate) flows: FlowManager,
     /// Runs statements on threads with deep stacks (see [`Executor`]).
     pub(crate) executor: Executor,
@@ -444,14 +447,15 @@ impl Database {
         if flows.cache_dir.is_none() {
             flows.cache_dir = dir.as_ref().map(|d| d.join("wasm-cache"));
         }
-        let (store, catalog) = blocking(move || {
+        let (store, catalog, access) = blocking(move || {
             let store = Arc::new(match (&dir, shared) {
                 (Some(dir), _) => Store::open_with_cache(dir, cache_bytes)?,
                 (None, Some(kv)) => Store::with_engine(Box::new(kv))?,
                 (None, None) => Store::in_memory()?,
             });
             let catalog = Catalog::load(&store)?;
-            Ok((store, catalog))
+            let access = Access::load(&store)?;
+            Ok((store, catalog, access))
         })
         .await?;
         let executor = Executor::with_default_threads()?;
@@ -462,6 +466,7 @@ impl Database {
         let core = Arc::new(Core {
             store,
             catalog,
+            access,
             flows: FlowManager::new(flows, clock.clone(), manual.clone())?,
             executor,
             metrics: Arc::new(Registry::for_database(clock.clone())),
@@ -574,19 +579,50 @@ impl Database {
             &self.ctx,
             Dialect::Generic,
             &SessionDefaults::default(),
+            Principal::Root,
         )
     }
 
     /// A new session over `base`'s catalog (a context derived from
     /// [`Database::session_context`], e.g. with pg_catalog added), reading
-    /// `dialect`, with server-wide `defaults`.
+    /// `dialect`, with server-wide `defaults`, acting as `principal` (whose
+    /// privileges every statement is checked against).
     pub fn session_with(
         &self,
         base: &SessionContext,
         dialect: Dialect,
         defaults: &SessionDefaults,
+        principal: Principal,
     ) -> Session {
-        Session::new(self.core.clone(), base, dialect, defaults)
+        Session::new(self.core.clone(), base, dialect, defaults, principal)
+    }
+
+    /// Whether `who` may see and manage flow `name` (its owner, a superuser,
+    /// CREATE on its sink's database).
+    pub fn check_flow_access(&self, who: &Principal, name: &str) -> Result<()> {
+        self.core.flows.check_flow_access(&self.core, who, name)
+    }
+
+    /// The flows `who` may see.
+    pub fn flows_visible_to(&self, who: &Principal) -> Vec<String> {
+        self.core
+            .flows
+            .names()
+            .into_iter()
+            .filter(|n| self.check_flow_access(who, n).is_ok())
+            .collect()
+    }
+
+    /// Users, grants, owners and quotas (for the front doors' logins).
+    pub fn access(&self) -> &Access {
+        &self.core.access
+    }
+
+    /// On a database without users, creates the superuser
+    /// [`crate::auth::SUPERUSER`] with `password`; returns whether it did.
+    pub async fn bootstrap_superuser(&self, password: &str) -> Result<bool> {
+        let (core, password) = (self.core.clone(), password.to_string());
+        blocking(move || core.access.bootstrap(&core.store, &password)).await
     }
 
     /// Whether every statement of `sql` only reads (queries, `SHOW`, `DESC`;

@@ -42,6 +42,13 @@ pub enum Error {
     /// 40001).
     #[snafu(display("{message}"))]
     Conflict { message: String },
+    /// The session's user may not do this (SQLSTATE 42501, HTTP 403).
+    #[snafu(display("{message}"))]
+    PermissionDenied { message: String },
+    /// A login failed: unknown user or wrong password (SQLSTATE 28P01, HTTP
+    /// 401).
+    #[snafu(display("{message}"))]
+    AuthFailed { message: String },
     /// Valid SQL that sandflow does not implement (yet).
     #[snafu(display("{message}"))]
     Unsupported { message: String },
@@ -101,6 +108,12 @@ impl Error {
                 message: message.clone(),
             },
             Error::Conflict { message } => Error::Conflict {
+                message: message.clone(),
+            },
+            Error::PermissionDenied { message } => Error::PermissionDenied {
+                message: message.clone(),
+            },
+            Error::AuthFailed { message } => Error::AuthFailed {
                 message: message.clone(),
             },
             Error::InvalidData { message } => Error::InvalidData {

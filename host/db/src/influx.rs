@@ -26,6 +26,7 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{Field, Schema};
 use datafusion::arrow::record_batch::RecordBatch;
 
+use crate::auth::{Principal, Privilege};
 use crate::catalog::{
     display_name, ColumnSchema, ColumnType, Table, TableSchema, DEFAULT_DATABASE,
 };
@@ -386,7 +387,17 @@ fn parse_field_value(v: &str) -> Result<FieldValue, String> {
 /// the points need, or nothing at all. `precision` is the unit of the
 /// timestamps; a point without one gets the time of the request. Returns
 /// the number of points written.
-pub async fn write(db: &Database, database: &str, body: &str, precision: Precision) -> Result<u64> {
+///
+/// `who` needs INSERT on the tables written, CREATE on the database for
+/// tables and columns the points add, and the right to create the database
+/// if it does not exist (see [`crate::auth`]).
+pub async fn write(
+    db: &Database,
+    who: &Principal,
+    database: &str,
+    body: &str,
+    precision: Precision,
+) -> Result<u64> {
     let core = db.core().clone();
     let database = if database.is_empty() {
         DEFAULT_DATABASE.to_string()
@@ -398,16 +409,67 @@ pub async fn write(db: &Database, database: &str, body: &str, precision: Precisi
     let points =
         blocking(move || parse(&body).map_err(|e| invalid(format!("invalid line protocol: {e}"))))
             .await?;
+    let new_database = authorize(&core, who, &database, &points)?;
     // New tags and fields of existing tables become their columns first (as
     // GreptimeDB does): tags as primary-key strings, fields by their values.
     for alter in new_columns(&core, &database, &points)? {
         crate::sql::alter::alter_table(&core, &db.session_context(), alter).await?;
     }
-    let c = core.clone();
-    let written = blocking(move || write_points(&c, &database, &points, precision, now)).await?;
+    let (c, w) = (core.clone(), who.clone());
+    let written = blocking(move || {
+        let written = write_points(&c, &database, &points, precision, now)?;
+        if new_database {
+            c.access
+                .database_created(&c.store, &w, &database, Default::default())?;
+        }
+        Ok(written)
+    })
+    .await?;
     // A table it created may be what a pending flow waits for.
     core.flows.start_pending(&core, &db.session_context()).await;
     Ok(written)
+}
+
+/// Checks that `who` may write `points` into `database`: INSERT on each
+/// existing table, CREATE on the database for new tables and columns (and
+/// its `max_tables` quota), the right to create the database when it does
+/// not exist. Returns whether the write creates the database.
+fn authorize(core: &Core, who: &Principal, database: &str, points: &[Point]) -> Result<bool> {
+    let exists = core.catalog.database_exists(database)?;
+    if !exists {
+        core.access.check_create_database(who, &[])?;
+    }
+    let mut new_tables = 0;
+    for shape in shapes(points)? {
+        match core.catalog.table(database, shape.measurement)? {
+            Some(table) => {
+                core.access
+                    .check(who, Privilege::Insert, database, Some(shape.measurement))?;
+                let schema = table.schema();
+                let adds = shape
+                    .tags
+                    .iter()
+                    .any(|(k, _)| schema.column_index(k).is_none())
+                    || shape
+                        .fields
+                        .iter()
+                        .any(|(k, _, _)| schema.column_index(k).is_none());
+                if adds && exists {
+                    core.access.check(who, Privilege::Create, database, None)?;
+                }
+            }
+            None => {
+                if exists {
+                    core.access.check(who, Privilege::Create, database, None)?;
+                }
+                new_tables += 1;
+            }
+        }
+    }
+    if exists && new_tables > 0 {
+        crate::sql::access::check_table_quota(core, database, new_tables)?;
+    }
+    Ok(!exists)
 }
 
 /// The ALTER TABLEs that give existing tables the tags and fields `points`

@@ -12,6 +12,7 @@
 //! internals: flows reach the engine through `sandflow-sandbox` (or, for
 //! tests, the engine crate behind the same `Guest` port).
 
+pub mod auth;
 pub mod catalog;
 /// The database's time (the `sandflow-flows` clock port).
 pub mod clock {

@@ -35,6 +35,7 @@ use datafusion::sql::sqlparser::ast::{
 };
 use tokio::sync::oneshot;
 
+use crate::auth::Principal;
 use crate::database::{Core, Output};
 use crate::error::{
     CancelledSnafu, Error, InternalSnafu, Result, SqlSnafu, TransactionSnafu, UnsupportedSnafu,
@@ -140,6 +141,11 @@ impl Statement {
             | Stmt::DropDatabase { .. }
             | Stmt::CreateFlow(_)
             | Stmt::DropFlow { .. } => true,
+            Stmt::Access(a) => !matches!(
+                a,
+                crate::sql::access::AccessStmt::ShowUsers
+                    | crate::sql::access::AccessStmt::ShowGrants { .. }
+            ),
             Stmt::Admin { function, .. } => function == "resume_flow" || function == "pause_flow",
             _ => false,
         }
@@ -189,12 +195,24 @@ pub struct Description {
 
 /// Shared by a session and the DataFusion providers that run its statements
 /// (registered as an extension of the session's DataFusion config).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct SessionShared {
+    /// Who the session acts as.
+    pub(crate) principal: Principal,
     /// The open transaction's staged writes; `None` outside a transaction.
     pub(crate) staged: Mutex<Option<Staged>>,
     /// The running statement's gate between stopping and committing.
     pub(crate) control: Mutex<Option<Arc<StatementControl>>>,
+}
+
+impl Default for SessionShared {
+    fn default() -> Self {
+        SessionShared {
+            principal: Principal::Root,
+            staged: Mutex::default(),
+            control: Mutex::default(),
+        }
+    }
 }
 
 impl SessionShared {
@@ -608,6 +626,8 @@ pub struct Session {
     notices: Vec<String>,
     /// Reported settings changed since the last `take_reported`.
     reported: Vec<(String, String)>,
+    /// The client's address, for the log.
+    peer: Option<String>,
 }
 
 impl std::fmt::Debug for Session {
@@ -627,15 +647,33 @@ impl Session {
         base: &SessionContext,
         dialect: Dialect,
         defaults: &SessionDefaults,
+        principal: Principal,
     ) -> Session {
-        let shared = Arc::new(SessionShared::default());
+        let shared = Arc::new(SessionShared {
+            principal: principal.clone(),
+            ..SessionShared::default()
+        });
         let mut state = base.state();
         let config = state.config().clone().with_extension(shared.clone());
         *state.config_mut() = config;
+        if principal != Principal::Root {
+            let list = Arc::new(crate::sql::visible::VisibleCatalogs {
+                inner: state.catalog_list().clone(),
+                core: core.clone(),
+                principal: principal.clone(),
+            });
+            state =
+                datafusion::execution::session_state::SessionStateBuilder::new_from_existing(state)
+                    .with_catalog_list(list)
+                    .build();
+        }
         let ctx = SessionContext::new_with_state(state);
         let mut values = BTreeMap::new();
         for d in SETTINGS {
             values.insert(d.name, d.default.to_string());
+        }
+        if !core.access.is_superuser(&principal) {
+            values.insert("is_superuser", "off".to_string());
         }
         if let Some(t) = defaults.statement_timeout.filter(|t| !t.is_zero()) {
             values.insert("statement_timeout", t.as_millis().to_string());
@@ -651,7 +689,18 @@ impl Session {
             deadline: None,
             notices: Vec::new(),
             reported: Vec::new(),
+            peer: None,
         }
+    }
+
+    /// Names the client's address in what the session logs.
+    pub fn set_peer(&mut self, peer: impl std::fmt::Display) {
+        self.peer = Some(peer.to_string());
+    }
+
+    /// Who the session acts as.
+    pub fn principal(&self) -> &Principal {
+        &self.shared.principal
     }
 
     /// The session's DataFusion context (its own settings, the database's
@@ -678,6 +727,12 @@ impl Session {
             }
             .fail();
         }
+        crate::sql::access::authorize(
+            &self.core,
+            &self.shared.principal,
+            database,
+            &Stmt::Use(database.to_string()),
+        )?;
         let state = self.ctx.state_ref();
         let mut state = state.write();
         state.config_mut().options_mut().catalog.default_schema = database.to_string();
@@ -812,6 +867,12 @@ impl Session {
             .core
             .catalog
             .require_table(&table.database, &table.table)?;
+        self.core.access.check(
+            &self.shared.principal,
+            crate::auth::Privilege::Insert,
+            &table.database,
+            Some(&table.table),
+        )?;
         let names: Vec<String> = if columns.is_empty() {
             target
                 .schema()
@@ -902,10 +963,10 @@ impl Session {
                     columns: None,
                 }),
                 _ => {
-                    let (ctx, q) = (self.ctx.clone(), q.as_ref().clone());
+                    let (core, ctx, q) = (self.core.clone(), self.ctx.clone(), q.as_ref().clone());
                     self.core
                         .executor
-                        .run(async move { crate::sql::describe_query(&ctx, q).await })
+                        .run(async move { crate::sql::describe_query(&core, &ctx, q).await })
                         .await
                 }
             },
@@ -1184,7 +1245,37 @@ impl Session {
         result
     }
 
+    /// Runs one statement; a statement refused for lack of privileges is
+    /// logged with the user and the client's address, and counted in
+    /// `sandflow_permission_denied_total`.
     async fn run_owned(
+        &mut self,
+        stmt: Statement,
+        params: Option<ParamValues>,
+        cancel: Option<&mut oneshot::Receiver<()>>,
+    ) -> Result<Output> {
+        let tag = stmt.tag();
+        let result = self.run_checked(stmt, params, cancel).await;
+        if let Err(e @ Error::PermissionDenied { .. }) = &result {
+            tracing::warn!(
+                user = self.shared.principal.name(),
+                peer = self.peer.as_deref().unwrap_or(""),
+                statement = %tag,
+                "statement denied: {e}"
+            );
+            self.core
+                .metrics
+                .counter(
+                    "sandflow_permission_denied_total",
+                    "Statements refused because the session's user lacks a privilege.",
+                    &[],
+                )
+                .inc();
+        }
+        result
+    }
+
+    async fn run_checked(
         &mut self,
         stmt: Statement,
         params: Option<ParamValues>,

@@ -383,6 +383,20 @@ pub async fn start(
         },
     );
 
+    if config.auth.mode == crate::config::AuthMode::Password {
+        crate::auth::bootstrap(&db, &config.data_dir).await?;
+    } else {
+        tracing::warn!(
+            "authentication is off (--auth none): every client of {} and {} is the superuser",
+            config.postgres_addr,
+            config.http_addr
+        );
+    }
+    let gate = Arc::new(crate::auth::Gate::new(
+        db.clone(),
+        config.auth.mode,
+        config.auth.max_connections_per_user,
+    ));
     let pg_listener = pg::bind(config.postgres_addr).await.map_err(|e| {
         format!(
             "cannot listen on {} for PostgreSQL: {e}",
@@ -427,6 +441,7 @@ pub async fn start(
                     statement_timeout: config.statement_timeout,
                 },
             },
+            gate.clone(),
         )
         .map_err(|e| e.to_string())?,
     );
@@ -441,6 +456,7 @@ pub async fn start(
                 session: sandflow::session::SessionDefaults {
                     statement_timeout: config.statement_timeout,
                 },
+                gate: gate.clone(),
             },
             stop_rx.clone(),
         ))
@@ -449,7 +465,10 @@ pub async fn start(
     let http_task = tokio::spawn(http::serve(
         http_listener,
         db.clone(),
-        http::Settings::from_config(&config),
+        http::Settings {
+            gate: Some(gate.clone()),
+            ..http::Settings::from_config(&config)
+        },
         async move {
             let _ = http_stop.wait_for(|stop| *stop).await;
         },

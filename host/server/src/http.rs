@@ -22,7 +22,7 @@ use axum::http::{header, HeaderMap, HeaderName, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, Float32Array, Float64Array, Int16Array, Int32Array,
     Int64Array, Int8Array, UInt16Array, UInt32Array, UInt64Array, UInt8Array,
@@ -41,8 +41,10 @@ use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 use tracing::{debug, warn};
 
+use crate::auth::Gate;
 use crate::config::Config;
 use crate::origin::{self, AllowedHosts};
+use sandflow::auth::Principal;
 use sandflow::database::{Database, Output};
 use sandflow::error::Error;
 use sandflow::influx;
@@ -59,6 +61,8 @@ pub struct Settings {
     pub timeout: Option<Duration>,
     /// Connections open at once; the next one is answered 503.
     pub max_connections: usize,
+    /// Logins; `None`: none (every request acts as the superuser).
+    pub gate: Option<Arc<Gate>>,
 }
 
 impl Settings {
@@ -68,6 +72,7 @@ impl Settings {
             header_read_timeout: config.http.header_read_timeout,
             timeout: config.http.timeout,
             max_connections: config.max_connections,
+            gate: None,
         }
     }
 }
@@ -108,15 +113,125 @@ pub fn router(db: Arc<Database>, settings: Settings) -> Router {
             state.clone(),
             same_origin_only,
         ));
-    Router::new()
+    let logged_in = Router::new()
         .merge(guarded)
-        .route("/health", get(health))
         .route("/metrics", get(prometheus))
+        .route_layer(middleware::from_fn_with_state(state.clone(), login));
+    Router::new()
+        .merge(logged_in)
+        .route("/health", get(health))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             count_requests,
         ))
         .with_state(state)
+}
+
+/// The peer of a connection (a request extension the server adds).
+#[derive(Debug, Clone, Copy)]
+pub struct Peer(pub std::net::SocketAddr);
+
+/// The credentials a request carries: `Authorization: Basic` (GreptimeDB),
+/// `Authorization: Token user:password` and the `u`/`p` parameters
+/// (InfluxDB clients).
+fn credentials(req: &Request) -> Result<Option<(String, String)>, String> {
+    if let Some(value) = req.headers().get(header::AUTHORIZATION) {
+        let value = value
+            .to_str()
+            .map_err(|_| "the Authorization header is not text".to_string())?;
+        let (scheme, rest) = value.trim().split_once(' ').unwrap_or((value, ""));
+        let pair = match scheme.to_ascii_lowercase().as_str() {
+            "basic" => {
+                use base64::Engine;
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(rest.trim())
+                    .map_err(|_| "the Basic credentials are not base64".to_string())?;
+                String::from_utf8(bytes)
+                    .map_err(|_| "the Basic credentials are not UTF-8".to_string())?
+            }
+            "token" => rest.trim().to_string(),
+            other => {
+                return Err(format!(
+                    "unsupported Authorization scheme {other:?}: use Basic (user:password) or \
+                     Token user:password"
+                ))
+            }
+        };
+        let (user, password) = pair
+            .split_once(':')
+            .ok_or_else(|| "the credentials must be user:password".to_string())?;
+        return Ok(Some((user.to_string(), password.to_string())));
+    }
+    let query = req.uri().query().unwrap_or("");
+    let mut user = None;
+    let mut password = None;
+    for (k, v) in url_pairs(query) {
+        match k.as_str() {
+            "u" => user = Some(v),
+            "p" => password = Some(v),
+            _ => {}
+        }
+    }
+    Ok(match (user, password) {
+        (Some(u), Some(p)) => Some((u, p)),
+        _ => None,
+    })
+}
+
+/// `k=v&...` pairs of a query string, percent-decoded.
+fn url_pairs(query: &str) -> Vec<(String, String)> {
+    parse_form(query.as_bytes()).unwrap_or_default()
+}
+
+/// Logs the request in (see [`credentials`]) and hands its principal to the
+/// handler; 401 without valid credentials.
+async fn login(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let Some(gate) = state.settings.gate.clone() else {
+        req.extensions_mut().insert(Principal::Root);
+        return next.run(req).await;
+    };
+    let peer = req
+        .extensions()
+        .get::<Peer>()
+        .map(|p| p.0.ip())
+        .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+    let unauthorized = |code: u32, message: String| {
+        let mut r = error_response(StatusCode::UNAUTHORIZED, code, message, started);
+        r.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Basic realm=\"sandflow\""),
+        );
+        r
+    };
+    let (user, password) = match credentials(&req) {
+        Ok(Some(c)) => c,
+        Ok(None) if !gate.required() => {
+            req.extensions_mut().insert(Principal::Root);
+            return next.run(req).await;
+        }
+        Ok(None) => {
+            let e = gate.failed("http", "", peer, "no credentials");
+            debug!("{e}");
+            return unauthorized(
+                7003,
+                "authentication required: send Authorization: Basic (user:password), or u and p \
+                 parameters to the InfluxDB endpoints"
+                    .into(),
+            );
+        }
+        Err(message) => {
+            gate.failed("http", "", peer, &message);
+            return unauthorized(7004, message);
+        }
+    };
+    match gate.password("http", peer, &user, &password).await {
+        Ok(who) => {
+            req.extensions_mut().insert(who);
+            next.run(req).await
+        }
+        Err(e) => unauthorized(error_code(&e), e.to_string()),
+    }
 }
 
 async fn count_requests(State(state): State<AppState>, req: Request, next: Next) -> Response {
@@ -174,6 +289,9 @@ pub fn error_code(e: &Error) -> u32 {
         Error::Transaction { .. } => 1004,
         // GreptimeDB's TableUnavailable: try again.
         Error::Conflict { .. } => 4010,
+        // GreptimeDB's AccessDenied and UserPasswordMismatch.
+        Error::PermissionDenied { .. } => 7005,
+        Error::AuthFailed { .. } => 7002,
         Error::Storage { .. } => 5000,
         Error::Flow { .. } => 1003,
         Error::Internal { .. } => 1003,
@@ -198,6 +316,8 @@ pub fn error_status(e: &Error) -> StatusCode {
         }
         Error::TableExists { .. } | Error::FlowExists { .. } => StatusCode::BAD_REQUEST,
         Error::Conflict { .. } => StatusCode::CONFLICT,
+        Error::PermissionDenied { .. } => StatusCode::FORBIDDEN,
+        Error::AuthFailed { .. } => StatusCode::UNAUTHORIZED,
         Error::Storage { .. } | Error::Flow { .. } | Error::Internal { .. } => {
             StatusCode::INTERNAL_SERVER_ERROR
         }
@@ -219,7 +339,14 @@ fn flow_name(db: &Database, name: &str) -> String {
 
 /// `GET /v1/flows/{name}/recording`: the flow's recording so far (after a
 /// flush), as the JSON file `sandflow replay` reads.
-async fn recording_get(State(state): State<AppState>, Path(name): Path<String>) -> Response {
+async fn recording_get(
+    State(state): State<AppState>,
+    Extension(who): Extension<Principal>,
+    Path(name): Path<String>,
+) -> Response {
+    if let Err(e) = state.db.check_flow_access(&who, &name) {
+        return db_error_response(e, Instant::now());
+    }
     let started = Instant::now();
     let name = flow_name(&state.db, &name);
     match state.db.recording(&name).await {
@@ -235,7 +362,14 @@ async fn recording_get(State(state): State<AppState>, Path(name): Path<String>) 
 
 /// `POST /v1/flows/{name}/recording`: starts (or starts anew) the flow's
 /// recording.
-async fn recording_start(State(state): State<AppState>, Path(name): Path<String>) -> Response {
+async fn recording_start(
+    State(state): State<AppState>,
+    Extension(who): Extension<Principal>,
+    Path(name): Path<String>,
+) -> Response {
+    if let Err(e) = state.db.check_flow_access(&who, &name) {
+        return db_error_response(e, Instant::now());
+    }
     let started = Instant::now();
     let name = flow_name(&state.db, &name);
     match state.db.start_recording(&name).await {
@@ -251,7 +385,14 @@ async fn recording_start(State(state): State<AppState>, Path(name): Path<String>
 }
 
 /// `DELETE /v1/flows/{name}/recording`: stops the flow's recording.
-async fn recording_stop(State(state): State<AppState>, Path(name): Path<String>) -> Response {
+async fn recording_stop(
+    State(state): State<AppState>,
+    Extension(who): Extension<Principal>,
+    Path(name): Path<String>,
+) -> Response {
+    if let Err(e) = state.db.check_flow_access(&who, &name) {
+        return db_error_response(e, Instant::now());
+    }
     let started = Instant::now();
     let name = flow_name(&state.db, &name);
     match state.db.stop_recording(&name).await {
@@ -351,6 +492,8 @@ fn missing_sql(started: Instant) -> Response {
 
 async fn sql_post(
     State(state): State<AppState>,
+    Extension(who): Extension<Principal>,
+    peer: Option<Extension<Peer>>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
     body: Bytes,
@@ -361,7 +504,17 @@ async fn sql_post(
         Err(message) => return error_response(StatusCode::BAD_REQUEST, 1004, message, started),
     };
     match sql_text(&params) {
-        Some(sql) => run_sql(&state, sql, &params, started).await,
+        Some(sql) => {
+            run_sql(
+                &state,
+                who,
+                peer.map(|Extension(p)| p),
+                sql,
+                &params,
+                started,
+            )
+            .await
+        }
         None => missing_sql(started),
     }
 }
@@ -370,6 +523,8 @@ async fn sql_post(
 /// web page can make a browser send a GET.
 async fn sql_get(
     State(state): State<AppState>,
+    Extension(who): Extension<Principal>,
+    peer: Option<Extension<Peer>>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
     body: Bytes,
@@ -408,7 +563,15 @@ async fn sql_get(
             .insert(header::ALLOW, header::HeaderValue::from_static("POST"));
         return refused;
     }
-    run_sql(&state, sql, &params, started).await
+    run_sql(
+        &state,
+        who,
+        peer.map(|Extension(p)| p),
+        sql,
+        &params,
+        started,
+    )
+    .await
 }
 
 /// How long a request may run, and what set it.
@@ -468,6 +631,8 @@ fn timed_out(limit: Limit, settings: &Settings, started: Instant) -> Response {
 /// Runs `sql` within the request's timeout and answers with its outputs.
 async fn run_sql(
     state: &AppState,
+    who: Principal,
+    peer: Option<Peer>,
     sql: &str,
     params: &HashMap<String, String>,
     started: Instant,
@@ -481,7 +646,15 @@ async fn run_sql(
     // one transaction). The limit stops a statement through the session's
     // commit gate, so a request that timed out has written nothing; dropping
     // the request (the client going away) stops it too.
-    let mut session = state.db.session();
+    let mut session = state.db.session_with(
+        &state.db.session_context(),
+        sandflow::session::Dialect::Generic,
+        &Default::default(),
+        who,
+    );
+    if let Some(peer) = peer {
+        session.set_peer(peer.0);
+    }
     if let Some(db) = params.get("db").filter(|d| !d.is_empty()) {
         // GreptimeDB also takes `catalog-database`.
         let db = db.strip_prefix("greptime-").unwrap_or(db);
@@ -657,6 +830,7 @@ where
 
 async fn influx_write(
     State(state): State<AppState>,
+    Extension(who): Extension<Principal>,
     Query(query): Query<HashMap<String, String>>,
     body: Bytes,
 ) -> Response {
@@ -684,7 +858,7 @@ async fn influx_write(
         );
     };
     let database = query.get("db").map_or("", String::as_str);
-    let points = match influx::write(&state.db, database, text, precision).await {
+    let points = match influx::write(&state.db, &who, database, text, precision).await {
         Ok(n) => n,
         Err(e) => return db_error_response(e, started),
     };
@@ -704,15 +878,42 @@ async fn health() -> Json<Value> {
     Json(json!({}))
 }
 
-async fn prometheus(State(state): State<AppState>) -> Response {
+async fn prometheus(
+    State(state): State<AppState>,
+    Extension(who): Extension<Principal>,
+) -> Response {
+    let text = state.db.metrics().render();
+    let text = if state.db.access().is_superuser(&who) {
+        text
+    } else {
+        visible_metrics(&state.db, &who, &text)
+    };
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        state.db.metrics().render(),
+        text,
     )
         .into_response()
+}
+
+/// The metric samples `who` may see: those of flows they may manage (a
+/// `flow` label), and the server-wide ones without such a label.
+fn visible_metrics(db: &Database, who: &Principal, text: &str) -> String {
+    let visible = db.flows_visible_to(who);
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        let flow = line
+            .split_once("flow=\"")
+            .and_then(|(_, rest)| rest.split_once('"'))
+            .map(|(name, _)| name);
+        if line.starts_with('#') || flow.is_none_or(|f| visible.iter().any(|v| v == f)) {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
 }
 
 /// Over-the-limit connections answered at once; past it they are closed
@@ -772,8 +973,8 @@ pub async fn serve(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let conn =
-            http1.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+        let app = app.clone().layer(axum::Extension(Peer(peer)));
+        let conn = http1.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app));
         let conn = graceful.watch(conn);
         let connections = door.connections.clone();
         connections.inc();

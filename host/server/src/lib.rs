@@ -8,6 +8,7 @@
 //! `sandflow::Session` only.
 
 pub mod app;
+pub mod auth;
 pub mod client;
 pub mod config;
 pub mod http;

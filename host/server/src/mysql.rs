@@ -37,6 +37,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Mutex, Semaphore};
 use tracing::{debug, warn};
 
+use sandflow::auth::Principal;
 use sandflow::database::{Database, Output};
 use sandflow::error::Error;
 use sandflow::session::{Session, SessionDefaults};
@@ -51,6 +52,8 @@ pub struct MysqlOptions {
     /// connections".
     pub max_connections: usize,
     pub session: SessionDefaults,
+    /// Logins.
+    pub gate: Arc<crate::auth::Gate>,
 }
 
 /// Serves connections from `listener` until `stop` turns true; then the
@@ -89,7 +92,7 @@ pub async fn serve(
                 return;
             };
             debug!(%peer, "MySQL connection");
-            if let Err(e) = connection(stream, db, options, id).await {
+            if let Err(e) = connection(stream, peer, db, options, id).await {
                 debug!(%peer, "MySQL connection ended: {e}");
             }
         });
@@ -143,20 +146,43 @@ async fn refuse(stream: TcpStream) {
 
 async fn connection(
     stream: TcpStream,
+    peer: std::net::SocketAddr,
     db: Arc<Database>,
     options: MysqlOptions,
     id: u32,
 ) -> io::Result<()> {
+    // Until the login succeeds the session acts as nobody (no user of that
+    // name can exist): it may do nothing.
     let session = db.session_with(
         &db.session_context(),
         sandflow::session::Dialect::Generic,
         &options.session,
+        Principal::User(String::new()),
     );
+    // A fresh scramble per connection (never NUL or '$', which the protocol
+    // reserves).
+    let salt = {
+        use rand::RngExt;
+        let mut rng = rand::rng();
+        let mut s = [0u8; 20];
+        for b in &mut s {
+            *b = rng.random_range(1u8..=127);
+            if *b == b'$' {
+                *b += 1;
+            }
+        }
+        s
+    };
     let shim = Shim {
         session: Mutex::new(session),
         statements: HashMap::new(),
         next_statement: 1,
         id,
+        db,
+        options,
+        peer,
+        salt,
+        user: std::sync::Mutex::new(None),
     };
     let (r, w) = stream.into_split();
     AsyncMysqlIntermediary::run_on(shim, r, w).await
@@ -168,6 +194,66 @@ struct Shim {
     statements: HashMap<u32, String>,
     next_statement: u32,
     id: u32,
+    db: Arc<Database>,
+    options: MysqlOptions,
+    peer: std::net::SocketAddr,
+    salt: [u8; 20],
+    /// The logged-in user's connection slot.
+    user: std::sync::Mutex<Option<crate::auth::UserSlot>>,
+}
+
+impl Shim {
+    /// Checks a login; on success the connection's session acts as the user.
+    async fn login(
+        &self,
+        auth_plugin: &str,
+        username: &[u8],
+        salt: &[u8],
+        auth_data: &[u8],
+    ) -> bool {
+        let gate = &self.options.gate;
+        let user = String::from_utf8_lossy(username).to_string();
+        let who = if !gate.required() {
+            Principal::Root
+        } else {
+            gate.throttle(self.peer.ip()).await;
+            let ok = auth_plugin == "mysql_native_password"
+                && self
+                    .db
+                    .access()
+                    .mysql_native(&user)
+                    .is_some_and(|h| h.check(salt, auth_data));
+            if !ok {
+                gate.failed(
+                    "mysql",
+                    &user,
+                    self.peer.ip(),
+                    "wrong password or unknown user",
+                );
+                return false;
+            }
+            gate.succeeded(self.peer.ip());
+            Principal::User(user)
+        };
+        let slot = match gate.connect(&who) {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(peer = %self.peer, "MySQL login refused: {e}");
+                return false;
+            }
+        };
+        let session = self.db.session_with(
+            &self.db.session_context(),
+            sandflow::session::Dialect::Generic,
+            &self.options.session,
+            who,
+        );
+        let mut session = session;
+        session.set_peer(self.peer);
+        *self.session.lock().await = session;
+        *self.user.lock().unwrap_or_else(|p| p.into_inner()) = Some(slot);
+        true
+    }
 }
 
 #[async_trait]
@@ -180,6 +266,20 @@ impl<W: AsyncWrite + Send + Unpin> AsyncMysqlShim<W> for Shim {
 
     fn connect_id(&self) -> u32 {
         self.id
+    }
+
+    fn salt(&self) -> [u8; 20] {
+        self.salt
+    }
+
+    async fn authenticate(
+        &self,
+        auth_plugin: &str,
+        username: &[u8],
+        salt: &[u8],
+        auth_data: &[u8],
+    ) -> bool {
+        self.login(auth_plugin, username, salt, auth_data).await
     }
 
     async fn on_prepare<'a>(
@@ -573,6 +673,8 @@ fn error_kind(e: &Error) -> ErrorKind {
         }
         Error::Cancelled { .. } => ErrorKind::ER_QUERY_INTERRUPTED,
         Error::Conflict { .. } => ErrorKind::ER_LOCK_DEADLOCK,
+        Error::PermissionDenied { .. } => ErrorKind::ER_TABLEACCESS_DENIED_ERROR,
+        Error::AuthFailed { .. } => ErrorKind::ER_ACCESS_DENIED_ERROR,
         _ => ErrorKind::ER_UNKNOWN_ERROR,
     }
 }

@@ -627,14 +627,25 @@ async fn line_protocol_request_is_one_commit() {
     let dir = TempDir::new();
     let db = Database::open(&dir.0).await.unwrap();
     // Tables made by an earlier request, so that the next one can be watched.
-    let n = write(&db, "", "cpu,host=a usage=0.5 1\nmem,host=a free=1i 1", s)
-        .await
-        .unwrap();
+    let n = write(
+        &db,
+        &sandflow::auth::Principal::Root,
+        "",
+        "cpu,host=a usage=0.5 1\nmem,host=a free=1i 1",
+        s,
+    )
+    .await
+    .unwrap();
     assert_eq!(n, 2);
     let mut cpu = db.subscribe("cpu").unwrap();
     let mut mem = db.subscribe("mem").unwrap();
     let body = "cpu,host=b usage=0.25 2\nmem,host=b free=2i 2\ncpu,host=a usage=0.75 1";
-    assert_eq!(write(&db, "public", body, s).await.unwrap(), 3);
+    assert_eq!(
+        write(&db, &sandflow::auth::Principal::Root, "public", body, s)
+            .await
+            .unwrap(),
+        3
+    );
     let c = cpu.recv().await.unwrap();
     let m = mem.recv().await.unwrap();
     assert_eq!(c.seq, m.seq, "one commit for the whole request");
@@ -646,7 +657,10 @@ async fn line_protocol_request_is_one_commit() {
     // and nothing of the request is written, not even its new table.
     let before = db.last_seq().unwrap();
     let body = "fresh,k=x v=1i 3\nmem,host=c free=3i 3\ncpu,host=c usage=1i 3";
-    let e = write(&db, "", body, s).await.unwrap_err().to_string();
+    let e = write(&db, &sandflow::auth::Principal::Root, "", body, s)
+        .await
+        .unwrap_err()
+        .to_string();
     for needle in ["\"usage\"", "DOUBLE", "BIGINT", "line 3"] {
         assert!(e.contains(needle), "{needle} missing from: {e}");
     }
@@ -656,12 +670,22 @@ async fn line_protocol_request_is_one_commit() {
 
     // A new database and its tables come with the rows, or not at all.
     let bad = "a v=1i 1\nb v=1i 1\nb,t=x v=\"x\" 2";
-    assert!(write(&db, "metrics", bad, s).await.is_err());
+    assert!(
+        write(&db, &sandflow::auth::Principal::Root, "metrics", bad, s)
+            .await
+            .is_err()
+    );
     assert!(!db.database_exists("metrics"));
     assert_eq!(db.last_seq().unwrap(), before);
-    write(&db, "metrics", "a v=1i 1\nb v=2.5 1", s)
-        .await
-        .unwrap();
+    write(
+        &db,
+        &sandflow::auth::Principal::Root,
+        "metrics",
+        "a v=1i 1\nb v=2.5 1",
+        s,
+    )
+    .await
+    .unwrap();
     assert_eq!(scalar(&db, "SELECT count(*) FROM metrics.a").await, "1");
     assert_eq!(scalar(&db, "SELECT v FROM metrics.b").await, "2.5");
     assert_eq!(db.last_seq().unwrap(), before + 1);

@@ -18,6 +18,7 @@
 
 mod crash_flows;
 mod database;
+mod e2e_auth;
 mod e2e_cli;
 mod e2e_extended;
 mod e2e_flows;

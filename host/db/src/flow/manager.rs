@@ -41,11 +41,13 @@ use super::ports::{
 use super::recording::{self, RecordingState};
 use super::sink;
 use super::status::{failure_message, FlowStatus, SharedStatus};
+use crate::auth::{Principal, Privilege};
 use crate::catalog::{display_name, Table, TableInfo, TableSchema, DEFAULT_DATABASE};
 use crate::database::Core;
 use crate::error::{
     DatabaseNotFoundSnafu, FlowExistsSnafu, FlowNotFoundSnafu, FlowSnafu, InternalSnafu,
-    InvalidDataSnafu, NotFoundSnafu, Result, SqlSnafu, TooComplexSnafu, UnsupportedSnafu,
+    InvalidDataSnafu, NotFoundSnafu, PermissionDeniedSnafu, Result, SqlSnafu, TooComplexSnafu,
+    UnsupportedSnafu,
 };
 use crate::runtime::{Digest, FlowLimits, RuntimeConfig, RuntimeError, Sandbox};
 use crate::sql::parser::{CreateFlow, TableName};
@@ -207,6 +209,10 @@ pub struct FlowDef {
     /// `ADMIN RESUME_FLOW`, also across restarts of the server.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub paused: bool,
+    /// The user who created the flow; it runs with their privileges (`None`:
+    /// created without authentication, unchecked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 fn default_database() -> String {
@@ -949,6 +955,9 @@ impl FlowManager {
                 f.insert(name, handle);
             }
         }
+        // A flow whose owner lost a privilege while the server was down
+        // fails before it runs.
+        self.recheck_owners_locked(core);
         for slot in &started {
             self.driver.wake(slot);
         }
@@ -982,7 +991,13 @@ impl FlowManager {
         ctx: &SessionContext,
         stmt: CreateFlow,
     ) -> Result<bool> {
+        let who = crate::sql::visible::principal_of(&ctx.copied_config());
         let old = self.get(&stmt.name);
+        if let Some(old) = &old {
+            if !stmt.if_not_exists {
+                self.check_flow_access(core, &who, &old.def.name)?;
+            }
+        }
         if old.is_none() {
             let running = self.flows.read().map(|f| f.len()).unwrap_or(0);
             if running >= self.settings.max_flows {
@@ -1050,6 +1065,10 @@ impl FlowManager {
             sink_created: false,
             pending,
             paused: false,
+            owner: match &who {
+                Principal::Root => None,
+                Principal::User(u) => Some(u.clone()),
+            },
         };
         // Sources are resolved by compiling; the definition records them.
         let compiled = match compile_flow(
@@ -1076,10 +1095,12 @@ impl FlowManager {
                     .map(|t| (t.database, t.table))
                     .collect();
                 let def = define(sources, true);
+                self.authorize_def(core, &who, &def, old.as_ref().map(|h| &h.def), &options)?;
                 return self.create_pending(core, ctx, def, old, &missing).await;
             }
         };
         let mut def = define(source_names(&compiled, &stmt.database), false);
+        self.authorize_def(core, &who, &def, old.as_ref().map(|h| &h.def), &options)?;
         self.check_graph(&def)?;
         // Checks everything and derives the sink to create, but writes nothing.
         let prepared = self.prepare(core, ctx, &def, None).await?;
@@ -1334,6 +1355,17 @@ impl FlowManager {
     ) -> Result<bool> {
         let _ddl = self.ddl.lock().await;
         let handle = self.require(name)?;
+        if let Some(owner) = &handle.def.owner {
+            self.owner_may_run(core, owner, &handle.def).map_err(|e| {
+                PermissionDeniedSnafu {
+                    message: format!(
+                        "flow '{}' cannot resume: its owner {owner} lost a privilege it needs: {e}",
+                        handle.def.name
+                    ),
+                }
+                .build()
+            })?;
+        }
         self.restart(core, ctx, handle, false).await
     }
 
@@ -1688,7 +1720,17 @@ impl FlowManager {
         for (d, t) in source_names(&compiled, &def.database) {
             sources.push(core.catalog.require_table(&d, &t)?);
         }
-        let limits = limits(&self.settings.default_limits, &options);
+        let mut limits = limits(&self.settings.default_limits, &options);
+        // A flow that sets no CPU budget gets at most its database's quota.
+        if options.cpu_limit_per_tick.is_none() {
+            if let Some(max) = core
+                .access
+                .quotas(&def.sink_database)
+                .max_cpu_limit_per_tick_ms
+            {
+                limits.cpu_per_call = limits.cpu_per_call.min(Duration::from_millis(max));
+            }
+        }
         let mut guest_options = Vec::new();
         if let Some(ms) = def.expire_after_ms {
             guest_options.push((
@@ -2499,6 +2541,167 @@ fn reach(
         path.pop();
     }
     None
+}
+
+/// Who may run what of flows: owners, privileges and quotas.
+impl FlowManager {
+    /// Whether `who` may see, drop, flush, pause or resume flow `name`: its
+    /// owner, a superuser, or a user with CREATE on its sink's database. A
+    /// flow that does not exist passes (the statement reports it).
+    pub(crate) fn check_flow_access(&self, core: &Core, who: &Principal, name: &str) -> Result<()> {
+        if *who == Principal::Root || core.access.is_superuser(who) {
+            return Ok(());
+        }
+        let Some(h) = self.find(name) else {
+            return Ok(());
+        };
+        if h.def.owner.as_deref() == Some(who.name()) {
+            return Ok(());
+        }
+        core.access
+            .check(who, Privilege::Create, &h.def.sink_database, None)
+            .map_err(|_| {
+                PermissionDeniedSnafu {
+                    message: format!(
+                        "permission denied for flow {}: user {} neither owns it nor has CREATE on \
+                         database {}",
+                        h.def.name,
+                        who.name(),
+                        h.def.sink_database
+                    ),
+                }
+                .build()
+            })
+    }
+
+    /// Whether `owner` still has what flow `def` needs: SELECT on every
+    /// source, INSERT on the sink.
+    fn owner_may_run(&self, core: &Core, owner: &str, def: &FlowDef) -> Result<()> {
+        let who = Principal::User(owner.to_string());
+        for (d, t) in &def.sources {
+            core.access.check(&who, Privilege::Select, d, Some(t))?;
+        }
+        core.access.check(
+            &who,
+            Privilege::Insert,
+            &def.sink_database,
+            Some(&def.sink_table),
+        )
+    }
+
+    /// CREATE FLOW's checks of `who`: CREATE on the sink's database, INSERT
+    /// on an existing sink, SELECT on every source, and the sink database's
+    /// quotas (`replacing`: the definition it replaces, not counted).
+    fn authorize_def(
+        &self,
+        core: &Core,
+        who: &Principal,
+        def: &FlowDef,
+        replacing: Option<&FlowDef>,
+        options: &FlowOptions,
+    ) -> Result<()> {
+        let db = &def.sink_database;
+        if *who != Principal::Root && !core.access.is_superuser(who) {
+            core.access.check(who, Privilege::Create, db, None)?;
+            if core.catalog.table(db, &def.sink_table)?.is_some() {
+                core.access
+                    .check(who, Privilege::Insert, db, Some(&def.sink_table))?;
+            }
+            for (d, t) in &def.sources {
+                core.access.check(who, Privilege::Select, d, Some(t))?;
+            }
+        }
+        let quotas = core.access.quotas(db);
+        if quotas == crate::auth::Quotas::default() {
+            return Ok(());
+        }
+        let others: Vec<FlowDef> = self
+            .flows
+            .read()
+            .map(|f| {
+                f.values()
+                    .map(|h| h.def.clone())
+                    .filter(|d| &d.sink_database == db)
+                    .filter(|d| replacing.is_none_or(|r| r.name != d.name))
+                    .collect()
+            })
+            .unwrap_or_default();
+        core.access.check_quota(
+            db,
+            "max_flows",
+            quotas.max_flows,
+            others.len() as u64,
+            1,
+            "",
+        )?;
+        let memory_of = |d: &FlowDef| {
+            parse_options(&d.options)
+                .map(|o| limits(&self.settings.default_limits, &o).memory as u64)
+                .unwrap_or(self.settings.default_limits.memory as u64)
+        };
+        let this = limits(&self.settings.default_limits, options);
+        core.access.check_quota(
+            db,
+            "flow_memory_limit",
+            quotas.flow_memory_limit,
+            others.iter().map(memory_of).sum(),
+            this.memory as u64,
+            " bytes",
+        )?;
+        // A flow without its own CPU budget runs with the quota's.
+        if let (Some(max), Some(own)) =
+            (quotas.max_cpu_limit_per_tick_ms, options.cpu_limit_per_tick)
+        {
+            let ms = own.as_millis() as u64;
+            if ms > max {
+                return crate::error::LimitExceededSnafu {
+                    message: format!(
+                        "quota max_cpu_limit_per_tick of database {db} exceeded: this flow's \
+                         cpu_limit_per_tick is {ms}ms, the quota is {max}ms; give the flow \
+                         WITH (cpu_limit_per_tick = '{max}ms') or less"
+                    ),
+                }
+                .fail();
+            }
+        }
+        if core.catalog.table(db, &def.sink_table)?.is_none() {
+            crate::sql::access::check_table_quota(core, db, 1)?;
+        }
+        Ok(())
+    }
+
+    /// After a REVOKE, ALTER USER or DROP USER: every running flow whose
+    /// owner lost a privilege it needs fails, saying which.
+    pub(crate) async fn recheck_owners(&self, core: &Arc<Core>) {
+        let _ddl = self.ddl.lock().await;
+        self.recheck_owners_locked(core);
+    }
+
+    fn recheck_owners_locked(&self, core: &Arc<Core>) {
+        let handles: Vec<Arc<FlowHandle>> = self
+            .flows
+            .read()
+            .map(|f| f.values().cloned().collect())
+            .unwrap_or_default();
+        for h in handles {
+            let Some(owner) = h.def.owner.clone() else {
+                continue;
+            };
+            let failed = h.status.lock().map(|s| s.error.is_some()).unwrap_or(false);
+            if failed || h.def.paused {
+                continue;
+            }
+            if let Err(e) = self.owner_may_run(core, &owner, &h.def) {
+                let reason = format!(
+                    "the flow's owner {owner} lost a privilege it needs: {e}. Once it is granted \
+                     again, ADMIN RESUME_FLOW('{}') continues from where the flow stopped",
+                    h.def.name
+                );
+                warn!(flow = %h.def.name, "{reason}");
+                self.stop_as(core, &h, h.def.clone(), Some(reason), true);
+            }
+        }
+    }
 }
 
 #[cfg(test)]

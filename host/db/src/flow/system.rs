@@ -371,6 +371,17 @@ impl TableProvider for FlowsTable {
         limit: Option<usize>,
     ) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
         let (infos, now) = (self.core.flows.infos(), self.core.flows.now_ms());
+        // Each user sees the flows they may manage (see check_flow_access).
+        let who = crate::sql::visible::principal_of(state.config());
+        let infos: Vec<FlowInfo> = infos
+            .into_iter()
+            .filter(|i| {
+                self.core
+                    .flows
+                    .check_flow_access(&self.core, &who, &i.def.name)
+                    .is_ok()
+            })
+            .collect();
         let batch = match self.statistics {
             true => flow_statistics_batch(&infos, now)?,
             false => flows_batch(&infos, now)?,

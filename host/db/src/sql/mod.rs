@@ -2,12 +2,14 @@
 //! queries and DML are planned and run by DataFusion over
 //! [`provider`]'s tables.
 
+pub mod access;
 pub mod alter;
 pub mod copy;
 pub mod executor;
 pub mod functions;
 pub mod parser;
 pub mod provider;
+pub(crate) mod visible;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -84,7 +86,7 @@ pub(crate) async fn execute_statement(
 ) -> Result<Output> {
     match (stmt, params) {
         (Stmt::Query(stmt), params) => {
-            run_datafusion(ctx, *stmt, params, core.clock.now_ms()).await
+            run_datafusion(core, ctx, *stmt, params, core.clock.now_ms()).await
         }
         (other, _) => execute_stmt(core, ctx, other).await,
     }
@@ -103,10 +105,11 @@ fn sql_options() -> SQLOptions {
 
 /// Plans a statement for DataFusion, refusing what clients may not do.
 async fn plan_statement(
+    core: &Core,
     ctx: &SessionContext,
     stmt: datafusion::sql::sqlparser::ast::Statement,
 ) -> Result<LogicalPlan> {
-    plan_statement_in(&ctx.state(), stmt).await
+    plan_statement_in(core, &ctx.state(), stmt).await
 }
 
 /// A session state whose `now()` is `now_ms` (the database's clock).
@@ -119,6 +122,7 @@ fn state_at(ctx: &SessionContext, now_ms: i64) -> datafusion::execution::Session
 }
 
 async fn plan_statement_in(
+    core: &Core,
     state: &datafusion::execution::SessionState,
     mut stmt: datafusion::sql::sqlparser::ast::Statement,
 ) -> Result<LogicalPlan> {
@@ -173,15 +177,17 @@ async fn plan_statement_in(
         _ => {}
     }
     sql_options().verify_plan(&plan).map_err(from_df)?;
+    visible::authorize_plan(core, state, &plan)?;
     Ok(plan)
 }
 
 /// The parameters and result columns of a DataFusion statement.
 pub(crate) async fn describe_query(
+    core: &Core,
     ctx: &SessionContext,
     stmt: datafusion::sql::sqlparser::ast::Statement,
 ) -> Result<crate::session::Description> {
-    let plan = plan_statement(ctx, stmt).await?;
+    let plan = plan_statement(core, ctx, stmt).await?;
     let types = plan.get_parameter_types().map_err(from_df)?;
     let mut params: Vec<Option<datafusion::arrow::datatypes::DataType>> = Vec::new();
     for (name, ty) in types {
@@ -223,6 +229,10 @@ pub fn result_schema(stmt: &Stmt) -> Option<Arc<Schema>> {
         Stmt::Describe(_) => strings(&DESCRIBE_COLUMNS),
         Stmt::ShowFlows { .. } => strings(&["Flows"]),
         Stmt::ShowCreateFlow(_) => strings(&["Flow", "Create Flow"]),
+        Stmt::Access(access::AccessStmt::ShowUsers) => strings(&["User", "Superuser", "Createdb"]),
+        Stmt::Access(access::AccessStmt::ShowGrants { .. }) => {
+            strings(&["User", "Object", "Privileges"])
+        }
         Stmt::Admin { function, args } if args.len() == 1 => Some(admin_schema(function, &args[0])),
         _ => None,
     }
@@ -327,9 +337,19 @@ fn affected(tag: &str, rows: u64) -> Output {
 }
 
 async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Result<Output> {
+    let who = visible::principal_of(&ctx.copied_config());
+    access::authorize(core, &who, &context_database(ctx), &stmt)?;
     match stmt {
+        Stmt::Access(a) => access::execute(core, &who, &context_database(ctx), a).await,
         Stmt::CreateTable(ct) => {
             let (schema, options) = schema_from_create(&ct)?;
+            if core
+                .catalog
+                .table(&ct.name.database, &ct.name.table)?
+                .is_none()
+            {
+                access::check_table_quota(core, &ct.name.database, 1)?;
+            }
             create_table(
                 core,
                 &ct.name.database,
@@ -347,10 +367,18 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
         Stmt::CreateDatabase {
             name,
             if_not_exists,
+            options,
         } => {
+            let quotas = access::quotas_of(&options)?;
             let c = core.clone();
-            let created =
-                blocking(move || c.catalog.create_database(&c.store, &name, if_not_exists)).await?;
+            let created = blocking(move || {
+                let created = c.catalog.create_database(&c.store, &name, if_not_exists)?;
+                if created {
+                    c.access.database_created(&c.store, &who, &name, quotas)?;
+                }
+                Ok(created)
+            })
+            .await?;
             Ok(affected("CREATE DATABASE", created as u64))
         }
         Stmt::DropTable { names, if_exists } => {
@@ -361,8 +389,14 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
         }
         Stmt::DropDatabase { name, if_exists } => {
             let c = core.clone();
-            let dropped =
-                blocking(move || c.catalog.drop_database(&c.store, &name, if_exists)).await?;
+            let dropped = blocking(move || {
+                let dropped = c.catalog.drop_database(&c.store, &name, if_exists)?;
+                if dropped.is_some() {
+                    c.access.database_dropped(&c.store, &name)?;
+                }
+                Ok(dropped)
+            })
+            .await?;
             for t in dropped.unwrap_or_default() {
                 core.forget_defaults(t.id());
                 core.flows.table_dropped(core, &t);
@@ -383,6 +417,7 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
                 .iter()
                 .map(|t| t.info.name.clone())
                 .filter(|n| like.as_deref().is_none_or(|p| like_match(p, n)))
+                .filter(|n| core.access.can_see_table(&who, &database, n))
                 .collect();
             string_rows(
                 &[&tables_column(&database)],
@@ -395,6 +430,7 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
                 .database_names()?
                 .into_iter()
                 .filter(|n| like.as_deref().is_none_or(|p| like_match(p, n)))
+                .filter(|n| core.access.can_see_database(&who, n))
                 .collect();
             string_rows(&["Database"], names.into_iter().map(|n| vec![n]).collect())
         }
@@ -424,6 +460,7 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
                 .names()
                 .into_iter()
                 .filter(|n| like.as_deref().is_none_or(|p| like_match(p, n)))
+                .filter(|n| core.flows.check_flow_access(core, &who, n).is_ok())
                 .map(|n| vec![n])
                 .collect();
             string_rows(&["Flows"], names)
@@ -447,7 +484,7 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
             }
             Ok(affected("USE", 0))
         }
-        Stmt::Query(stmt) => run_datafusion(ctx, *stmt, None, core.clock.now_ms()).await,
+        Stmt::Query(stmt) => run_datafusion(core, ctx, *stmt, None, core.clock.now_ms()).await,
     }
 }
 
@@ -570,13 +607,14 @@ async fn admin(
 
 /// Plans and runs a statement with DataFusion; `now()` is `now_ms`.
 async fn run_datafusion(
+    core: &Core,
     ctx: &SessionContext,
     stmt: datafusion::sql::sqlparser::ast::Statement,
     params: Option<ParamValues>,
     now_ms: i64,
 ) -> Result<Output> {
     let state = state_at(ctx, now_ms);
-    let mut plan = plan_statement_in(&state, stmt).await?;
+    let mut plan = plan_statement_in(core, &state, stmt).await?;
     if let Some(values) = params {
         plan = plan.with_param_values(values).map_err(from_df)?;
     }
@@ -645,8 +683,16 @@ pub(crate) async fn drop_table(
     if_exists: bool,
 ) -> Result<bool> {
     let (c, database, name) = (core.clone(), database.to_string(), name.to_string());
-    let dropped =
-        blocking(move || c.catalog.drop_table(&c.store, &database, &name, if_exists)).await?;
+    let dropped = blocking(move || {
+        let dropped = c
+            .catalog
+            .drop_table(&c.store, &database, &name, if_exists)?;
+        if dropped.is_some() {
+            c.access.table_dropped(&c.store, &database, &name)?;
+        }
+        Ok(dropped)
+    })
+    .await?;
     if let Some(t) = &dropped {
         core.forget_defaults(t.id());
         // As in GreptimeDB, a flow's table may go: the flow fails, naming it.

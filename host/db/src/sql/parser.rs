@@ -142,7 +142,11 @@ pub enum Stmt {
     CreateDatabase {
         name: String,
         if_not_exists: bool,
+        /// `WITH (...)`: the database's quotas.
+        options: Vec<(String, String)>,
     },
+    /// Users, privileges and database options (see [`super::access`]).
+    Access(super::access::AccessStmt),
     DropTable {
         names: Vec<TableName>,
         if_exists: bool,
@@ -195,7 +199,11 @@ impl Stmt {
             | Stmt::Describe(_)
             | Stmt::ShowFlows { .. }
             | Stmt::ShowCreateFlow(_)
-            | Stmt::Use(_) => true,
+            | Stmt::Use(_)
+            | Stmt::Access(
+                super::access::AccessStmt::ShowUsers | super::access::AccessStmt::ShowGrants { .. },
+            ) => true,
+            Stmt::Access(_) => false,
             Stmt::CreateTable(_)
             | Stmt::AlterTable(_)
             | Stmt::CreateDatabase { .. }
@@ -1259,6 +1267,9 @@ fn parse_one(p: &mut Parser, sql: &str) -> Result<Stmt> {
     if let Some(stmt) = parse_flow_statement(p, sql)? {
         return Ok(stmt);
     }
+    if let Some(stmt) = super::access::parse(p)? {
+        return Ok(stmt);
+    }
     if is_kw(p, 0, Keyword::CREATE) && is_kw(p, 1, Keyword::TABLE) {
         p.next_token();
         p.next_token();
@@ -1333,6 +1344,7 @@ fn parse_one(p: &mut Parser, sql: &str) -> Result<Stmt> {
         } => Stmt::CreateDatabase {
             name: database_name(&db_name)?,
             if_not_exists,
+            options: Vec::new(),
         },
         Statement::CreateSchema {
             schema_name: SchemaName::Simple(name),
@@ -1341,6 +1353,7 @@ fn parse_one(p: &mut Parser, sql: &str) -> Result<Stmt> {
         } => Stmt::CreateDatabase {
             name: database_name(&name)?,
             if_not_exists,
+            options: Vec::new(),
         },
         Statement::Drop {
             object_type: ObjectType::Table,

@@ -190,13 +190,13 @@ impl WriteSet {
                     .fail()
                 }
             };
-            if ["catalog/", "store/", "flow/"]
+            if ["catalog/", "store/", "flow/", "auth/"]
                 .iter()
                 .any(|p| key.starts_with(p))
             {
                 return InvalidDataSnafu {
                     message: format!(
-                        "metadata key '{key}' is reserved (catalog/, store/ and flow/ belong to \
+                        "metadata key '{key}' is reserved (catalog/, store/, flow/ and auth/ belong to \
                          sandflow); use another prefix, e.g. app/"
                     ),
                 }

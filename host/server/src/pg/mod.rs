@@ -36,7 +36,6 @@ use datafusion_postgres::arrow_pg::datatypes::{
 use datafusion_postgres::arrow_pg::encoder::encode_value;
 use datafusion_postgres::datafusion_pg_catalog::sql::PostgresCompatibilityParser;
 use futures::{Sink, SinkExt};
-use pgwire::api::auth::noop::NoopStartupHandler;
 use pgwire::api::cancel::DefaultCancelHandler;
 use pgwire::api::copy::CopyHandler;
 use pgwire::api::portal::{Format, Portal};
@@ -63,8 +62,11 @@ use tokio::sync::{oneshot, watch, Mutex, Notify, Semaphore};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
+use crate::auth::Gate;
 use crate::pg_catalog::pg_session_context;
 use conn::{Hangup, Marker};
+use sandflow::auth::scram::ScramExchange;
+use sandflow::auth::Principal;
 use sandflow::database::{Database, Output};
 use sandflow::error::Error;
 use sandflow::metrics::FrontDoor;
@@ -145,6 +147,8 @@ pub fn sqlstate(e: &Error) -> &'static str {
         Error::TooComplex { .. } => "54001",
         // serialization_failure: run it again.
         Error::Conflict { .. } => "40001",
+        Error::PermissionDenied { .. } => "42501",
+        Error::AuthFailed { .. } => "28P01",
         Error::Cancelled { .. } => "57014",
         Error::Transaction { .. } => {
             if msg.contains("aborted") {
@@ -287,6 +291,8 @@ struct Conn {
     hangup: Option<Arc<Hangup>>,
     copy_in: Mutex<Option<CopyIn>>,
     _registration: ConnectionGuard,
+    /// Counts against the user's connection limit while the connection lives.
+    _user: crate::auth::UserSlot,
 }
 
 impl Conn {
@@ -343,6 +349,7 @@ pub struct PgService {
     connections: Arc<ConnectionManager>,
     marker: Marker,
     rewriter: Arc<PostgresCompatibilityParser>,
+    gate: Arc<Gate>,
 }
 
 /// The marker's error, if `text` carries one (see [`conn::Marker`]).
@@ -877,6 +884,7 @@ impl PgService {
             connections: self.connections.clone(),
             marker: self.marker.clone(),
             rewriter: self.rewriter.clone(),
+            gate: self.gate.clone(),
         }
     }
 }
@@ -997,34 +1005,203 @@ fn apply_startup_parameters(
     Ok(())
 }
 
+/// A connection's login in progress (in the client's session extensions).
+#[derive(Default)]
+struct Login {
+    user: String,
+    exchange: Option<ScramExchange>,
+}
+
+fn fatal(code: &str, message: String) -> PgWireError {
+    PgWireError::UserError(Box::new(ErrorInfo::new(
+        "FATAL".to_owned(),
+        code.to_owned(),
+        message,
+    )))
+}
+
+fn sasl_text(bytes: Option<&[u8]>) -> PgWireResult<String> {
+    let bytes = bytes.unwrap_or_default();
+    String::from_utf8(bytes.to_vec())
+        .map_err(|_| fatal("08P01", "SCRAM message is not UTF-8".into()))
+}
+
 #[async_trait]
-impl NoopStartupHandler for StartupHandler {
-    async fn post_startup<C>(
+impl pgwire::api::auth::StartupHandler for StartupHandler {
+    async fn on_startup<C>(
         &self,
         client: &mut C,
-        _message: pgwire::messages::PgWireFrontendMessage,
+        message: pgwire::messages::PgWireFrontendMessage,
     ) -> PgWireResult<()>
     where
-        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send,
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        let fatal = |code: &str, message: String| {
-            PgWireError::UserError(Box::new(ErrorInfo::new(
-                "FATAL".to_owned(),
-                code.to_owned(),
-                message,
-            )))
-        };
+        use pgwire::messages::startup::Authentication;
+        use pgwire::messages::PgWireFrontendMessage as Msg;
+        let gate = &self.service.gate;
+        let peer = client.socket_addr().ip();
+        match message {
+            Msg::Startup(ref startup) => {
+                pgwire::api::auth::protocol_negotiation(client, startup).await?;
+                pgwire::api::auth::save_startup_parameters_to_metadata(client, startup);
+                if !gate.required() {
+                    return self.complete(client, Principal::Root).await;
+                }
+                let user = client
+                    .metadata()
+                    .get(pgwire::api::METADATA_USER)
+                    .cloned()
+                    .unwrap_or_default();
+                if user.is_empty() {
+                    return Err(fatal(
+                        "28000",
+                        "no user name given: connect with -U name".into(),
+                    ));
+                }
+                client
+                    .session_extensions()
+                    .insert::<Arc<std::sync::Mutex<Login>>>(Arc::new(std::sync::Mutex::new(
+                        Login {
+                            user,
+                            exchange: None,
+                        },
+                    )));
+                client.set_state(pgwire::api::PgWireConnectionState::AuthenticationInProgress);
+                client
+                    .send(PgWireBackendMessage::Authentication(Authentication::SASL(
+                        vec!["SCRAM-SHA-256".to_string()],
+                    )))
+                    .await?;
+                Ok(())
+            }
+            Msg::PasswordMessageFamily(msg) => {
+                let Some(login) = client
+                    .session_extensions()
+                    .get::<Arc<std::sync::Mutex<Login>>>()
+                    .map(|l| l.as_ref().clone())
+                else {
+                    return Err(fatal("08P01", "unexpected password message".into()));
+                };
+                let (user, exchange) = {
+                    let mut l = login.lock().unwrap_or_else(|p| p.into_inner());
+                    (l.user.clone(), l.exchange.take())
+                };
+                match exchange {
+                    None => {
+                        let first = msg.into_sasl_initial_response()?;
+                        if first.auth_method != "SCRAM-SHA-256" {
+                            return Err(fatal(
+                                "28000",
+                                format!(
+                                    "SASL mechanism {} is not supported; use SCRAM-SHA-256",
+                                    first.auth_method
+                                ),
+                            ));
+                        }
+                        gate.throttle(peer).await;
+                        let text = sasl_text(first.data.as_deref())?;
+                        let verifier = self.service.db.access().verifier(&user);
+                        let (exchange, server_first) =
+                            ScramExchange::start(verifier.as_ref(), &text).map_err(|e| {
+                                let e = gate.failed("postgres", &user, peer, &format!("{e:?}"));
+                                fatal("28P01", e.to_string())
+                            })?;
+                        login.lock().unwrap_or_else(|p| p.into_inner()).exchange = Some(exchange);
+                        client
+                            .send(PgWireBackendMessage::Authentication(
+                                Authentication::SASLContinue(server_first.into_bytes().into()),
+                            ))
+                            .await?;
+                        Ok(())
+                    }
+                    Some(exchange) => {
+                        let last = msg.into_sasl_response()?;
+                        let text = sasl_text(Some(&last.data))?;
+                        match exchange.finish(&text) {
+                            Ok(server_final) => {
+                                gate.succeeded(peer);
+                                client
+                                    .feed(PgWireBackendMessage::Authentication(
+                                        Authentication::SASLFinal(server_final.into_bytes().into()),
+                                    ))
+                                    .await?;
+                                self.complete(client, Principal::User(user)).await
+                            }
+                            Err(e) => {
+                                let e = gate.failed("postgres", &user, peer, &format!("{e:?}"));
+                                Err(fatal("28P01", e.to_string()))
+                            }
+                        }
+                    }
+                }
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl StartupHandler {
+    /// Ends a successful login: the session, its settings, the backend key
+    /// and ReadyForQuery.
+    async fn complete<C>(&self, client: &mut C, who: Principal) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        use pgwire::api::auth::ServerParameterProvider;
+        use pgwire::api::PidSecretKeyGenerator;
         let svc = &self.service;
+        let slot = svc
+            .gate
+            .connect(&who)
+            .map_err(|e| fatal("53300", e.to_string()))?;
+        let (pid, secret) = pgwire::api::RandomPidSecretKeyGenerator::default().generate(client);
+        client.set_pid_and_secret_key(pid, secret.clone());
+        client
+            .feed(PgWireBackendMessage::Authentication(
+                pgwire::messages::startup::Authentication::Ok,
+            ))
+            .await?;
+        let defaults = pgwire::api::auth::DefaultServerParameterProvider::default();
+        for (k, v) in defaults.server_parameters(client).unwrap_or_default() {
+            client
+                .feed(PgWireBackendMessage::ParameterStatus(ParameterStatus::new(
+                    k, v,
+                )))
+                .await?;
+        }
+        client
+            .feed(PgWireBackendMessage::BackendKeyData(
+                pgwire::messages::startup::BackendKeyData::new(pid, secret.clone()),
+            ))
+            .await?;
         let named = client
             .metadata()
             .get(pgwire::api::METADATA_DATABASE)
             .cloned()
             .unwrap_or_default();
+        // A user's pg_catalog lists only what the user may see: it is built
+        // over the session's own (filtered) catalog.
+        let base = match &who {
+            Principal::Root => svc.base.clone(),
+            Principal::User(_) => {
+                let probe = svc.db.session_with(
+                    &svc.db.session_context(),
+                    Dialect::Postgres,
+                    &svc.defaults,
+                    who.clone(),
+                );
+                pg_session_context(probe.context())
+                    .map_err(|e| fatal("XX000", format!("cannot install pg_catalog: {e}")))?
+            }
+        };
         let mut session = svc
             .db
-            .session_with(&svc.base, Dialect::Postgres, &svc.defaults);
+            .session_with(&base, Dialect::Postgres, &svc.defaults, who);
+        session.set_peer(client.socket_addr());
         // psql names the user's name when no database is given: a database
         // that does not exist is the default one, `public`.
         if svc.db.database_exists(&named) {
@@ -1041,7 +1218,6 @@ impl NoopStartupHandler for StartupHandler {
                 )))
                 .await?;
         }
-        let (pid, secret) = client.pid_and_secret_key();
         let (cancel, registration) = svc.connections.register(pid, secret);
         let hangup = client
             .session_extensions()
@@ -1055,7 +1231,14 @@ impl NoopStartupHandler for StartupHandler {
                 hangup,
                 copy_in: Mutex::new(None),
                 _registration: registration,
+                _user: slot,
             }));
+        client
+            .send(PgWireBackendMessage::ReadyForQuery(ReadyForQuery::new(
+                TransactionStatus::Idle,
+            )))
+            .await?;
+        client.set_state(pgwire::api::PgWireConnectionState::ReadyForQuery);
         Ok(())
     }
 }
@@ -1093,7 +1276,11 @@ impl PgWireServerHandlers for PgHandlers {
 impl PgHandlers {
     /// Installs pg_catalog into a context over the database's catalog and
     /// builds the handlers.
-    pub fn new(db: Arc<Database>, options: PgOptions) -> sandflow::Result<PgHandlers> {
+    pub fn new(
+        db: Arc<Database>,
+        options: PgOptions,
+        gate: Arc<Gate>,
+    ) -> sandflow::Result<PgHandlers> {
         let base = pg_session_context(&db.session_context()).map_err(|e| Error::Internal {
             message: format!("cannot install pg_catalog: {e}"),
         })?;
@@ -1107,6 +1294,7 @@ impl PgHandlers {
             connections: connections.clone(),
             marker: Marker::new(),
             rewriter: Arc::new(PostgresCompatibilityParser::new()),
+            gate,
         });
         Ok(PgHandlers {
             startup: Arc::new(StartupHandler {
