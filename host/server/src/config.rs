@@ -847,7 +847,11 @@ impl Config {
             Some(m) => match m.trim().to_ascii_lowercase().as_str() {
                 "password" | "scram" | "on" => AuthMode::Password,
                 "none" | "off" => AuthMode::None,
-                _ => return Err(ConfigError::InvalidAuthMode { value: m.to_string() }),
+                _ => {
+                    return Err(ConfigError::InvalidAuthMode {
+                        value: m.to_string(),
+                    })
+                }
             },
         };
         let max_connections_per_user = match args
