@@ -42,6 +42,8 @@ pub struct Server {
     pub pg_port: u16,
     pub http_port: u16,
     pub mysql_port: u16,
+    /// Whether the HTTP address serves HTTPS (the server has a certificate).
+    pub https: bool,
     pub data_dir: PathBuf,
     log: Arc<Mutex<Vec<String>>>,
     _tmp: Option<Arc<tempfile::TempDir>>,
@@ -118,7 +120,7 @@ impl Server {
         let mut child = cmd.spawn().expect("spawn sandflow");
         let stderr = child.stderr.take().expect("stderr");
         let log = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = std::sync::mpsc::channel::<(String, u16)>();
+        let (tx, rx) = std::sync::mpsc::channel::<(String, u16, bool)>();
         {
             let log = log.clone();
             std::thread::spawn(move || {
@@ -130,14 +132,13 @@ impl Server {
                         ("mysql", "MySQL server listening on "),
                     ] {
                         if let Some(pos) = line.find(marker) {
-                            let addr = line[pos + marker.len()..]
-                                .split_whitespace()
-                                .next()
-                                .unwrap_or("");
+                            let mut words = line[pos + marker.len()..].split_whitespace();
+                            let addr = words.next().unwrap_or("");
+                            let https = words.next() == Some("(https)");
                             if let Some(port) =
                                 addr.rsplit(':').next().and_then(|p| p.parse::<u16>().ok())
                             {
-                                let _ = tx.send((door.to_string(), port));
+                                let _ = tx.send((door.to_string(), port, https));
                             }
                         }
                     }
@@ -153,6 +154,7 @@ impl Server {
             pg_port: 0,
             http_port: 0,
             mysql_port: 0,
+            https: false,
             data_dir,
             log,
             _tmp: Some(dir),
@@ -161,9 +163,12 @@ impl Server {
         while server.pg_port == 0 || server.http_port == 0 || server.mysql_port == 0 {
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left.min(Duration::from_millis(200))) {
-                Ok((door, port)) if door == "pg" => server.pg_port = port,
-                Ok((door, port)) if door == "mysql" => server.mysql_port = port,
-                Ok((_, port)) => server.http_port = port,
+                Ok((door, port, _)) if door == "pg" => server.pg_port = port,
+                Ok((door, port, _)) if door == "mysql" => server.mysql_port = port,
+                Ok((_, port, https)) => {
+                    server.http_port = port;
+                    server.https = https;
+                }
                 Err(_) => {
                     if let Some(status) = server
                         .child
@@ -186,7 +191,24 @@ impl Server {
         }
         // Ready when /health answers.
         loop {
-            if let Ok((200, _)) = server.try_http("GET", "/health", None, "") {
+            let ready = match server.https {
+                false => matches!(server.try_http("GET", "/health", None, ""), Ok((200, _))),
+                // Readiness only: the tests of TLS check the certificate.
+                true => Command::new("curl")
+                    .args([
+                        "-sk",
+                        "--max-time",
+                        "5",
+                        "-o",
+                        "/dev/null",
+                        "-w",
+                        "%{http_code}",
+                    ])
+                    .arg(format!("https://127.0.0.1:{}/health", server.http_port))
+                    .output()
+                    .is_ok_and(|o| o.stdout == b"200"),
+            };
+            if ready {
                 break;
             }
             if Instant::now() >= deadline {

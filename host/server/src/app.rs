@@ -355,6 +355,12 @@ pub async fn start(
     config: Config,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), String> {
+    // Before anything is opened: a certificate or key that cannot be used
+    // stops the server with the reason.
+    let tls = crate::tls::Tls::load(&config.tls).map_err(|e| e.to_string())?;
+    if let Some(tls) = &tls {
+        info!("TLS on: {}", tls.summary());
+    }
     info!(data_dir = %config.data_dir.display(), "opening database");
     let mut flows = sandflow::flow::FlowSettings {
         tick_interval: config.flow.tick_interval,
@@ -440,6 +446,7 @@ pub async fn start(
                 session: sandflow::session::SessionDefaults {
                     statement_timeout: config.statement_timeout,
                 },
+                tls: tls.clone(),
             },
             gate.clone(),
         )
@@ -457,16 +464,19 @@ pub async fn start(
                     statement_timeout: config.statement_timeout,
                 },
                 gate: gate.clone(),
+                tls: tls.clone(),
             },
             stop_rx.clone(),
         ))
     });
     let mut http_stop = stop_rx;
+    let https = tls.is_some();
     let http_task = tokio::spawn(http::serve(
         http_listener,
         db.clone(),
         http::Settings {
             gate: Some(gate.clone()),
+            tls,
             ..http::Settings::from_config(&config)
         },
         async move {
@@ -474,7 +484,11 @@ pub async fn start(
         },
     ));
     info!("PostgreSQL server listening on {pg_addr}");
-    info!("HTTP server listening on {http_addr}");
+    if https {
+        info!("HTTP server listening on {http_addr} (https)");
+    } else {
+        info!("HTTP server listening on {http_addr}");
+    }
     if let Some(addr) = mysql_addr {
         info!("MySQL server listening on {addr}");
     }

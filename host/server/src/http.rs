@@ -10,7 +10,11 @@
 //!   `timeout` parameter); a statement whose client goes away is stopped too,
 //!   as hyper drops the handler when the connection closes;
 //! - change anything with GET, or call the API from a web page on another
-//!   origin or through a DNS name the server does not know ([`origin`]).
+//!   origin or through a DNS name the server does not know ([`origin`]);
+//! - speak plain HTTP when the server has a TLS certificate: then every
+//!   connection is HTTPS (its handshake within the header-read timeout), and
+//!   a plain HTTP request is answered 400 with "use https://", unencrypted
+//!   but carrying nothing else.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -36,14 +40,15 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::Semaphore;
+use tokio::sync::{watch, Semaphore};
 use tracing::{debug, warn};
 
 use crate::auth::Gate;
 use crate::config::Config;
 use crate::origin::{self, AllowedHosts};
+use crate::tls::Tls;
 use sandflow::auth::Principal;
 use sandflow::database::{Database, Output};
 use sandflow::error::Error;
@@ -63,6 +68,8 @@ pub struct Settings {
     pub max_connections: usize,
     /// Logins; `None`: none (every request acts as the superuser).
     pub gate: Option<Arc<Gate>>,
+    /// HTTPS only, with this certificate (`None`: plain HTTP).
+    pub tls: Option<Tls>,
 }
 
 impl Settings {
@@ -73,6 +80,7 @@ impl Settings {
             timeout: config.http.timeout,
             max_connections: config.max_connections,
             gate: None,
+            tls: None,
         }
     }
 }
@@ -930,10 +938,12 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let max_connections = settings.max_connections.max(1);
+    let header_read_timeout = settings.header_read_timeout;
+    let tls = settings.tls.clone();
     let mut http1 = hyper::server::conn::http1::Builder::new();
     http1
         .timer(TokioTimer::new())
-        .header_read_timeout(settings.header_read_timeout);
+        .header_read_timeout(header_read_timeout);
     let app = router(db.clone(), settings);
     let door = FrontDoor::new(db.metrics(), "http");
     let refused = db.metrics().counter(
@@ -944,6 +954,8 @@ pub async fn serve(
     let slots = Arc::new(Semaphore::new(max_connections));
     let refusals = Arc::new(Semaphore::new(REFUSALS_AT_ONCE));
     let graceful = GracefulShutdown::new();
+    // Tells TLS handshakes in progress that the server is stopping.
+    let (closing_tx, closing) = watch::channel(false);
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
@@ -963,8 +975,19 @@ pub async fn serve(
             refused.inc();
             match refusals.clone().try_acquire_owned() {
                 Ok(answering) => {
+                    let (tls, closing) = (tls.clone(), closing.clone());
                     tokio::spawn(async move {
-                        refuse(stream, max_connections).await;
+                        match &tls {
+                            None => refuse(stream, max_connections).await,
+                            Some(tls) => {
+                                let timeout = header_read_timeout.min(Duration::from_secs(2));
+                                if let Some(stream) =
+                                    handshake(stream, peer, tls, timeout, closing).await
+                                {
+                                    refuse(stream, max_connections).await;
+                                }
+                            }
+                        }
                         drop(answering);
                     });
                 }
@@ -973,28 +996,103 @@ pub async fn serve(
             continue;
         };
         let _ = stream.set_nodelay(true);
+        // Each connection's requests know its peer (for logins and the log).
         let app = app.clone().layer(axum::Extension(Peer(peer)));
-        let conn = http1.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app));
-        let conn = graceful.watch(conn);
         let connections = door.connections.clone();
         connections.inc();
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                debug!("HTTP connection from {peer} ended: {e}");
+        match &tls {
+            None => {
+                let conn =
+                    http1.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app));
+                let conn = graceful.watch(conn);
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        debug!("HTTP connection from {peer} ended: {e}");
+                    }
+                    // The slot first: a gauge that shows a connection gone
+                    // means its slot is free.
+                    drop(slot);
+                    connections.dec();
+                });
             }
-            // The slot first: a gauge that shows a connection gone means its
-            // slot is free.
-            drop(slot);
-            connections.dec();
-        });
+            Some(tls) => {
+                // Watched from now on, so that shutdown waits for a
+                // connection whose handshake is still going on.
+                let watcher = graceful.watcher();
+                let (tls, closing, http1) = (tls.clone(), closing.clone(), http1.clone());
+                tokio::spawn(async move {
+                    if let Some(stream) =
+                        handshake(stream, peer, &tls, header_read_timeout, closing).await
+                    {
+                        let conn = http1
+                            .serve_connection(TokioIo::new(stream), TowerToHyperService::new(app));
+                        if let Err(e) = watcher.watch(conn).await {
+                            debug!("HTTPS connection from {peer} ended: {e}");
+                        }
+                    }
+                    drop(slot);
+                    connections.dec();
+                });
+            }
+        }
     }
     drop(listener);
+    let _ = closing_tx.send(true);
     graceful.shutdown().await;
     Ok(())
 }
 
+/// The TLS handshake of an HTTPS connection, within `timeout` and given up
+/// when the server stops; a client that speaks plain HTTP is answered 400.
+async fn handshake(
+    stream: TcpStream,
+    peer: std::net::SocketAddr,
+    tls: &Tls,
+    timeout: Duration,
+    mut closing: watch::Receiver<bool>,
+) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+    let work = async {
+        let mut first = [0u8; 1];
+        if stream.peek(&mut first).await? == 0 {
+            return Ok(None);
+        }
+        // Every TLS connection starts with a handshake record (0x16).
+        if first[0] != 0x16 {
+            plain_http_refused(stream).await;
+            return Ok(None);
+        }
+        tls.http().accept(stream).await.map(Some)
+    };
+    tokio::select! {
+        done = tokio::time::timeout(timeout, work) => match done {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(e)) => {
+                debug!("HTTPS connection from {peer}: TLS handshake failed: {e}");
+                None
+            }
+            Err(_) => {
+                debug!("HTTPS connection from {peer}: no TLS handshake within {timeout:?}");
+                None
+            }
+        },
+        _ = closing.wait_for(|c| *c) => None,
+    }
+}
+
+/// Answers a plain HTTP request on the HTTPS address: 400, use https://.
+async fn plain_http_refused(stream: TcpStream) {
+    let body = json!({
+        "code": 1004,
+        "error": "this server speaks HTTPS only: use https:// (with the server's CA \
+                  certificate, e.g. curl --cacert ca.pem https://...)",
+        "execution_time_ms": 0,
+    })
+    .to_string();
+    answer_and_close(stream, "400 Bad Request", "", &body).await;
+}
+
 /// Answers a connection past `--max-connections` with 503 and closes it.
-async fn refuse(mut stream: TcpStream, max_connections: usize) {
+async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(stream: S, max_connections: usize) {
     let body = json!({
         "code": 6000,
         "error": format!(
@@ -1005,9 +1103,26 @@ async fn refuse(mut stream: TcpStream, max_connections: usize) {
         "execution_time_ms": 0,
     })
     .to_string();
+    answer_and_close(
+        stream,
+        "503 Service Unavailable",
+        "retry-after: 1\r\n",
+        &body,
+    )
+    .await;
+}
+
+/// Writes a JSON answer with `status` (and `headers`, each ending in CRLF)
+/// and closes the connection.
+async fn answer_and_close<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    status: &str,
+    headers: &str,
+    body: &str,
+) {
     let answer = format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\nconnection: close\r\nretry-after: 1\r\n\r\n{body}",
+        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n{headers}\r\n{body}",
         body.len()
     );
     let answered = async {

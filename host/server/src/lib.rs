@@ -1,7 +1,8 @@
 //! sandflow-server: the front doors of a sandflow database and the `sandflow`
 //! binary. The PostgreSQL wire protocol (`pg`), HTTP with the InfluxDB line
-//! protocol (`http`), the settings from flags, environment and TOML
-//! (`config`), `sandflow start` and `sandflow test` (`app`).
+//! protocol (`http`), MySQL (`mysql`), TLS for them (`tls`), the settings
+//! from flags, environment and TOML (`config`), `sandflow start` and
+//! `sandflow test` (`app`).
 //!
 //! Must not know storage, the catalog's internals or flows' insides: it
 //! reaches the database through `sandflow::Database` and
@@ -17,3 +18,4 @@ pub mod origin;
 pub mod pg;
 pub mod pg_catalog;
 pub mod sqltext;
+pub mod tls;

@@ -10,6 +10,10 @@
 //! their own (`SELECT @@version_comment`, `SET NAMES`, `SET autocommit`,
 //! `SELECT DATABASE()`, `SHOW WARNINGS`) is answered here.
 //!
+//! With a TLS certificate the greeting offers SSL, and a client that asks
+//! goes on over TLS; under --require-tls a client that does not is refused
+//! with error 3159 (ER_SECURE_TRANSPORT_REQUIRED) before it logs in.
+//!
 //! Must not know storage, the catalog or flows: only `Database`, `Session`
 //! and `Output`.
 
@@ -30,9 +34,10 @@ use datafusion::sql::sqlparser::dialect::{GenericDialect, MySqlDialect};
 use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
 use opensrv_mysql::{
     AsyncMysqlIntermediary, AsyncMysqlShim, Column, ColumnFlags, ColumnType, ErrorKind, InitWriter,
-    OkResponse, ParamParser, QueryResultWriter, StatementMetaWriter, ValueInner,
+    IntermediaryOptions, OkResponse, ParamParser, QueryResultWriter, StatementMetaWriter,
+    ValueInner,
 };
-use tokio::io::AsyncWrite;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Mutex, Semaphore};
 use tracing::{debug, warn};
@@ -41,6 +46,8 @@ use sandflow::auth::Principal;
 use sandflow::database::{Database, Output};
 use sandflow::error::Error;
 use sandflow::session::{Session, SessionDefaults};
+
+use crate::tls::Tls;
 
 /// What the server says it is: MySQL 8 compatible, as GreptimeDB does.
 const VERSION: &str = "8.4.2-sandflow";
@@ -54,7 +61,15 @@ pub struct MysqlOptions {
     pub session: SessionDefaults,
     /// Logins.
     pub gate: Arc<crate::auth::Gate>,
+    /// TLS offered in the greeting (`None`: not offered).
+    pub tls: Option<Tls>,
 }
+
+/// MySQL's ER_SECURE_TRANSPORT_REQUIRED.
+const ER_SECURE_TRANSPORT_REQUIRED: u16 = 3159;
+/// The refusal of a plaintext login under --require-tls.
+pub const TLS_REQUIRED: &str =
+    "Connections using insecure transport are prohibited while --require-tls is set";
 
 /// Serves connections from `listener` until `stop` turns true; then the
 /// open connections are closed.
@@ -173,6 +188,7 @@ async fn connection(
         }
         s
     };
+    let tls = options.tls.clone();
     let shim = Shim {
         session: Mutex::new(session),
         statements: HashMap::new(),
@@ -184,8 +200,48 @@ async fn connection(
         salt,
         user: std::sync::Mutex::new(None),
     };
-    let (r, w) = stream.into_split();
-    AsyncMysqlIntermediary::run_on(shim, r, w).await
+    let (r, mut w) = stream.into_split();
+    let Some(tls) = &tls else {
+        return AsyncMysqlIntermediary::run_on(shim, r, w).await;
+    };
+    let mut shim = shim;
+    let config = tls.mysql();
+    let (secure, init) =
+        AsyncMysqlIntermediary::init_before_ssl(&mut shim, r, &mut w, &Some(config.clone()))
+            .await?;
+    let opts = IntermediaryOptions::default();
+    if secure {
+        opensrv_mysql::secure_run_with_options(shim, w, opts, config, init).await
+    } else if tls.require() {
+        // The client's handshake response was packet `seq`; the answer
+        // follows it.
+        let seq = init.1.wrapping_add(1);
+        w.write_all(&error_packet(
+            seq,
+            ER_SECURE_TRANSPORT_REQUIRED,
+            "HY000",
+            TLS_REQUIRED,
+        ))
+        .await?;
+        w.shutdown().await
+    } else {
+        opensrv_mysql::plain_run_with_options(shim, w, opts, init).await
+    }
+}
+
+/// An ERR packet: header (length, sequence number), 0xFF, the error code,
+/// '#' and the SQLSTATE, the message.
+fn error_packet(seq: u8, code: u16, sqlstate: &str, message: &str) -> Vec<u8> {
+    let mut payload = vec![0xff];
+    payload.extend_from_slice(&code.to_le_bytes());
+    payload.push(b'#');
+    payload.extend_from_slice(sqlstate.as_bytes());
+    payload.extend_from_slice(message.as_bytes());
+    let len = payload.len() as u32;
+    let mut packet = len.to_le_bytes()[..3].to_vec();
+    packet.push(seq);
+    packet.extend_from_slice(&payload);
+    packet
 }
 
 struct Shim {

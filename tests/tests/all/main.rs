@@ -5,7 +5,8 @@
 //! - `engine_flows` (with `engine_common`): the engine natively, against
 //!   DataFusion;
 //! - `engine_wasm`, `sandbox`: the engine in wasm, and hostile guests;
-//! - `e2e_*`: the real binary over psql, drivers and HTTP;
+//! - `e2e_*`: the real binary over psql, drivers and HTTP (`e2e_tls`: TLS on
+//!   the front doors);
 //! - `flows_differential`, `flows_limits`, `hostile_flows`, `crash_flows`:
 //!   flows under random writes, limits, attacks and kill -9;
 //! - `fuzz`: bounded fuzzing of everything untrusted input reaches;
@@ -26,6 +27,7 @@ mod e2e_http;
 mod e2e_mysql;
 mod e2e_pg;
 mod e2e_restart;
+mod e2e_tls;
 mod engine_common;
 mod engine_flows;
 mod engine_wasm;

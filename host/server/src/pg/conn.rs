@@ -1,5 +1,14 @@
-//! One PostgreSQL connection: the byte-level message guard, SSL refusal, the
-//! startup deadline, the message loop, and a watch for a client that goes away.
+//! One PostgreSQL connection: SSL negotiation (TLS when the server has a
+//! certificate, 'N' otherwise; plaintext refused under --require-tls), the
+//! byte-level message guard, the startup deadline, the message loop, and a
+//! watch for a client that goes away.
+//!
+//! The negotiation happens on the raw socket before pgwire sees a byte: an
+//! SSLRequest is answered 'S' and the rustls handshake follows (a TLS
+//! ClientHello as the very first bytes, PostgreSQL 17's direct negotiation,
+//! is accepted too when it names ALPN `postgresql`); a GSSENCRequest is
+//! answered 'N'. The rest of the protocol runs over [`Transport`], plain or
+//! TLS, and the client is marked secure only over TLS.
 //!
 //! pgwire decodes messages leniently: text that is not UTF-8 becomes U+FFFD, a
 //! Query with bytes after its terminating NUL loses them, a Bind parameter
@@ -21,19 +30,202 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, BytesMut};
-use futures::{SinkExt, StreamExt};
+use futures::StreamExt;
 use pgwire::api::{
     ClientInfo, DefaultClient, ErrorHandler, PgWireConnectionState, PgWireServerHandlers,
 };
-use pgwire::messages::response::{GssEncResponse, SslResponse};
-use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage, SslNegotiationMetaMessage};
+use pgwire::messages::PgWireFrontendMessage;
 use pgwire::tokio::server::{process_error, process_message, PgWireMessageServerCodec};
-use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_util::codec::Framed;
 
+use crate::tls::{Tls, POSTGRES_ALPN};
+
 /// The largest frontend message accepted (PostgreSQL's own limit is 1 GB).
 pub const MAX_MESSAGE: usize = 256 << 20;
+
+/// The codes of the untyped startup-phase packets.
+const CANCEL_REQUEST: u32 = 80_877_102;
+const SSL_REQUEST: u32 = 80_877_103;
+const GSSENC_REQUEST: u32 = 80_877_104;
+/// The largest startup packet accepted (PostgreSQL's limit too).
+const MAX_STARTUP_PACKET: usize = 10_000;
+/// The first byte of a TLS handshake record.
+const TLS_HANDSHAKE: u8 = 0x16;
+
+/// The client's refusal message under --require-tls.
+pub const TLS_REQUIRED: &str =
+    "this server requires TLS: connect with sslmode=require (or verify-full)";
+
+/// The byte stream under the protocol: plain TCP, or TLS over it.
+pub enum Transport {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+impl Transport {
+    pub fn is_tls(&self) -> bool {
+        matches!(self, Transport::Tls(_))
+    }
+}
+
+impl AsyncRead for Transport {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Transport::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Transport::Tls(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Transport {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Transport::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Transport::Tls(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Transport::Plain(s) => Pin::new(s).poll_flush(cx),
+            Transport::Tls(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Transport::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Transport::Tls(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+/// Answers the client's SSLRequest and GSSENCRequest on the raw socket,
+/// doing the TLS handshake when `tls` is set: the transport the protocol
+/// goes on over and the 8-byte head (length, code) of the client's next
+/// packet, its StartupMessage or CancelRequest. `None`: the client left.
+pub async fn negotiate(
+    stream: TcpStream,
+    tls: Option<&Tls>,
+) -> io::Result<Option<(Transport, [u8; 8])>> {
+    let mut transport = match tls {
+        Some(tls) => {
+            let mut first = [0u8; 1];
+            if stream.peek(&mut first).await? == 0 {
+                return Ok(None);
+            }
+            if first[0] == TLS_HANDSHAKE {
+                let tls_stream = tls.postgres().accept(stream).await?;
+                // Direct TLS must name the protocol, so that a connection
+                // meant for another service is not taken for this one.
+                if tls_stream.get_ref().1.alpn_protocol() != Some(POSTGRES_ALPN) {
+                    return Err(invalid(
+                        "direct TLS connection without the ALPN protocol \"postgresql\"",
+                    ));
+                }
+                Transport::Tls(Box::new(tls_stream))
+            } else {
+                Transport::Plain(stream)
+            }
+        }
+        None => Transport::Plain(stream),
+    };
+    let (mut ssl_done, mut gss_done) = (transport.is_tls(), false);
+    loop {
+        let mut head = [0u8; 8];
+        match transport.read_exact(&mut head).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+            Err(e) => return Err(e),
+        }
+        let len = i32::from_be_bytes([head[0], head[1], head[2], head[3]]);
+        let code = u32::from_be_bytes([head[4], head[5], head[6], head[7]]);
+        match (len, code) {
+            (8, SSL_REQUEST) if !ssl_done => {
+                ssl_done = true;
+                transport = match (tls, transport) {
+                    (Some(tls), Transport::Plain(mut stream)) => {
+                        // Exactly 8 bytes were read: nothing the client sent
+                        // in plaintext after its request can pass for data
+                        // received over TLS.
+                        stream.write_all(b"S").await?;
+                        Transport::Tls(Box::new(tls.postgres().accept(stream).await?))
+                    }
+                    (_, mut plain) => {
+                        plain.write_all(b"N").await?;
+                        plain
+                    }
+                };
+            }
+            (8, GSSENC_REQUEST) if !gss_done && !transport.is_tls() => {
+                gss_done = true;
+                transport.write_all(b"N").await?;
+            }
+            (8, SSL_REQUEST | GSSENC_REQUEST) => {
+                return Err(invalid(
+                    "a second encryption request in the same connection",
+                ))
+            }
+            _ => return Ok(Some((transport, head))),
+        }
+    }
+}
+
+/// Whether `head` starts a CancelRequest (which clients send in plaintext
+/// even when their connections use TLS).
+fn is_cancel(head: &[u8; 8]) -> bool {
+    u32::from_be_bytes([head[4], head[5], head[6], head[7]]) == CANCEL_REQUEST
+}
+
+/// An ErrorResponse of severity FATAL.
+fn fatal_response(code: &str, message: &str) -> Vec<u8> {
+    let mut body = Vec::new();
+    for (field, value) in [
+        (b'S', "FATAL"),
+        (b'V', "FATAL"),
+        (b'C', code),
+        (b'M', message),
+    ] {
+        body.push(field);
+        body.extend_from_slice(value.as_bytes());
+        body.push(0);
+    }
+    body.push(0);
+    let mut frame = vec![b'E'];
+    frame.extend_from_slice(&(body.len() as i32 + 4).to_be_bytes());
+    frame.extend_from_slice(&body);
+    frame
+}
+
+/// Reads the rest of the startup packet that `head` begins, answers it with
+/// FATAL `code` and closes the connection.
+pub async fn refuse(
+    mut transport: Transport,
+    head: [u8; 8],
+    code: &str,
+    message: &str,
+) -> io::Result<()> {
+    let len = i32::from_be_bytes([head[0], head[1], head[2], head[3]]);
+    if let Ok(len @ 8..=MAX_STARTUP_PACKET) = usize::try_from(len) {
+        // Read it all: closing a socket with unread input resets the
+        // connection, and the client could lose the answer.
+        let mut rest = vec![0u8; len - 8];
+        transport.read_exact(&mut rest).await?;
+    }
+    transport.write_all(&fatal_response(code, message)).await?;
+    transport.flush().await?;
+    transport.shutdown().await
+}
 
 /// A text no client can produce that carries an error from [`Guarded`] to the
 /// handlers: `\u{1}sandflow:<per-server secret>:<SQLSTATE>:<message>`.
@@ -77,9 +269,9 @@ enum Phase {
     Typed,
 }
 
-/// A TCP stream whose frontend messages are checked on the way in.
-pub struct Guarded {
-    inner: TcpStream,
+/// A stream whose frontend messages are checked on the way in.
+pub struct Guarded<S> {
+    inner: S,
     marker: Marker,
     phase: Phase,
     /// Bytes read, not yet a whole message.
@@ -89,8 +281,8 @@ pub struct Guarded {
     eof: bool,
 }
 
-impl Guarded {
-    pub fn new(inner: TcpStream, marker: Marker) -> Guarded {
+impl<S> Guarded<S> {
+    pub fn new(inner: S, marker: Marker) -> Guarded<S> {
         Guarded {
             inner,
             marker,
@@ -99,6 +291,14 @@ impl Guarded {
             ready: BytesMut::with_capacity(8192),
             eof: false,
         }
+    }
+
+    /// A guard whose stream's first bytes, `read`, were already read from it.
+    pub fn with_read(inner: S, marker: Marker, read: &[u8]) -> io::Result<Guarded<S>> {
+        let mut guarded = Guarded::new(inner, marker);
+        guarded.incoming.extend_from_slice(read);
+        guarded.drain()?;
+        Ok(guarded)
     }
 
     /// Moves every whole message from `incoming` to `ready`, checked.
@@ -110,7 +310,7 @@ impl Guarded {
                         return Ok(());
                     }
                     let len = i32::from_be_bytes(self.incoming[0..4].try_into().unwrap_or([0; 4]));
-                    if !(8..=10_000).contains(&len) {
+                    if !(8..=MAX_STARTUP_PACKET as i32).contains(&len) {
                         return Err(invalid("invalid length of startup packet"));
                     }
                     let len = len as usize;
@@ -120,7 +320,7 @@ impl Guarded {
                     let code = u32::from_be_bytes(self.incoming[4..8].try_into().unwrap_or([0; 4]));
                     // SSLRequest, GSSENCRequest and CancelRequest keep the
                     // untyped phase; a startup message ends it.
-                    if !matches!(code, 80_877_102..=80_877_104) {
+                    if !matches!(code, CANCEL_REQUEST..=GSSENC_REQUEST) {
                         self.phase = Phase::Typed;
                     }
                     let frame = self.incoming.split_to(len);
@@ -325,7 +525,7 @@ fn write_replacement(out: &mut BytesMut, kind: u8, text: &str) {
     out.put_slice(&body);
 }
 
-impl AsyncRead for Guarded {
+impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -360,7 +560,7 @@ impl AsyncRead for Guarded {
     }
 }
 
-impl AsyncWrite for Guarded {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -420,24 +620,48 @@ impl Hangup {
 }
 
 /// Serves one connection with `handlers` until the client leaves; a client
-/// that has not completed its startup within `startup_timeout` is dropped.
+/// that has not completed its startup (TLS handshake included) within
+/// `startup_timeout` is dropped. With `tls`, an SSLRequest gets TLS; with
+/// `tls` that requires it, a plaintext StartupMessage gets FATAL 28000.
 pub async fn serve<H>(
     stream: TcpStream,
     peer: SocketAddr,
     handlers: Arc<H>,
     marker: Marker,
     startup_timeout: Duration,
+    tls: Option<Tls>,
 ) -> io::Result<()>
 where
     H: PgWireServerHandlers + Send + Sync,
 {
     stream.set_nodelay(true)?;
+    let deadline = tokio::time::Instant::now() + startup_timeout;
     let hangup = Arc::new(Hangup::new(&stream));
-    let client = DefaultClient::new(peer, false);
+    let (transport, head) = match tokio::time::timeout_at(deadline, negotiate(stream, tls.as_ref()))
+        .await
+    {
+        Ok(negotiated) => match negotiated? {
+            Some(negotiated) => negotiated,
+            None => return Ok(()),
+        },
+        Err(_) => {
+            tracing::debug!("postgres client {peer} did not finish its SSL negotiation in time");
+            return Ok(());
+        }
+    };
+    if tls.as_ref().is_some_and(Tls::require) && !transport.is_tls() && !is_cancel(&head) {
+        tracing::debug!("postgres client {peer} refused: no TLS, and the server requires it");
+        let refused = refuse(transport, head, "28000", TLS_REQUIRED);
+        let _ = tokio::time::timeout_at(deadline, refused).await;
+        return Ok(());
+    }
+    let client = DefaultClient::new(peer, transport.is_tls());
     let mut socket = Framed::new(
-        Guarded::new(stream, marker),
+        Guarded::with_read(transport, marker, &head)?,
         PgWireMessageServerCodec::new(client),
     );
+    // The SSL negotiation is over: the next packet is the startup.
+    socket.set_state(PgWireConnectionState::AwaitingStartup);
     socket.session_extensions().insert::<Arc<Hangup>>(hangup);
     let startup_handler = handlers.startup_handler();
     let simple = handlers.simple_query_handler();
@@ -445,7 +669,7 @@ where
     let copy = handlers.copy_handler();
     let cancel = handlers.cancel_handler();
     let errors = handlers.error_handler();
-    let deadline = tokio::time::sleep(startup_timeout);
+    let deadline = tokio::time::sleep_until(deadline);
     tokio::pin!(deadline);
     loop {
         let starting = matches!(
@@ -474,22 +698,8 @@ where
             None => return Ok(()),
         };
         match msg {
-            PgWireFrontendMessage::SslNegotiation(SslNegotiationMetaMessage::PostgresSsl(_)) => {
-                socket
-                    .send(PgWireBackendMessage::SslResponse(SslResponse::Refuse))
-                    .await?;
-                continue;
-            }
-            PgWireFrontendMessage::SslNegotiation(SslNegotiationMetaMessage::PostgresGss(_)) => {
-                socket
-                    .send(PgWireBackendMessage::GssEncResponse(GssEncResponse::Refuse))
-                    .await?;
-                continue;
-            }
-            PgWireFrontendMessage::SslNegotiation(SslNegotiationMetaMessage::None) => {
-                socket.set_state(PgWireConnectionState::AwaitingStartup);
-                continue;
-            }
+            // `negotiate` answered those; pgwire, told so, no longer looks.
+            PgWireFrontendMessage::SslNegotiation(_) => return Ok(()),
             PgWireFrontendMessage::Terminate(_) => return Ok(()),
             _ => {}
         }
@@ -563,5 +773,147 @@ mod tests {
         // Another server's marker is just text.
         assert_eq!(Marker::new().error(text), None);
         let _ = frame(b'Q', b"x\0");
+    }
+}
+
+/// The client is marked secure (what password authentication relies on)
+/// exactly when the connection is TLS, by SSLRequest or direct.
+#[cfg(test)]
+mod tls_tests {
+    use std::sync::Mutex;
+
+    use async_trait::async_trait;
+    use futures::Sink;
+    use pgwire::api::auth::StartupHandler;
+    use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
+    use pgwire::messages::PgWireBackendMessage;
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, ServerName};
+    use tokio::net::TcpListener;
+
+    use super::*;
+    use crate::config::TlsConfig;
+
+    /// Records `is_secure()` at the StartupMessage, then refuses the login.
+    struct Recorder(Mutex<Vec<bool>>);
+
+    #[async_trait]
+    impl StartupHandler for Recorder {
+        async fn on_startup<C>(
+            &self,
+            client: &mut C,
+            message: PgWireFrontendMessage,
+        ) -> PgWireResult<()>
+        where
+            C: ClientInfo + futures::Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+            C::Error: std::fmt::Debug,
+            PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+        {
+            if let PgWireFrontendMessage::Startup(_) = message {
+                self.0.lock().unwrap().push(client.is_secure());
+            }
+            Err(PgWireError::UserError(Box::new(ErrorInfo::new(
+                "FATAL".into(),
+                "28000".into(),
+                "recorded".into(),
+            ))))
+        }
+    }
+
+    struct Handlers(Arc<Recorder>);
+
+    impl PgWireServerHandlers for Handlers {
+        fn startup_handler(&self) -> Arc<impl StartupHandler> {
+            self.0.clone()
+        }
+    }
+
+    fn startup_packet() -> Vec<u8> {
+        let mut body = 196_608i32.to_be_bytes().to_vec();
+        body.extend_from_slice(b"user\0test\0\0");
+        let mut packet = (body.len() as i32 + 4).to_be_bytes().to_vec();
+        packet.extend_from_slice(&body);
+        packet
+    }
+
+    /// Sends the startup and returns the type of the first answer.
+    async fn login<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S) -> u8 {
+        stream.write_all(&startup_packet()).await.unwrap();
+        let mut kind = [0u8; 1];
+        stream.read_exact(&mut kind).await.unwrap();
+        kind[0]
+    }
+
+    #[tokio::test]
+    async fn the_client_is_secure_only_over_tls() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::tls::testing::ca_and_server(dir.path());
+        let tls = Tls::load(&TlsConfig {
+            cert: Some(dir.path().join("server.pem")),
+            key: Some(dir.path().join("server.key")),
+            require: false,
+        })
+        .unwrap()
+        .unwrap();
+        let recorder = Arc::new(Recorder(Mutex::new(Vec::new())));
+        let handlers = Arc::new(Handlers(recorder.clone()));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            loop {
+                let (stream, peer) = listener.accept().await.unwrap();
+                let (handlers, tls) = (handlers.clone(), tls.clone());
+                tokio::spawn(async move {
+                    let timeout = Duration::from_secs(30);
+                    let _ = serve(stream, peer, handlers, Marker::new(), timeout, Some(tls)).await;
+                });
+            }
+        });
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(CertificateDer::from_pem_file(dir.path().join("ca.pem")).unwrap())
+            .unwrap();
+        let connector = |alpn: Option<&[u8]>| {
+            let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots.clone())
+            .with_no_client_auth();
+            config.alpn_protocols = alpn.into_iter().map(<[u8]>::to_vec).collect();
+            tokio_rustls::TlsConnector::from(Arc::new(config))
+        };
+        let name = ServerName::try_from("localhost").unwrap();
+
+        // Plaintext.
+        let plain = TcpStream::connect(addr).await.unwrap();
+        assert_eq!(login(plain).await, b'E');
+        // SSLRequest, then TLS.
+        let mut tcp = TcpStream::connect(addr).await.unwrap();
+        tcp.write_all(&[0, 0, 0, 8, 4, 210, 22, 47]).await.unwrap();
+        let mut answer = [0u8; 1];
+        tcp.read_exact(&mut answer).await.unwrap();
+        assert_eq!(answer[0], b'S');
+        let stream = connector(None).connect(name.clone(), tcp).await.unwrap();
+        assert_eq!(login(stream).await, b'E');
+        // Direct TLS, which must name the protocol.
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let stream = connector(Some(POSTGRES_ALPN))
+            .connect(name.clone(), tcp)
+            .await
+            .unwrap();
+        assert_eq!(login(stream).await, b'E');
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        if let Ok(stream) = connector(None).connect(name, tcp).await {
+            let mut stream = stream;
+            let _ = stream.write_all(&startup_packet()).await;
+            let mut rest = Vec::new();
+            let _ = stream.read_to_end(&mut rest).await;
+            assert!(rest.is_empty(), "direct TLS without ALPN got {rest:?}");
+        }
+
+        assert_eq!(*recorder.0.lock().unwrap(), vec![false, true, true]);
+        server.abort();
     }
 }

@@ -87,6 +87,8 @@ pub struct PgOptions {
     pub startup_timeout: Duration,
     /// Settings of new sessions.
     pub session: SessionDefaults,
+    /// TLS for clients that send an SSLRequest (`None`: refused with 'N').
+    pub tls: Option<crate::tls::Tls>,
 }
 
 impl Default for PgOptions {
@@ -95,6 +97,7 @@ impl Default for PgOptions {
             max_connections: 512,
             startup_timeout: Duration::from_secs(60),
             session: SessionDefaults::default(),
+            tls: None,
         }
     }
 }
@@ -1319,44 +1322,24 @@ impl Drop for ConnGauge {
     }
 }
 
-/// Refuses a connection past the cap as PostgreSQL does: reads its startup
-/// (refusing SSL), answers FATAL 53300, closes.
-async fn refuse_connection(mut socket: tokio::net::TcpStream, max: usize) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+/// Refuses a connection past the cap as PostgreSQL does: answers its
+/// SSLRequest (with TLS when the server has it, so that a client that
+/// requires TLS reads the reason), reads its startup, answers FATAL 53300,
+/// closes.
+async fn refuse_connection(
+    socket: tokio::net::TcpStream,
+    max: usize,
+    tls: Option<crate::tls::Tls>,
+) {
     let work = async {
-        loop {
-            let len = socket.read_i32().await? as usize;
-            if !(8..=10_000).contains(&len) {
-                return Ok::<(), std::io::Error>(());
-            }
-            let mut body = vec![0u8; len - 4];
-            socket.read_exact(&mut body).await?;
-            let code = u32::from_be_bytes([body[0], body[1], body[2], body[3]]);
-            if code == 80_877_103 || code == 80_877_104 {
-                socket.write_all(b"N").await?;
-                continue;
-            }
-            break;
-        }
+        let Some((transport, head)) = conn::negotiate(socket, tls.as_ref()).await? else {
+            return Ok::<(), std::io::Error>(());
+        };
         let message = format!(
             "sorry, too many clients already: {max} connections are open \
              (the server's --max-connections)"
         );
-        let mut body = Vec::new();
-        for (field, value) in [(b'S', "FATAL"), (b'V', "FATAL"), (b'C', "53300")] {
-            body.push(field);
-            body.extend_from_slice(value.as_bytes());
-            body.push(0);
-        }
-        body.push(b'M');
-        body.extend_from_slice(message.as_bytes());
-        body.push(0);
-        body.push(0);
-        let mut frame = vec![b'E'];
-        frame.extend_from_slice(&(body.len() as i32 + 4).to_be_bytes());
-        frame.extend_from_slice(&body);
-        socket.write_all(&frame).await?;
-        socket.shutdown().await
+        conn::refuse(transport, head, "53300", &message).await
     };
     let _ = tokio::time::timeout(Duration::from_secs(5), work).await;
 }
@@ -1386,7 +1369,11 @@ pub async fn serve(
                 Ok((socket, peer)) => {
                     let Ok(permit) = slots.clone().try_acquire_owned() else {
                         warn!("refusing postgres connection from {peer}: {} connections open", handlers.options.max_connections);
-                        tokio::spawn(refuse_connection(socket, handlers.options.max_connections));
+                        tokio::spawn(refuse_connection(
+                            socket,
+                            handlers.options.max_connections,
+                            handlers.options.tls.clone(),
+                        ));
                         continue;
                     };
                     let handlers = handlers.clone();
@@ -1397,7 +1384,8 @@ pub async fn serve(
                         let _permit = permit;
                         let marker = handlers.service.marker.clone();
                         let timeout = handlers.options.startup_timeout;
-                        if let Err(e) = conn::serve(socket, peer, handlers, marker, timeout).await {
+                        let tls = handlers.options.tls.clone();
+                        if let Err(e) = conn::serve(socket, peer, handlers, marker, timeout, tls).await {
                             debug!("postgres connection from {peer} ended: {e}");
                         }
                     });
