@@ -57,6 +57,9 @@ pub(crate) struct Core {
     pub(crate) catalog: Catalog,
     /// Users, grants, owners and quotas.
     pub(crate) access: Access,
+    /// The last measurement of each database's stored bytes (for
+    /// `max_storage`), and when it was taken.
+    pub(crate) storage_used: std::sync::Mutex<HashMap<String, (std::time::Instant, u64)>>,
     pub(crate) flows: FlowManager,
     /// Runs statements on threads with deep stacks (see [`Executor`]).
     pub(crate) executor: Executor,
@@ -467,6 +470,7 @@ impl Database {
             store,
             catalog,
             access,
+            storage_used: Default::default(),
             flows: FlowManager::new(flows, clock.clone(), manual.clone())?,
             executor,
             metrics: Arc::new(Registry::for_database(clock.clone())),

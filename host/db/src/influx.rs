@@ -469,6 +469,9 @@ fn authorize(core: &Core, who: &Principal, database: &str, points: &[Point]) -> 
     if exists && new_tables > 0 {
         crate::sql::access::check_table_quota(core, database, new_tables)?;
     }
+    if exists {
+        crate::sql::access::check_storage_quota(core, database)?;
+    }
     Ok(!exists)
 }
 

@@ -873,6 +873,7 @@ impl Session {
             &table.database,
             Some(&table.table),
         )?;
+        crate::sql::access::check_storage_quota(&self.core, &table.database)?;
         let names: Vec<String> = if columns.is_empty() {
             target
                 .schema()

@@ -519,3 +519,81 @@ fn auth_none_is_refused_on_a_non_loopback_address() {
         "{err}"
     );
 }
+
+#[test]
+fn storage_quota_and_connections_per_user() {
+    let s = Server::start_with(
+        temp_data_dir(),
+        Options {
+            env: vec![
+                ("SANDFLOW_AUTH".into(), "password".into()),
+                ("SANDFLOW_ADMIN_PASSWORD".into(), ADMIN_PW.into()),
+                ("SANDFLOW_MAX_CONNECTIONS_PER_USER".into(), "2".into()),
+            ],
+            ..Default::default()
+        },
+    );
+    admin(
+        &s,
+        "CREATE DATABASE ts WITH (max_storage = '4KiB'); CREATE USER dave WITH PASSWORD 'd'; \
+         GRANT ALL ON DATABASE ts TO dave",
+    );
+    let dave = |sql: &str| psql_as(&s, "dave", "d", "ts", sql);
+    dave("CREATE TABLE t (k STRING, v STRING, ts TIMESTAMP TIME INDEX, PRIMARY KEY (k))").unwrap();
+    let rows: Vec<String> = (0..40)
+        .map(|i| format!("('key-{i:04}', '{}', {i})", "x".repeat(40)))
+        .collect();
+    let mut n = 0;
+    let refused = poll_until(Duration::from_secs(30), || {
+        n += 1;
+        let batch = rows
+            .iter()
+            .map(|r| r.replace("key-", &format!("k{n}-")))
+            .collect::<Vec<_>>()
+            .join(", ");
+        match dave(&format!("INSERT INTO t VALUES {batch}")) {
+            Ok(_) => {
+                std::thread::sleep(Duration::from_millis(300));
+                false
+            }
+            Err(e) => {
+                assert!(e.contains("max_storage") && e.contains("53400"), "{e}");
+                true
+            }
+        }
+    });
+    assert!(refused, "the storage quota never refused a write");
+    // The line protocol is refused too; a raised quota lets writes in.
+    let (status, body) = s.http(
+        "POST",
+        "/v1/influxdb/write?db=ts&u=dave&p=d",
+        None,
+        "t,k=z v=\"y\" 1000000000",
+    );
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("max_storage"), "{body}");
+    admin(&s, "ALTER DATABASE ts SET (max_storage = '1GiB')");
+    std::thread::sleep(Duration::from_millis(1100));
+    dave("INSERT INTO t VALUES ('late', 'y', 1)").unwrap();
+
+    // Two connections per user: a third is refused with 53300.
+    if python_has("psycopg") {
+        let out = run_python(
+            "import os, psycopg\n\
+             def c():\n    return psycopg.connect(host='127.0.0.1', port=os.environ['PGPORT'], user='dave', password='d', dbname='ts', sslmode='disable')\n\
+             a, b = c(), c()\n\
+             try:\n    c()\n    print('third connected')\n\
+             except psycopg.OperationalError as e:\n    print(str(e).strip().splitlines()[-1])\n\
+             a.close()\n\
+             print(c().execute('SELECT 1').fetchone()[0])\n",
+            s.pg_port,
+        )
+        .unwrap();
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(
+            lines[0].contains("too many connections for user \"dave\""),
+            "{out}"
+        );
+        assert_eq!(lines[1], "1", "{out}");
+    }
+}

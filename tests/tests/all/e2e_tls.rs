@@ -632,3 +632,78 @@ fn an_unusable_certificate_stops_the_server() {
     assert!(!e.contains("listening on"), "{e}");
     assert!(!data.exists(), "the database was not opened");
 }
+
+#[test]
+fn passwords_travel_over_verified_tls_and_plaintext_logins_are_refused() {
+    let (dir, pki) = setup();
+    let s = Server::start_with(
+        dir.clone(),
+        Options {
+            args: vec![
+                "--tls-cert".into(),
+                path(&pki.cert),
+                "--tls-key".into(),
+                path(&pki.key),
+                "--require-tls".into(),
+                "--auth".into(),
+                "password".into(),
+            ],
+            env: vec![("SANDFLOW_ADMIN_PASSWORD".into(), "tls-admin".into())],
+            ..Default::default()
+        },
+    );
+    let verified = conninfo(
+        &s,
+        "localhost",
+        &format!(
+            "sslmode=verify-full sslrootcert={} password=tls-admin",
+            path(&pki.ca)
+        ),
+    );
+    assert_eq!(psql(&verified, &["SELECT 6 * 7"]).unwrap().trim(), "42");
+    let wrong = conninfo(
+        &s,
+        "localhost",
+        &format!(
+            "sslmode=verify-full sslrootcert={} password=nope",
+            path(&pki.ca)
+        ),
+    );
+    let e = psql(&wrong, &["SELECT 1"]).unwrap_err();
+    assert!(e.contains("password authentication failed"), "{e}");
+    // The right password over plaintext is refused before it is asked for.
+    let plain = conninfo(&s, "127.0.0.1", "sslmode=disable password=tls-admin");
+    let e = psql(&plain, &["SELECT 1"]).unwrap_err();
+    assert!(e.contains("requires TLS"), "{e}");
+    if sandflow_tests::harness::python_has("psycopg") {
+        let out = psycopg(PSYCOPG_QUERY, &verified).unwrap();
+        assert!(
+            out.contains("ssl True") && out.contains("answer 42"),
+            "{out}"
+        );
+    }
+    // HTTPS with Basic credentials.
+    let (status, body) = curl(
+        &s,
+        "https",
+        Some(&pki.ca),
+        "/v1/sql",
+        &[
+            "-u",
+            "sandflow:tls-admin",
+            "--data-urlencode",
+            "sql=SELECT 1 AS one",
+        ],
+    )
+    .unwrap();
+    assert_eq!(status, 200, "{body}");
+    let (status, _) = curl(
+        &s,
+        "https",
+        Some(&pki.ca),
+        "/v1/sql",
+        &["--data-urlencode", "sql=SELECT 1"],
+    )
+    .unwrap();
+    assert_eq!(status, 401);
+}

@@ -2667,6 +2667,7 @@ impl FlowManager {
         if core.catalog.table(db, &def.sink_table)?.is_none() {
             crate::sql::access::check_table_quota(core, db, 1)?;
         }
+        crate::sql::access::check_storage_quota(core, db)?;
         Ok(())
     }
 

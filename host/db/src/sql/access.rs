@@ -537,6 +537,51 @@ pub(crate) fn check_table_quota(core: &Core, database: &str, adding: u64) -> Res
         .check_quota(database, "max_tables", quotas.max_tables, used, adding, "")
 }
 
+/// How long a measurement of a database's storage is reused.
+const STORAGE_MEASURE_TTL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Refuses a write into `database` once its rows take `max_storage` bytes
+/// or more. The bytes are measured (keys and values as stored), at most once
+/// a second per database: a burst of writes may go a little past the quota
+/// before the next measurement sees it.
+pub(crate) fn check_storage_quota(core: &Core, database: &str) -> Result<()> {
+    let Some(limit) = core.access.quotas(database).max_storage else {
+        return Ok(());
+    };
+    let cached = core
+        .storage_used
+        .lock()
+        .ok()
+        .and_then(|m| m.get(database).copied())
+        .filter(|(at, _)| at.elapsed() < STORAGE_MEASURE_TTL)
+        .map(|(_, used)| used);
+    let used = match cached {
+        Some(used) => used,
+        None => {
+            let view = core.store.view()?;
+            let mut used = 0;
+            for t in core.catalog.tables(database)? {
+                used += view.table_bytes(t.id())?;
+            }
+            if let Ok(mut m) = core.storage_used.lock() {
+                m.insert(database.to_string(), (std::time::Instant::now(), used));
+            }
+            used
+        }
+    };
+    if used < limit {
+        return Ok(());
+    }
+    crate::error::LimitExceededSnafu {
+        message: format!(
+            "quota max_storage of database {database} exceeded: its tables take {used} bytes, \
+             the quota is {limit} bytes; delete rows or drop tables, or a superuser can raise it \
+             with ALTER DATABASE {database} SET (max_storage = ...)"
+        ),
+    }
+    .fail()
+}
+
 /// The quotas a `CREATE DATABASE ... WITH (...)` sets.
 pub(crate) fn quotas_of(options: &[(String, String)]) -> Result<Quotas> {
     let mut q = Quotas::default();

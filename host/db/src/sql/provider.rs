@@ -478,6 +478,8 @@ impl DataSink for SandSink {
         let core = self.core.clone();
         let table = self.table.clone();
         let shared = context.session_config().get_extension::<SessionShared>();
+        crate::sql::access::check_storage_quota(&self.core, &self.table.info.database)
+            .map_err(to_df)?;
         let info = blocking(move || {
             if let Some(shared) = &shared {
                 let mut guard = shared.staged.lock().map_err(|_| poisoned())?;

@@ -682,6 +682,16 @@ impl ReadView {
         Ok(out)
     }
 
+    /// The bytes a table's rows take: keys and values as stored.
+    pub fn table_bytes(&self, table: TableId) -> Result<u64> {
+        let mut bytes = 0u64;
+        self.txn.scan(Space::Table(table), &[], &mut |k, v| {
+            bytes += (k.len() + v.len()) as u64;
+            Ok(true)
+        })?;
+        Ok(bytes)
+    }
+
     /// A copy of a table's rows (in key order) with the commit
     /// sequence it reflects.
     pub fn scan(&self, table: &Table) -> Result<Snapshot> {
