@@ -597,3 +597,36 @@ fn storage_quota_and_connections_per_user() {
         assert_eq!(lines[1], "1", "{out}");
     }
 }
+
+/// pgjdbc logs in with SCRAM-SHA-256 and sees 28P01 and 42501; skipped
+/// with a message without `java` and the driver jar (see e2e_extended).
+#[test]
+fn jdbc_logins_and_grants() {
+    let jar =
+        std::env::var("PGJDBC_JAR").unwrap_or_else(|_| "/usr/share/java/postgresql.jar".into());
+    let have_java = Command::new("java")
+        .arg("-version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !have_java || !std::path::Path::new(&jar).exists() {
+        eprintln!("SKIPPED: jdbc test needs java and {jar}");
+        return;
+    }
+    let s = secured();
+    tenants(&s);
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/jdbc/Auth.java");
+    let out = Command::new("timeout")
+        .args(["-k", "5", "180", "java", "-cp", &jar, src])
+        .env("PGPORT", s.pg_port.to_string())
+        .env("ADMIN_PW", ADMIN_PW)
+        .output()
+        .expect("run java");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("ok"),
+        "JDBC check failed:\n{stdout}\n{}\n--- server log ---\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        s.logs()
+    );
+}
