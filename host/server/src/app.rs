@@ -99,10 +99,15 @@ fn record(args: &crate::config::RecordArgs) -> ExitCode {
         (_, true) => Method::DELETE,
         _ => Method::GET,
     };
+    let credentials = args
+        .user
+        .as_deref()
+        .map(|u| (u, args.password.as_deref().unwrap_or("")));
     let (status, body) = match runtime.block_on(crate::client::request(
         &args.http_addr,
         method.clone(),
         &path,
+        credentials,
     )) {
         Ok(r) => r,
         Err(e) => {
@@ -116,6 +121,12 @@ fn record(args: &crate::config::RecordArgs) -> ExitCode {
             .and_then(|v| v.get("error")?.as_str().map(str::to_string))
             .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
         eprintln!("sandflow record: {message} (HTTP {status})");
+        if status == hyper::StatusCode::UNAUTHORIZED {
+            eprintln!(
+                "sandflow record: the server wants a login: give --user and SANDFLOW_PASSWORD \
+                 (or --password)"
+            );
+        }
         return ExitCode::FAILURE;
     }
     if method != Method::GET {

@@ -13,6 +13,7 @@ pub async fn request(
     addr: &str,
     method: Method,
     path: &str,
+    credentials: Option<(&str, &str)>,
 ) -> Result<(StatusCode, Bytes), String> {
     let host = addr
         .strip_prefix("http://")
@@ -30,10 +31,16 @@ pub async fn request(
         .await
         .map_err(|e| format!("cannot talk HTTP to {host}: {e}"))?;
     let driver = tokio::spawn(conn);
-    let req = Request::builder()
+    let mut req = Request::builder()
         .method(method)
         .uri(path)
-        .header(hyper::header::HOST, host)
+        .header(hyper::header::HOST, host);
+    if let Some((user, password)) = credentials {
+        use base64::Engine;
+        let token = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+        req = req.header(hyper::header::AUTHORIZATION, format!("Basic {token}"));
+    }
+    let req = req
         .body(Empty::<Bytes>::new())
         .map_err(|e| format!("cannot build the request: {e}"))?;
     let resp = sender

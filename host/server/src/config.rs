@@ -180,6 +180,17 @@ pub struct RecordArgs {
     /// Write the recording to FILE instead of standard output.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
+    /// The user to log in as (servers with authentication on).
+    #[arg(long, short = 'U', value_name = "USER", env = "SANDFLOW_USER")]
+    pub user: Option<String>,
+    /// The user's password (better given by the environment).
+    #[arg(
+        long,
+        value_name = "PASSWORD",
+        env = "SANDFLOW_PASSWORD",
+        hide_env_values = true
+    )]
+    pub password: Option<String>,
     /// The flow.
     #[arg(value_name = "FLOW")]
     pub flow: String,

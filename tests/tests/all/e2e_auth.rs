@@ -630,3 +630,38 @@ fn jdbc_logins_and_grants() {
         s.logs()
     );
 }
+
+/// `sandflow record` logs in with --user and SANDFLOW_PASSWORD.
+#[test]
+fn record_logs_in() {
+    let s = secured();
+    admin(
+        &s,
+        "CREATE TABLE r (k STRING, v DOUBLE, ts TIMESTAMP TIME INDEX, PRIMARY KEY (k)); \
+         CREATE FLOW rf SINK TO rf_out AS SELECT k, sum(v) AS s FROM r GROUP BY k",
+    );
+    let record = |user: Option<&str>| {
+        let mut cmd = Command::new(sandflow_tests::harness::server_bin());
+        cmd.args(["record", "--start", "--http-addr"])
+            .arg(format!("127.0.0.1:{}", s.http_port))
+            .env_remove("SANDFLOW_USER")
+            .env("SANDFLOW_PASSWORD", ADMIN_PW);
+        if let Some(u) = user {
+            cmd.args(["--user", u]);
+        }
+        cmd.arg("rf")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run sandflow record")
+    };
+    let refused = record(None);
+    assert!(!refused.status.success());
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(why.contains("401") && why.contains("--user"), "{why}");
+    let ok = record(Some("sandflow"));
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+}
