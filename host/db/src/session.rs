@@ -668,6 +668,7 @@ impl Session {
                     .build();
         }
         let ctx = SessionContext::new_with_state(state);
+        crate::sql::functions::register_user(&ctx, principal.name());
         let mut values = BTreeMap::new();
         for d in SETTINGS {
             values.insert(d.name, d.default.to_string());

@@ -239,8 +239,12 @@ fn tenants_cannot_reach_each_other_through_any_door() {
     let s = secured();
     tenants(&s);
     let alice = |sql: &str| psql_as(&s, "alice", "alice-pw", "ta", sql);
-    // Alice works in her database.
+    // Alice works in her database, as herself.
     assert_eq!(alice("SELECT count(*) FROM m").unwrap(), "2");
+    assert_eq!(alice("SELECT current_user").unwrap(), "alice");
+    assert_eq!(alice("SHOW is_superuser").unwrap(), "off");
+    let e = alice("EXPLAIN SELECT * FROM tb.m").unwrap_err();
+    assert!(e.contains("42501"), "{e}");
     // ... and cannot read, write, delete, drop or alter bob's.
     for sql in [
         "SELECT * FROM tb.m",

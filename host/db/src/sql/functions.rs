@@ -37,6 +37,46 @@ pub fn register(ctx: &SessionContext) {
     ctx.register_udf(ScalarUDF::from(SketchRead::new(ReadKind::UddCalc)));
 }
 
+/// Registers `current_user`, `session_user` and `user` in a session's
+/// context: the name of the user the session acts as.
+pub(crate) fn register_user(ctx: &SessionContext, user: &str) {
+    for name in ["current_user", "session_user", "user", "current_role"] {
+        ctx.register_udf(ScalarUDF::from(SessionUser {
+            name,
+            user: user.to_string(),
+            signature: Signature::nullary(Volatility::Stable),
+        }));
+    }
+}
+
+/// `current_user` and its kin.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct SessionUser {
+    name: &'static str,
+    user: String,
+    signature: Signature,
+}
+
+impl ScalarUDFImpl for SessionUser {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _: &[DataType]) -> DfResult<DataType> {
+        Ok(DataType::Utf8)
+    }
+
+    fn invoke_with_args(&self, _: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
+        Ok(ColumnarValue::Scalar(ScalarValue::Utf8(Some(
+            self.user.clone(),
+        ))))
+    }
+}
+
 /// `database()`: the session's database (GreptimeDB's and MySQL's name;
 /// `schema()` is the same).
 #[derive(Debug, PartialEq, Eq, Hash)]
