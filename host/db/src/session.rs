@@ -1257,7 +1257,9 @@ impl Session {
         cancel: Option<&mut oneshot::Receiver<()>>,
     ) -> Result<Output> {
         let tag = stmt.tag();
-        let result = self.run_checked(stmt, params, cancel).await;
+        // Boxed: a statement's future is large, and callers poll theirs on
+        // their own (test, door) threads' stacks.
+        let result = Box::pin(self.run_checked(stmt, params, cancel)).await;
         if let Err(e @ Error::PermissionDenied { .. }) = &result {
             tracing::warn!(
                 user = self.shared.principal.name(),
