@@ -7,7 +7,7 @@ use crate::codec::{Reader, Writer};
 use crate::column::{get, Chunk, ColBuilder, Diffs, S};
 use crate::expr::Expr;
 use crate::hash::{FxHashMap, IntMap};
-use crate::plan::{AggKind, AggSpec, SketchKind};
+use crate::plan::{AggKind, AggSpec, SketchKind, StatKind};
 use crate::types::{internal, Column, DataType, FlowError, Storage};
 
 /// Sentinel group id for rows that do not take part (expired keys).
@@ -95,6 +95,14 @@ impl Vals {
                 storage == Some(Storage::Bytes),
             ),
             State::Sketch { .. } => (false, true),
+            State::Stat { kind, .. } => (
+                match kind {
+                    StatKind::Median => storage == Some(Storage::Floats),
+                    StatKind::BoolAnd | StatKind::BoolOr => false,
+                    _ => true,
+                },
+                false,
+            ),
         };
         Vals {
             float,
@@ -422,6 +430,11 @@ enum State {
         sets: Vec<MultiSet>,
         kind: SketchKind,
     },
+    /// A statistic's inputs as a multiset per group (see [`StatKind`]).
+    Stat {
+        sets: Vec<MultiSet>,
+        kind: StatKind,
+    },
 }
 
 impl State {
@@ -457,6 +470,10 @@ impl State {
                 sets: Vec::new(),
                 kind,
             },
+            AggKind::Stat(kind) => State::Stat {
+                sets: Vec::new(),
+                kind,
+            },
         }
     }
 
@@ -475,7 +492,7 @@ impl State {
                 s.resize(len, 0);
                 n.grow(len);
             }
-            State::MinMax { sets, .. } | State::Sketch { sets, .. } => {
+            State::MinMax { sets, .. } | State::Sketch { sets, .. } | State::Stat { sets, .. } => {
                 sets.resize_with(len, MultiSet::default)
             }
             State::Distinct { sets, n } => {
@@ -500,7 +517,7 @@ impl State {
                 set(s, g, 0);
                 n.reset(g);
             }
-            State::MinMax { sets, .. } | State::Sketch { sets, .. } => {
+            State::MinMax { sets, .. } | State::Sketch { sets, .. } | State::Stat { sets, .. } => {
                 set(sets, g, MultiSet::default())
             }
             State::Distinct { sets, n } => {
@@ -518,7 +535,9 @@ impl State {
             | State::SumFloat { n, .. }
             | State::AvgFloat { n, .. }
             | State::AvgInt { n, .. } => n.get(g, rows) == 0,
-            State::MinMax { sets, .. } => sets.get(g).is_none_or(|s| s.is_empty()),
+            State::MinMax { sets, .. } | State::Stat { sets, .. } => {
+                sets.get(g).is_none_or(|s| s.is_empty())
+            }
             State::Distinct { sets, .. } => sets.get(g).is_none_or(|s| s.is_empty()),
             // A group of NULLs only has the empty sketch, not NULL.
             State::Sketch { .. } => rows.get(g).copied().unwrap_or(0) == 0,
@@ -591,6 +610,17 @@ impl State {
                     }
                 }
             }
+            State::Stat { sets, kind } => {
+                let t = in_ty.unwrap_or(DataType::Float64);
+                let empty = MultiSet::default();
+                for &g in groups {
+                    match stat_value(*kind, sets.get(g as usize).unwrap_or(&empty), t) {
+                        Out::I(x) => out.push_bits(x),
+                        Out::F(x) => out.push_bits(x.to_bits() as i64),
+                        _ => out.push_null(),
+                    }
+                }
+            }
             State::Sketch { sets, kind } => {
                 let t = in_ty.unwrap_or(DataType::Binary);
                 let empty = MultiSet::default();
@@ -610,8 +640,11 @@ impl State {
     /// emit, and those count(DISTINCT) compares).
     fn check(&self, in_ty: Option<DataType>) -> Result<(), String> {
         match self {
-            State::MinMax { sets, .. } | State::Distinct { sets, .. } => {
-                let t = in_ty.ok_or("a min, max or count(DISTINCT) without an argument")?;
+            State::MinMax { sets, .. }
+            | State::Distinct { sets, .. }
+            | State::Stat { sets, .. } => {
+                let t =
+                    in_ty.ok_or("a min, max, statistic or count(DISTINCT) without an argument")?;
                 sets.iter().try_for_each(|m| m.check(t))
             }
             State::Sketch { sets, kind } => {
@@ -630,7 +663,7 @@ impl State {
             State::SumInt { s, n } => s.len() * 8 + n.approx_bytes(),
             State::SumFloat { s, n } | State::AvgFloat { s, n } => s.len() * 8 + n.approx_bytes(),
             State::AvgInt { s, n } => s.len() * 16 + n.approx_bytes(),
-            State::MinMax { sets, .. } | State::Sketch { sets, .. } => {
+            State::MinMax { sets, .. } | State::Sketch { sets, .. } | State::Stat { sets, .. } => {
                 sets.iter().map(|s| 48 + s.approx_bytes()).sum()
             }
             State::Distinct { sets, n } => {
@@ -658,7 +691,7 @@ impl State {
                 }
                 n.write(w, rows);
             }
-            State::MinMax { sets, .. } | State::Sketch { sets, .. } => {
+            State::MinMax { sets, .. } | State::Sketch { sets, .. } | State::Stat { sets, .. } => {
                 w.u64(sets.len() as u64);
                 for s in sets {
                     s.write(w);
@@ -708,7 +741,7 @@ impl State {
                 *n = Counts::read(r, rows)?;
                 check(s.len())?;
             }
-            State::MinMax { sets, .. } | State::Sketch { sets, .. } => {
+            State::MinMax { sets, .. } | State::Sketch { sets, .. } | State::Stat { sets, .. } => {
                 let l = r.len(16)?;
                 let mut v = Vec::with_capacity(l);
                 for _ in 0..l {
@@ -1879,7 +1912,7 @@ fn update(
                 }
             }
         }
-        State::MinMax { sets, .. } | State::Sketch { sets, .. } => {
+        State::MinMax { sets, .. } | State::Sketch { sets, .. } | State::Stat { sets, .. } => {
             for (i, (g, d)) in gids.iter().zip(diffs.iter()).enumerate() {
                 if !(keep(i) && valid(i)) {
                     continue;
@@ -1969,6 +2002,78 @@ fn check_sketch_inputs(kind: SketchKind, m: &MultiSet, t: DataType) -> Result<()
 /// The sketch of a group's current inputs (`set`, values of type `t`):
 /// what the function gives over those rows. `None` only if the inputs are
 /// not what [`check_sketch_input`] lets in.
+/// A statistic of a multiset of numbers or booleans, as DataFusion computes
+/// it over the same values (variances by Welford's method, merged value by
+/// value with its multiplicity, in ascending order; DataFusion's follows the
+/// rows' order, so the last bits of a variance may differ).
+fn stat_value(kind: StatKind, set: &MultiSet, t: DataType) -> Out {
+    let values = || {
+        set.ints
+            .iter()
+            .filter(|(_, c)| **c > 0)
+            .map(move |(k, c)| (from_ord_key(*k, t), *c))
+    };
+    let n: i64 = values().map(|(_, c)| c).sum();
+    if n == 0 {
+        return Out::Null;
+    }
+    let float = |v: &Out| match v {
+        Out::F(f) => *f,
+        Out::I(x) if t.is_unsigned_int() => *x as u64 as f64,
+        Out::I(x) => *x as f64,
+        _ => 0.0,
+    };
+    match kind {
+        StatKind::BoolAnd => Out::I(values().all(|(v, _)| v != Out::I(0)) as i64),
+        StatKind::BoolOr => Out::I(values().any(|(v, _)| v != Out::I(0)) as i64),
+        StatKind::Median => {
+            // The value at rank r (0-based), counting multiplicities.
+            let at = |r: i64| {
+                let mut seen = 0;
+                for (v, c) in values() {
+                    seen += c;
+                    if r < seen {
+                        return v;
+                    }
+                }
+                Out::Null
+            };
+            if n % 2 == 1 {
+                return at(n / 2);
+            }
+            let half = |a: i128, b: i128| (a + b) / 2;
+            match (at(n / 2 - 1), at(n / 2)) {
+                (Out::F(a), Out::F(b)) => Out::F((a + b) / 2.0),
+                (Out::I(a), Out::I(b)) if t.is_unsigned_int() => {
+                    Out::I(half(a as u64 as i128, b as u64 as i128) as u64 as i64)
+                }
+                (Out::I(a), Out::I(b)) => Out::I(half(a as i128, b as i128) as i64),
+                _ => Out::Null,
+            }
+        }
+        StatKind::VarSamp | StatKind::VarPop | StatKind::StddevSamp | StatKind::StddevPop => {
+            let (mut count, mut mean, mut m2) = (0f64, 0f64, 0f64);
+            for (v, c) in values() {
+                let (x, c) = (float(&v), c as f64);
+                let total = count + c;
+                let delta = x - mean;
+                mean += delta * c / total;
+                m2 += delta * delta * count * c / total;
+                count = total;
+            }
+            let var = match kind {
+                StatKind::VarPop | StatKind::StddevPop => m2 / count,
+                _ if count > 1.0 => m2 / (count - 1.0),
+                _ => return Out::Null,
+            };
+            Out::F(match kind {
+                StatKind::StddevSamp | StatKind::StddevPop => var.sqrt(),
+                _ => var,
+            })
+        }
+    }
+}
+
 fn sketch_state(kind: SketchKind, set: &MultiSet, t: DataType) -> Option<Vec<u8>> {
     use crate::sketch::{self, HllAcc, UddAcc};
     let values = || {

@@ -29,6 +29,30 @@ pub(crate) enum AggKind {
     Max,
     /// A sketch function's state over the argument's current values.
     Sketch(SketchKind),
+    /// A statistic of the argument's current values (see [`StatKind`]).
+    Stat(StatKind),
+}
+
+/// Aggregates computed from the exact multiset of current inputs, so that
+/// deletes and upserts are exact: the value after any changes is what
+/// DataFusion computes over the current rows.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum StatKind {
+    /// `var`, `var_samp`: sample variance (NULL below two values).
+    VarSamp,
+    /// `var_pop`: population variance.
+    VarPop,
+    /// `stddev`, `stddev_samp`.
+    StddevSamp,
+    /// `stddev_pop`.
+    StddevPop,
+    /// `median`: the middle value, or the mean of the two middle ones (in
+    /// the argument's type: integers truncate, as DataFusion's).
+    Median,
+    /// `bool_and`: every value true.
+    BoolAnd,
+    /// `bool_or`: some value true.
+    BoolOr,
 }
 
 /// GreptimeDB's sketch aggregates (see `sketch.rs`): their state is computed
@@ -450,6 +474,36 @@ fn lower_rel(rel: &Rel, ctx: &mut Ctx<'_>, ops: &mut Vec<OpSpec>) -> Result<Sche
                     ("sum", Some(t)) if t.is_float() => (AggKind::Sum, DataType::Float64, true),
                     ("avg" | "mean", Some(t)) if t.is_numeric() => {
                         (AggKind::Avg, DataType::Float64, true)
+                    }
+                    (
+                        "var" | "var_samp" | "var_sample" | "var_pop" | "var_population" | "stddev"
+                        | "stddev_samp" | "stddev_pop" | "median" | "bool_and" | "bool_or",
+                        Some(_),
+                    ) if distinct => {
+                        return Err(unsupported(format!(
+                            "{name}(DISTINCT ...) is not supported in flows"
+                        )))
+                    }
+                    ("var" | "var_samp" | "var_sample", Some(t)) if t.is_numeric() => {
+                        (AggKind::Stat(StatKind::VarSamp), DataType::Float64, true)
+                    }
+                    ("var_pop" | "var_population", Some(t)) if t.is_numeric() => {
+                        (AggKind::Stat(StatKind::VarPop), DataType::Float64, true)
+                    }
+                    ("stddev" | "stddev_samp", Some(t)) if t.is_numeric() => {
+                        (AggKind::Stat(StatKind::StddevSamp), DataType::Float64, true)
+                    }
+                    ("stddev_pop", Some(t)) if t.is_numeric() => {
+                        (AggKind::Stat(StatKind::StddevPop), DataType::Float64, true)
+                    }
+                    ("median", Some(t)) if t.is_numeric() => {
+                        (AggKind::Stat(StatKind::Median), t, true)
+                    }
+                    ("bool_and", Some(DataType::Boolean)) => {
+                        (AggKind::Stat(StatKind::BoolAnd), DataType::Boolean, true)
+                    }
+                    ("bool_or", Some(DataType::Boolean)) => {
+                        (AggKind::Stat(StatKind::BoolOr), DataType::Boolean, true)
                     }
                     ("min", Some(t)) => (AggKind::Min, t, true),
                     ("max", Some(t)) => (AggKind::Max, t, true),

@@ -75,6 +75,17 @@ const CPU_STATS: Flow = Flow {
             FROM cpu GROUP BY host",
 };
 
+/// Statistics computed from each group's multiset: variance, standard
+/// deviation and median under upserts, deletes and NULL inputs; created
+/// before any data.
+const CPU_SPREAD: Flow = Flow {
+    name: "cpu_spread",
+    sink: "cpu_spread_sink",
+    columns: "host, sd, vp, md",
+    query: "SELECT host, stddev(usage) AS sd, var_pop(usage) AS vp, median(usage) AS md \
+            FROM cpu GROUP BY host",
+};
+
 /// HAVING: groups enter and leave the sink; created after the first data.
 const BUSY: Flow = Flow {
     name: "busy",
@@ -661,7 +672,7 @@ async fn sinks_follow_queries(seed: u64) {
     let mut flows: Vec<&Flow> = Vec::new();
 
     // Flows over empty sources.
-    for flow in [&WIN, &CPU_STATS, &SLOW] {
+    for flow in [&WIN, &CPU_STATS, &CPU_SPREAD, &SLOW] {
         create_flow(&db, flow).await;
         flows.push(flow);
     }
