@@ -1,6 +1,7 @@
 //! sandflow's own SQL functions, registered in every session's context:
-//! GreptimeDB's `database()` and its sketch functions (`hll`, `hll_merge`,
-//! `hll_count`, `uddsketch_state`, `uddsketch_merge`, `uddsketch_calc`).
+//! GreptimeDB's `database()`, `tumble()` and its sketch functions (`hll`,
+//! `hll_merge`, `hll_count`, `uddsketch_state`, `uddsketch_merge`,
+//! `uddsketch_calc`), and the session's `current_user`.
 //!
 //! The sketches' bytes and numbers are the flow engine's
 //! (`sandflow_engine::sketch`), so a state a query computes and one a flow
@@ -25,6 +26,7 @@ use sandflow_engine::sketch::{self, HllAcc, UddAcc};
 /// Registers sandflow's functions in `ctx`.
 pub fn register(ctx: &SessionContext) {
     ctx.register_udf(ScalarUDF::from(CurrentDatabase::new()));
+    ctx.register_udf(ScalarUDF::from(Tumble::new()));
     for kind in [
         SketchAgg::Hll,
         SketchAgg::HllMerge,
@@ -74,6 +76,114 @@ impl ScalarUDFImpl for SessionUser {
         Ok(ColumnarValue::Scalar(ScalarValue::Utf8(Some(
             self.user.clone(),
         ))))
+    }
+}
+
+/// `tumble(ts, size[, origin])` (also `tumble_start`): the start of the
+/// tumbling window of `size` that holds `ts`, windows starting at `origin`
+/// (default the Unix epoch) and every `size` from it: `date_bin(size, ts,
+/// origin)`, as flows written for older GreptimeDB versions group by it.
+/// `size` is an interval or its text (`'5 minutes'`), `origin` a timestamp or
+/// its text. The optimiser rewrites each call to `date_bin`, so flows get
+/// date_bin's exact, delete-proof windows.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct Tumble {
+    signature: Signature,
+    aliases: Vec<String>,
+}
+
+impl Tumble {
+    fn new() -> Self {
+        Tumble {
+            signature: Signature::user_defined(Volatility::Immutable),
+            aliases: vec!["tumble_start".to_string()],
+        }
+    }
+}
+
+/// A window size as date_bin takes it: an interval, or interval text.
+fn window_size(e: &datafusion::prelude::Expr) -> DfResult<datafusion::prelude::Expr> {
+    use datafusion::prelude::Expr;
+    match e {
+        Expr::Literal(ScalarValue::Utf8(Some(text)) | ScalarValue::LargeUtf8(Some(text)), _) => {
+            let ms = crate::schema::interval::parse_interval(text)
+                .map_err(|m| datafusion::error::DataFusionError::Plan(format!("tumble: {m}")))?;
+            if ms <= 0 {
+                return plan_err!("tumble: the window size must be positive, not '{text}'");
+            }
+            Ok(Expr::Literal(
+                ScalarValue::IntervalMonthDayNano(Some(
+                    datafusion::arrow::datatypes::IntervalMonthDayNano::new(
+                        0,
+                        0,
+                        ms.saturating_mul(1_000_000),
+                    ),
+                )),
+                None,
+            ))
+        }
+        other => Ok(other.clone()),
+    }
+}
+
+impl ScalarUDFImpl for Tumble {
+    fn name(&self) -> &str {
+        "tumble"
+    }
+
+    fn aliases(&self) -> &[String] {
+        &self.aliases
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn coerce_types(&self, args: &[DataType]) -> DfResult<Vec<DataType>> {
+        if !(2..=3).contains(&args.len()) {
+            return plan_err!("tumble takes (ts, size) or (ts, size, origin)");
+        }
+        let mut out = args.to_vec();
+        if let Some(origin) = out.get_mut(2) {
+            if matches!(
+                origin,
+                DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+            ) {
+                *origin = args[0].clone();
+            }
+        }
+        Ok(out)
+    }
+
+    fn return_type(&self, args: &[DataType]) -> DfResult<DataType> {
+        match args.first() {
+            Some(t @ DataType::Timestamp(_, _)) => Ok(t.clone()),
+            other => plan_err!("tumble's first argument must be a timestamp, not {other:?}"),
+        }
+    }
+
+    fn simplify(
+        &self,
+        args: Vec<datafusion::prelude::Expr>,
+        _info: &datafusion::logical_expr::simplify::SimplifyContext,
+    ) -> DfResult<datafusion::logical_expr::simplify::ExprSimplifyResult> {
+        use datafusion::logical_expr::simplify::ExprSimplifyResult;
+        let mut args = args.into_iter();
+        let (Some(ts), Some(size)) = (args.next(), args.next()) else {
+            return plan_err!("tumble takes (ts, size) or (ts, size, origin)");
+        };
+        let mut call = vec![window_size(&size)?, ts];
+        call.extend(args);
+        Ok(ExprSimplifyResult::Simplified(
+            datafusion::functions::datetime::date_bin().call(call),
+        ))
+    }
+
+    fn invoke_with_args(&self, _: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
+        exec_err!(
+            "tumble(ts, size) is evaluated as date_bin(size, ts); write date_bin where the \
+             optimiser does not run"
+        )
     }
 }
 
