@@ -8,7 +8,7 @@ use crate::codec::{fnv64, Reader, Writer};
 use crate::column::{append, empty_column, take, take_chunk, Chunk, Diffs};
 use crate::expr::Expr;
 use crate::hash::FxHashMap;
-use crate::plan::{lower, OpSpec};
+use crate::plan::{lower, HopSpec, OpSpec};
 use crate::types::{
     bad, internal, validate_batch, Batch, Column, DataType, Field, FlowError, SourceSchema,
     TickOutput,
@@ -23,9 +23,18 @@ const VERSION: u32 = 1;
 /// One operator of the chain. Stateful operators live in `Rc<RefCell<..>>` so that the
 /// snapshot code and the driver can both reach their state.
 enum Op {
-    Filter { pred: Expr, in_types: Vec<DataType> },
-    Project { exprs: Vec<Expr> },
+    Filter {
+        pred: Expr,
+        in_types: Vec<DataType>,
+    },
+    Project {
+        exprs: Vec<Expr>,
+    },
     Aggregate(Rc<RefCell<AggOp>>),
+    Hop {
+        spec: HopSpec,
+        in_types: Vec<DataType>,
+    },
 }
 
 /// A running flow.
@@ -130,6 +139,12 @@ impl Flow {
                     }
                     types = exprs.iter().map(|e| e.ty()).collect();
                     ops.push(Op::Project { exprs });
+                }
+                OpSpec::Hop(spec) => {
+                    key_map = None;
+                    let in_types = types.clone();
+                    types.push(spec.out);
+                    ops.push(Op::Hop { spec, in_types });
                 }
                 OpSpec::Aggregate(a) => {
                     crate::agg::validate(&a)?;
@@ -404,6 +419,7 @@ impl Flow {
                     a.borrow_mut().absorb(&c, now)?;
                     return Ok(());
                 }
+                Op::Hop { spec, in_types } => c = hop_windows(&c, spec, in_types)?,
             }
         }
         if c.rows > 0 {
@@ -697,4 +713,35 @@ fn consolidate(c: Chunk, types: &[DataType]) -> Chunk {
     let mut out = take_chunk(&c, types, &idx);
     out.diffs = Diffs::Each(diffs);
     out
+}
+
+/// Each row of `c` once per hop window that holds its time, with the
+/// window's start appended: windows `[start, start + size)`, starts at the
+/// multiples of `slide` (as date_bin's bins). A row without a time is in no
+/// window.
+fn hop_windows(c: &Chunk, spec: &HopSpec, in_types: &[DataType]) -> Result<Chunk, FlowError> {
+    let v = spec.ts.eval(c)?;
+    let unit = spec.ts.ty().timestamp_unit_nanos().unwrap_or(1) as i128;
+    let out_unit = spec.out.timestamp_unit_nanos().unwrap_or(1) as i128;
+    let (slide, size) = (spec.slide_ns as i128, spec.size_ns as i128);
+    let mut take = Vec::new();
+    let mut starts = Vec::new();
+    for (i, x) in v.ints.iter().enumerate().take(c.rows) {
+        if v.is_null(i) {
+            continue;
+        }
+        let ns = *x as i128 * unit;
+        let mut start = ns.div_euclid(slide) * slide;
+        while start > ns - size {
+            take.push(i as u32);
+            starts.push(start.div_euclid(out_unit) as i64);
+            start -= slide;
+        }
+    }
+    let mut out = take_chunk(c, in_types, &take);
+    out.cols.push(Column {
+        ints: starts,
+        ..Column::default()
+    });
+    Ok(out)
 }

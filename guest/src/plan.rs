@@ -90,6 +90,19 @@ pub(crate) enum OpSpec {
     Filter(Expr),
     Project(Vec<Expr>),
     Aggregate(AggSpec),
+    /// `hop(ts, slide, size)` in a GROUP BY: each row becomes one row per
+    /// window `[start, start + size)` that holds `ts`, starts being
+    /// multiples of `slide`; the window's start is appended as a column.
+    Hop(HopSpec),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct HopSpec {
+    pub ts: Expr,
+    pub slide_ns: i64,
+    pub size_ns: i64,
+    /// The type of the appended start column (the timestamp's).
+    pub out: DataType,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -404,11 +417,29 @@ fn lower_rel(rel: &Rel, ctx: &mut Ctx<'_>, ops: &mut Vec<OpSpec>) -> Result<Sche
             let mut schema = Vec::new();
             let mut keys = Vec::new();
             let mut key_nullable = Vec::new();
+            let mut hop = None;
             for e in key_exprs {
-                let (x, n) = lower_expr(e, &in_schema, ctx)?;
+                let (x, n) = match hop_spec(e, &in_schema, ctx)? {
+                    Some(spec) => {
+                        if hop.is_some() {
+                            return Err(unsupported(
+                                "a flow may group by one hop(...) window, not several",
+                            ));
+                        }
+                        let col = Expr::Col(in_schema.len(), spec.out);
+                        hop = Some(spec);
+                        (col, false)
+                    }
+                    None => lower_expr(e, &in_schema, ctx)?,
+                };
                 schema.push((x.ty(), n));
                 keys.push(x);
                 key_nullable.push(n);
+            }
+            // The expansion comes right before the aggregate, which reads its
+            // column after the input's.
+            if let Some(spec) = hop {
+                ops.push(OpSpec::Hop(spec));
             }
             let mut measures = Vec::new();
             for m in &a.measures {
@@ -630,6 +661,45 @@ pub(crate) fn map_type(t: &Type) -> Result<DataType, FlowError> {
             )))
         }
     })
+}
+
+/// `hop(ts, slide, size)` as a grouping expression, if `e` is one.
+fn hop_spec(e: &Expression, schema: &Schema, ctx: &Ctx<'_>) -> Result<Option<HopSpec>, FlowError> {
+    let Some(RexType::ScalarFunction(f)) = &e.rex_type else {
+        return Ok(None);
+    };
+    if ctx.funcs.get(&f.function_reference).map(String::as_str) != Some("hop") {
+        return Ok(None);
+    }
+    let raw = args_of(&f.arguments)?;
+    let [ts, slide, size] = raw.as_slice() else {
+        return Err(unsupported("hop takes (ts, slide, size)"));
+    };
+    let (slide_ns, size_ns) = (interval_ns(slide)?, interval_ns(size)?);
+    if slide_ns <= 0 || size_ns < slide_ns {
+        return Err(bad(
+            "hop needs a positive slide and a size at least as large as the slide",
+        ));
+    }
+    if size_ns / slide_ns > 10_000 {
+        return Err(unsupported(
+            "hop windows overlap too much: a row would be in more than 10000 windows",
+        ));
+    }
+    let (ts, _) = lower_expr(ts, schema, ctx)?;
+    if !ts.ty().is_timestamp() {
+        return Err(unsupported(format!(
+            "hop over {} is not supported in flows",
+            ts.ty()
+        )));
+    }
+    let out = ts.ty();
+    Ok(Some(HopSpec {
+        ts,
+        slide_ns,
+        size_ns,
+        out,
+    }))
 }
 
 fn args_of(f: &[substrait::proto::FunctionArgument]) -> Result<Vec<&Expression>, FlowError> {

@@ -1,5 +1,5 @@
 //! sandflow's own SQL functions, registered in every session's context:
-//! GreptimeDB's `database()`, `tumble()` and its sketch functions (`hll`,
+//! GreptimeDB's `database()`, `tumble()`, `hop()` and its sketch functions (`hll`,
 //! `hll_merge`, `hll_count`, `uddsketch_state`, `uddsketch_merge`,
 //! `uddsketch_calc`), and the session's `current_user`.
 //!
@@ -27,6 +27,7 @@ use sandflow_engine::sketch::{self, HllAcc, UddAcc};
 pub fn register(ctx: &SessionContext) {
     ctx.register_udf(ScalarUDF::from(CurrentDatabase::new()));
     ctx.register_udf(ScalarUDF::from(Tumble::new()));
+    ctx.register_udf(ScalarUDF::from(Hop::new()));
     for kind in [
         SketchAgg::Hll,
         SketchAgg::HllMerge,
@@ -106,10 +107,11 @@ fn window_size(e: &datafusion::prelude::Expr) -> DfResult<datafusion::prelude::E
     use datafusion::prelude::Expr;
     match e {
         Expr::Literal(ScalarValue::Utf8(Some(text)) | ScalarValue::LargeUtf8(Some(text)), _) => {
-            let ms = crate::schema::interval::parse_interval(text)
-                .map_err(|m| datafusion::error::DataFusionError::Plan(format!("tumble: {m}")))?;
+            let ms = crate::schema::interval::parse_interval(text).map_err(|m| {
+                datafusion::error::DataFusionError::Plan(format!("window size: {m}"))
+            })?;
             if ms <= 0 {
-                return plan_err!("tumble: the window size must be positive, not '{text}'");
+                return plan_err!("the window size must be positive, not '{text}'");
             }
             Ok(Expr::Literal(
                 ScalarValue::IntervalMonthDayNano(Some(
@@ -183,6 +185,83 @@ impl ScalarUDFImpl for Tumble {
         exec_err!(
             "tumble(ts, size) is evaluated as date_bin(size, ts); write date_bin where the \
              optimiser does not run"
+        )
+    }
+}
+
+/// `hop(ts, slide, size)`: sliding windows, for flows' GROUP BY. A row
+/// belongs to every window `[start, start + size)` that holds `ts`, starts
+/// being multiples of `slide` (as date_bin's bins); the value is the
+/// window's start. The flow engine expands each row into its windows; a
+/// query cannot (one value per row), so calling it outside a flow is an
+/// error that says so. `slide` and `size` are intervals or their text.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct Hop {
+    signature: Signature,
+}
+
+impl Hop {
+    fn new() -> Self {
+        Hop {
+            signature: Signature::user_defined(Volatility::Immutable),
+        }
+    }
+}
+
+impl ScalarUDFImpl for Hop {
+    fn name(&self) -> &str {
+        "hop"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn coerce_types(&self, args: &[DataType]) -> DfResult<Vec<DataType>> {
+        if args.len() != 3 {
+            return plan_err!("hop takes (ts, slide, size)");
+        }
+        Ok(args.to_vec())
+    }
+
+    fn return_type(&self, args: &[DataType]) -> DfResult<DataType> {
+        match args.first() {
+            Some(t @ DataType::Timestamp(_, _)) => Ok(t.clone()),
+            other => plan_err!("hop's first argument must be a timestamp, not {other:?}"),
+        }
+    }
+
+    fn simplify(
+        &self,
+        args: Vec<datafusion::prelude::Expr>,
+        _info: &datafusion::logical_expr::simplify::SimplifyContext,
+    ) -> DfResult<datafusion::logical_expr::simplify::ExprSimplifyResult> {
+        use datafusion::logical_expr::simplify::ExprSimplifyResult;
+        let text = |e: &datafusion::prelude::Expr| {
+            matches!(
+                e,
+                datafusion::prelude::Expr::Literal(
+                    ScalarValue::Utf8(Some(_)) | ScalarValue::LargeUtf8(Some(_)),
+                    _
+                )
+            )
+        };
+        if !args.iter().skip(1).any(text) {
+            return Ok(ExprSimplifyResult::Original(args));
+        }
+        let mut out = Vec::with_capacity(args.len());
+        for (i, a) in args.iter().enumerate() {
+            out.push(if i == 0 { a.clone() } else { window_size(a)? });
+        }
+        Ok(ExprSimplifyResult::Simplified(
+            ScalarUDF::from(Hop::new()).call(out),
+        ))
+    }
+
+    fn invoke_with_args(&self, _: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
+        exec_err!(
+            "hop(ts, slide, size) puts a row in several windows: it works in a flow's GROUP BY \
+             only; in a query, group by date_bin(slide, ts) and its shifts instead"
         )
     }
 }
