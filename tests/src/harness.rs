@@ -550,6 +550,23 @@ fn dechunk(mut s: &str) -> String {
 }
 
 /// Whether a Python module can be imported.
+/// The PostgreSQL JDBC driver's jar (`PGJDBC_JAR`, else Debian's), if it
+/// and `java` are there; `None` (saying the test is skipped) otherwise.
+pub fn jdbc_jar() -> Option<String> {
+    let jar =
+        std::env::var("PGJDBC_JAR").unwrap_or_else(|_| "/usr/share/java/postgresql.jar".into());
+    let have_java = Command::new("java")
+        .arg("-version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !have_java || !Path::new(&jar).exists() {
+        eprintln!("SKIPPED: the jdbc test needs java and {jar}");
+        return None;
+    }
+    Some(jar)
+}
+
 pub fn python_has(module: &str) -> bool {
     Command::new("python3")
         .args(["-c", &format!("import {module}")])

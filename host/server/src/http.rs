@@ -512,17 +512,7 @@ async fn sql_post(
         Err(message) => return error_response(StatusCode::BAD_REQUEST, 1004, message, started),
     };
     match sql_text(&params) {
-        Some(sql) => {
-            run_sql(
-                &state,
-                who,
-                peer.map(|Extension(p)| p),
-                sql,
-                &params,
-                started,
-            )
-            .await
-        }
+        Some(sql) => run_sql(&state, who, peer, sql, &params, started).await,
         None => missing_sql(started),
     }
 }
@@ -571,15 +561,7 @@ async fn sql_get(
             .insert(header::ALLOW, header::HeaderValue::from_static("POST"));
         return refused;
     }
-    run_sql(
-        &state,
-        who,
-        peer.map(|Extension(p)| p),
-        sql,
-        &params,
-        started,
-    )
-    .await
+    run_sql(&state, who, peer, sql, &params, started).await
 }
 
 /// How long a request may run, and what set it.
@@ -640,7 +622,7 @@ fn timed_out(limit: Limit, settings: &Settings, started: Instant) -> Response {
 async fn run_sql(
     state: &AppState,
     who: Principal,
-    peer: Option<Peer>,
+    peer: Option<Extension<Peer>>,
     sql: &str,
     params: &HashMap<String, String>,
     started: Instant,
@@ -660,8 +642,8 @@ async fn run_sql(
         &Default::default(),
         who,
     );
-    if let Some(peer) = peer {
-        session.set_peer(peer.0);
+    if let Some(Extension(Peer(peer))) = peer {
+        session.set_peer(peer);
     }
     if let Some(db) = params.get("db").filter(|d| !d.is_empty()) {
         // GreptimeDB also takes `catalog-database`.

@@ -258,9 +258,24 @@ struct Shim {
     user: std::sync::Mutex<Option<crate::auth::UserSlot>>,
 }
 
-impl Shim {
+#[async_trait]
+impl<W: AsyncWrite + Send + Unpin> AsyncMysqlShim<W> for Shim {
+    type Error = io::Error;
+
+    fn version(&self) -> String {
+        VERSION.to_string()
+    }
+
+    fn connect_id(&self) -> u32 {
+        self.id
+    }
+
+    fn salt(&self) -> [u8; 20] {
+        self.salt
+    }
+
     /// Checks a login; on success the connection's session acts as the user.
-    async fn login(
+    async fn authenticate(
         &self,
         auth_plugin: &str,
         username: &[u8],
@@ -309,33 +324,6 @@ impl Shim {
         *self.session.lock().await = session;
         *self.user.lock().unwrap_or_else(|p| p.into_inner()) = Some(slot);
         true
-    }
-}
-
-#[async_trait]
-impl<W: AsyncWrite + Send + Unpin> AsyncMysqlShim<W> for Shim {
-    type Error = io::Error;
-
-    fn version(&self) -> String {
-        VERSION.to_string()
-    }
-
-    fn connect_id(&self) -> u32 {
-        self.id
-    }
-
-    fn salt(&self) -> [u8; 20] {
-        self.salt
-    }
-
-    async fn authenticate(
-        &self,
-        auth_plugin: &str,
-        username: &[u8],
-        salt: &[u8],
-        auth_data: &[u8],
-    ) -> bool {
-        self.login(auth_plugin, username, salt, auth_data).await
     }
 
     async fn on_prepare<'a>(

@@ -62,6 +62,18 @@ fn psql_as(
     }
 }
 
+/// `GET /metrics` as `user`; (status, text).
+fn metrics_as(s: &Server, user: &str, password: &str) -> (u16, String) {
+    http_request_with(
+        s.http_port,
+        "GET",
+        "/metrics",
+        &[("Authorization", &format!("Token {user}:{password}"))],
+        "",
+    )
+    .unwrap_or_else(|e| panic!("GET /metrics: {e}"))
+}
+
 fn admin(s: &Server, sql: &str) -> String {
     psql_as(s, "sandflow", ADMIN_PW, "public", sql)
         .unwrap_or_else(|e| panic!("{sql}: {e}\n{}", s.logs()))
@@ -216,14 +228,7 @@ fn wrong_or_missing_passwords_are_refused_on_every_door() {
     assert!(why.contains("Authenticate failed"), "{why}");
 
     // Every failure was logged with the peer and counted.
-    let (status, metrics) = http_request_with(
-        s.http_port,
-        "GET",
-        "/metrics",
-        &[("Authorization", &format!("Token sandflow:{ADMIN_PW}"))],
-        "",
-    )
-    .unwrap();
+    let (status, metrics) = metrics_as(&s, "sandflow", ADMIN_PW);
     assert_eq!(status, 200);
     let failures: f64 = metrics
         .lines()
@@ -332,24 +337,10 @@ fn tenants_cannot_reach_each_other_through_any_door() {
     );
     assert_eq!(status, 403, "{body}");
     // Her /metrics do not show bob's flow.
-    let (status, metrics) = http_request_with(
-        s.http_port,
-        "GET",
-        "/metrics",
-        &[("Authorization", "Token alice:alice-pw")],
-        "",
-    )
-    .unwrap();
+    let (status, metrics) = metrics_as(&s, "alice", "alice-pw");
     assert_eq!(status, 200);
     assert!(!metrics.contains("per_host"), "{metrics}");
-    let (_, all) = http_request_with(
-        s.http_port,
-        "GET",
-        "/metrics",
-        &[("Authorization", &format!("Token sandflow:{ADMIN_PW}"))],
-        "",
-    )
-    .unwrap();
+    let (_, all) = metrics_as(&s, "sandflow", ADMIN_PW);
     assert!(all.contains("flow=\"per_host\""), "{all}");
     assert!(s.logs().contains("statement denied"));
 }
@@ -606,17 +597,9 @@ fn storage_quota_and_connections_per_user() {
 /// with a message without `java` and the driver jar (see e2e_extended).
 #[test]
 fn jdbc_logins_and_grants() {
-    let jar =
-        std::env::var("PGJDBC_JAR").unwrap_or_else(|_| "/usr/share/java/postgresql.jar".into());
-    let have_java = Command::new("java")
-        .arg("-version")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !have_java || !std::path::Path::new(&jar).exists() {
-        eprintln!("SKIPPED: jdbc test needs java and {jar}");
+    let Some(jar) = sandflow_tests::harness::jdbc_jar() else {
         return;
-    }
+    };
     let s = secured();
     tenants(&s);
     let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/jdbc/Auth.java");

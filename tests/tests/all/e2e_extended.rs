@@ -252,17 +252,9 @@ print("ok")
 /// PGJDBC_JAR); skipped with a message when either is missing.
 #[test]
 fn jdbc() {
-    let jar =
-        std::env::var("PGJDBC_JAR").unwrap_or_else(|_| "/usr/share/java/postgresql.jar".into());
-    let have_java = std::process::Command::new("java")
-        .arg("-version")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !have_java || !std::path::Path::new(&jar).exists() {
-        eprintln!("SKIPPED: jdbc test needs java and {jar}");
+    let Some(jar) = sandflow_tests::harness::jdbc_jar() else {
         return;
-    }
+    };
     let s = Server::start();
     let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/jdbc/Main.java");
     let out = std::process::Command::new("timeout")
