@@ -19,7 +19,7 @@ fn int_fits(t: DataType, v: i64) -> bool {
 }
 
 /// Maps a value to an i64 whose signed order is the SQL order of the value's type.
-fn ord_key(v: S<'_>, t: DataType) -> Option<i64> {
+pub(crate) fn ord_key(v: S<'_>, t: DataType) -> Option<i64> {
     match v {
         S::I(x) if t == DataType::UInt64 => Some(x ^ i64::MIN),
         S::I(x) => Some(x),
@@ -95,14 +95,15 @@ impl Vals {
                 storage == Some(Storage::Bytes),
             ),
             State::Sketch { .. } => (false, true),
-            State::Stat { kind, .. } => (
-                match kind {
-                    StatKind::Median => storage == Some(Storage::Floats),
-                    StatKind::BoolAnd | StatKind::BoolOr => false,
-                    _ => true,
-                },
-                false,
-            ),
+            State::Stat { kind, .. } => match kind {
+                StatKind::Median => (storage == Some(Storage::Floats), false),
+                StatKind::BoolAnd | StatKind::BoolOr => (false, false),
+                StatKind::FirstValue { ty, .. } => (
+                    ty.storage() == Storage::Floats,
+                    ty.storage() == Storage::Bytes,
+                ),
+                _ => (true, false),
+            },
         };
         Vals {
             float,
@@ -617,6 +618,7 @@ impl State {
                     match stat_value(*kind, sets.get(g as usize).unwrap_or(&empty), t) {
                         Out::I(x) => out.push_bits(x),
                         Out::F(x) => out.push_bits(x.to_bits() as i64),
+                        b @ Out::B(_) => out.push_wide(b),
                         _ => out.push_null(),
                     }
                 }
@@ -2013,6 +2015,23 @@ fn stat_value(kind: StatKind, set: &MultiSet, t: DataType) -> Out {
             .filter(|(_, c)| **c > 0)
             .map(move |(k, c)| (from_ord_key(*k, t), *c))
     };
+    if let StatKind::FirstValue { max, ty } = kind {
+        // The end of the ordered pairs (see `Func::OrderedPair`): sort key in
+        // bytes 0..9, the value's null flag in byte 9, then the value.
+        let mut live = set.bytes.iter().filter(|(_, c)| **c > 0).map(|(k, _)| k);
+        let end = if max { live.next_back() } else { live.next() };
+        let Some(pair) = end else {
+            return Out::Null;
+        };
+        return match (pair.get(9), pair.get(10..)) {
+            (Some(1), Some(v)) if ty.storage() == Storage::Bytes => Out::B(v.to_vec()),
+            (Some(1), Some(v)) => match <[u8; 8]>::try_from(v) {
+                Ok(b) => from_ord_key((u64::from_be_bytes(b) ^ (1 << 63)) as i64, ty),
+                Err(_) => Out::Null,
+            },
+            _ => Out::Null,
+        };
+    }
     let n: i64 = values().map(|(_, c)| c).sum();
     if n == 0 {
         return Out::Null;
@@ -2024,6 +2043,7 @@ fn stat_value(kind: StatKind, set: &MultiSet, t: DataType) -> Out {
         _ => 0.0,
     };
     match kind {
+        StatKind::FirstValue { .. } => Out::Null,
         StatKind::BoolAnd => Out::I(values().all(|(v, _)| v != Out::I(0)) as i64),
         StatKind::BoolOr => Out::I(values().any(|(v, _)| v != Out::I(0)) as i64),
         StatKind::Median => {

@@ -95,6 +95,13 @@ pub(crate) enum Func {
         stride_ns: i64,
         origin_ns: i64,
     },
+    /// The row of `first_value(v ORDER BY k)` / `last_value`: args[0] is the sort key,
+    /// args[1] the value, encoded as bytes that order as the sort does (ascending;
+    /// NULL keys first or last as asked), then the value. Never NULL (a NULL value is
+    /// kept as such). `agg.rs` keeps these in an ordered multiset and decodes the end.
+    OrderedPair {
+        nulls_low: bool,
+    },
     /// `date_trunc(unit, ts)`: args[0] is the timestamp.
     DateTrunc(TruncUnit),
     /// `regexp_like(s, pattern[, flags])`, `s ~ pattern`, `~*`, `!~`, `!~*`: whether the
@@ -553,6 +560,40 @@ fn eval_call(f: &Func, args: &[Expr], t: DataType, c: &Chunk) -> Result<Column, 
                 regex_matches(&re.0, &v, *negated, n),
                 v.nulls.clone(),
             ))
+        }
+        Func::OrderedPair { nulls_low } => {
+            let (k, v) = (arg(args, 0)?, arg(args, 1)?);
+            let (kt, vt) = (k.ty(), v.ty());
+            let (kc, vc) = (k.eval(c)?, v.eval(c)?);
+            let mut out = ColBuilder::new(DataType::Binary, n);
+            let mut buf = Vec::with_capacity(32);
+            for i in 0..n {
+                buf.clear();
+                match crate::agg::ord_key(get(&kc, kt.storage(), i), kt) {
+                    Some(key) => {
+                        buf.push(1);
+                        buf.extend_from_slice(&((key as u64) ^ (1 << 63)).to_be_bytes());
+                    }
+                    None => {
+                        buf.push(if *nulls_low { 0 } else { 2 });
+                        buf.extend_from_slice(&[0; 8]);
+                    }
+                }
+                match get(&vc, vt.storage(), i) {
+                    S::Null => buf.push(0),
+                    S::B(b) => {
+                        buf.push(1);
+                        buf.extend_from_slice(b);
+                    }
+                    x => {
+                        buf.push(1);
+                        let key = crate::agg::ord_key(x, vt).unwrap_or(0);
+                        buf.extend_from_slice(&((key as u64) ^ (1 << 63)).to_be_bytes());
+                    }
+                }
+                out.push(S::B(&buf));
+            }
+            Ok(out.finish())
         }
     }
 }

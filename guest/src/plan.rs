@@ -53,6 +53,10 @@ pub(crate) enum StatKind {
     BoolAnd,
     /// `bool_or`: some value true.
     BoolOr,
+    /// `first_value(v ORDER BY k)` and `last_value`: the value of the row at
+    /// one end of the order (the argument is `Func::OrderedPair`; `max`: the
+    /// largest pair), of type `ty`.
+    FirstValue { max: bool, ty: DataType },
 }
 
 /// GreptimeDB's sketch aggregates (see `sketch.rs`): their state is computed
@@ -465,9 +469,18 @@ fn lower_rel(rel: &Rel, ctx: &mut Ctx<'_>, ops: &mut Vec<OpSpec>) -> Result<Sche
                 if sketch.is_some() {
                     args = args.split_off(args.len().saturating_sub(1));
                 }
-                let arg = args.first().cloned();
+                let mut arg = args.first().cloned();
                 let arg_ty = arg.as_ref().map(|a| a.ty());
+                let mut ordered = None;
+                if matches!(name.as_str(), "first_value" | "last_value") {
+                    let (pair, kind) = ordered_pair(&name, f, arg.take(), &in_schema, ctx)?;
+                    arg = Some(pair);
+                    ordered = Some(kind);
+                }
                 let (kind, out, nullable) = match (name.as_str(), arg_ty) {
+                    (_, Some(t)) if ordered.is_some() => {
+                        (AggKind::Stat(ordered.unwrap_or(StatKind::BoolOr)), t, true)
+                    }
                     (_, Some(t)) if sketch.is_some() => {
                         let k = sketch.unwrap_or(SketchKind::Hll);
                         let merge = matches!(k, SketchKind::HllMerge | SketchKind::UddMerge { .. });
@@ -661,6 +674,67 @@ pub(crate) fn map_type(t: &Type) -> Result<DataType, FlowError> {
             )))
         }
     })
+}
+
+/// `first_value(v ORDER BY k)` / `last_value`: the argument that pairs each
+/// row's sort key with its value, and the kind that reads the right end.
+fn ordered_pair(
+    name: &str,
+    f: &substrait::proto::AggregateFunction,
+    value: Option<Expr>,
+    schema: &Schema,
+    ctx: &Ctx<'_>,
+) -> Result<(Expr, StatKind), FlowError> {
+    use substrait::proto::sort_field::{SortDirection, SortKind};
+    let value = value.ok_or_else(|| unsupported(format!("{name} needs an argument")))?;
+    let [sort] = f.sorts.as_slice() else {
+        return Err(unsupported(format!(
+            "{name} needs exactly one ORDER BY key inside the call in flows, e.g. \
+             {name}(v ORDER BY ts): without one its row is not defined"
+        )));
+    };
+    let key = sort
+        .expr
+        .as_ref()
+        .ok_or_else(|| bad(format!("{name}'s ORDER BY without an expression")))?;
+    let (key, _) = lower_expr(key, schema, ctx)?;
+    if key.ty().storage() == crate::types::Storage::Bytes {
+        return Err(unsupported(format!(
+            "{name} ORDER BY a {} key is not supported in flows; order by a number or a \
+             timestamp",
+            key.ty()
+        )));
+    }
+    let direction = match sort.sort_kind {
+        Some(SortKind::Direction(d)) => {
+            SortDirection::try_from(d).unwrap_or(SortDirection::AscNullsLast)
+        }
+        _ => SortDirection::AscNullsLast,
+    };
+    let (asc, nulls_first) = match direction {
+        SortDirection::AscNullsFirst => (true, true),
+        SortDirection::DescNullsFirst => (false, true),
+        SortDirection::DescNullsLast => (false, false),
+        _ => (true, false),
+    };
+    let ty = value.ty();
+    let first = name == "first_value";
+    let pair = Expr::Call(
+        Func::OrderedPair {
+            // In ascending byte order, NULL keys sit low exactly when they
+            // come first in an ascending order or last in a descending one.
+            nulls_low: asc == nulls_first,
+        },
+        vec![key, value],
+        DataType::Binary,
+    );
+    Ok((
+        pair,
+        StatKind::FirstValue {
+            max: asc != first,
+            ty,
+        },
+    ))
 }
 
 /// `hop(ts, slide, size)` as a grouping expression, if `e` is one.
