@@ -17,6 +17,8 @@ setup:
 	@test -f /usr/share/java/postgresql.jar || { (apt-get update -qq || true) && apt-get install -y -qq libpostgresql-jdbc-java; }
 	@python3 -c 'import psycopg, psycopg2' 2>/dev/null || python3 -m pip install -q "psycopg[binary]" psycopg2-binary
 	@command -v mysql >/dev/null || { (apt-get update -qq || true) && apt-get install -y -qq default-mysql-client; }
+	@command -v openssl >/dev/null || { (apt-get update -qq || true) && apt-get install -y -qq openssl; }
+	@command -v curl >/dev/null || { (apt-get update -qq || true) && apt-get install -y -qq curl; }
 	@python3 -c 'import pymysql, mysql.connector' 2>/dev/null || python3 -m pip install -q pymysql mysql-connector-python
 
 ## Builds the server (release) with the guest component embedded.
