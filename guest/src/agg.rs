@@ -102,6 +102,7 @@ impl Vals {
                     ty.storage() == Storage::Floats,
                     ty.storage() == Storage::Bytes,
                 ),
+                StatKind::StringAgg { .. } => (false, true),
                 _ => (true, false),
             },
         };
@@ -435,11 +436,13 @@ enum State {
     Stat {
         sets: Vec<MultiSet>,
         kind: StatKind,
+        /// The measure's constant (string_agg's delimiter).
+        param: Vec<u8>,
     },
 }
 
 impl State {
-    fn new(kind: AggKind, in_ty: Option<DataType>) -> State {
+    fn new(kind: AggKind, in_ty: Option<DataType>, param: &[u8]) -> State {
         let float = in_ty.is_some_and(|t| t.is_float());
         match kind {
             AggKind::CountStar | AggKind::Count => State::Count(Counts::default()),
@@ -474,6 +477,7 @@ impl State {
             AggKind::Stat(kind) => State::Stat {
                 sets: Vec::new(),
                 kind,
+                param: param.to_vec(),
             },
         }
     }
@@ -611,11 +615,11 @@ impl State {
                     }
                 }
             }
-            State::Stat { sets, kind } => {
+            State::Stat { sets, kind, param } => {
                 let t = in_ty.unwrap_or(DataType::Float64);
                 let empty = MultiSet::default();
                 for &g in groups {
-                    match stat_value(*kind, sets.get(g as usize).unwrap_or(&empty), t) {
+                    match stat_value(*kind, sets.get(g as usize).unwrap_or(&empty), t, param) {
                         Out::I(x) => out.push_bits(x),
                         Out::F(x) => out.push_bits(x.to_bits() as i64),
                         b @ Out::B(_) => out.push_wide(b),
@@ -970,7 +974,7 @@ impl AggOp {
             .measures
             .iter()
             .zip(arg_types.iter())
-            .map(|(m, t)| State::new(m.kind, *t))
+            .map(|(m, t)| State::new(m.kind, *t, &m.param))
             .collect();
         let time_key = key_types
             .iter()
@@ -2008,13 +2012,38 @@ fn check_sketch_inputs(kind: SketchKind, m: &MultiSet, t: DataType) -> Result<()
 /// it over the same values (variances by Welford's method, merged value by
 /// value with its multiplicity, in ascending order; DataFusion's follows the
 /// rows' order, so the last bits of a variance may differ).
-fn stat_value(kind: StatKind, set: &MultiSet, t: DataType) -> Out {
+fn stat_value(kind: StatKind, set: &MultiSet, t: DataType, param: &[u8]) -> Out {
     let values = || {
         set.ints
             .iter()
             .filter(|(_, c)| **c > 0)
             .map(move |(k, c)| (from_ord_key(*k, t), *c))
     };
+    if let StatKind::StringAgg { reverse } = kind {
+        // The pairs' values (see `Func::OrderedPair`) in order; NULLs skipped.
+        let live = set.bytes.iter().filter(|(_, c)| **c > 0);
+        let pairs: Vec<(&Vec<u8>, &i64)> = if reverse {
+            live.rev().collect()
+        } else {
+            live.collect()
+        };
+        let mut out: Option<Vec<u8>> = None;
+        for (pair, c) in pairs {
+            let (Some(1), Some(v)) = (pair.get(9), pair.get(10..)) else {
+                continue;
+            };
+            for _ in 0..*c {
+                match out.as_mut() {
+                    Some(o) => {
+                        o.extend_from_slice(param);
+                        o.extend_from_slice(v);
+                    }
+                    None => out = Some(v.to_vec()),
+                }
+            }
+        }
+        return out.map_or(Out::Null, Out::B);
+    }
     if let StatKind::FirstValue { max, ty } = kind {
         // The end of the ordered pairs (see `Func::OrderedPair`): sort key in
         // bytes 0..9, the value's null flag in byte 9, then the value.
@@ -2043,7 +2072,7 @@ fn stat_value(kind: StatKind, set: &MultiSet, t: DataType) -> Out {
         _ => 0.0,
     };
     match kind {
-        StatKind::FirstValue { .. } => Out::Null,
+        StatKind::FirstValue { .. } | StatKind::StringAgg { .. } => Out::Null,
         StatKind::BoolAnd => Out::I(values().all(|(v, _)| v != Out::I(0)) as i64),
         StatKind::BoolOr => Out::I(values().any(|(v, _)| v != Out::I(0)) as i64),
         StatKind::Median => {

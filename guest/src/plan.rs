@@ -57,6 +57,10 @@ pub(crate) enum StatKind {
     /// one end of the order (the argument is `Func::OrderedPair`; `max`: the
     /// largest pair), of type `ty`.
     FirstValue { max: bool, ty: DataType },
+    /// `string_agg(v, delimiter ORDER BY k)`: the non-NULL values in that
+    /// order (`reverse`: descending), each as often as it occurs, joined by
+    /// the measure's `param`.
+    StringAgg { reverse: bool },
 }
 
 /// GreptimeDB's sketch aggregates (see `sketch.rs`): their state is computed
@@ -79,6 +83,9 @@ pub(crate) struct MeasureSpec {
     pub arg: Option<Expr>,
     pub filter: Option<Expr>,
     pub out: DataType,
+    /// A constant the aggregate takes besides its input: string_agg's
+    /// delimiter (empty for the others).
+    pub param: Vec<u8>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -469,13 +476,44 @@ fn lower_rel(rel: &Rel, ctx: &mut Ctx<'_>, ops: &mut Vec<OpSpec>) -> Result<Sche
                 if sketch.is_some() {
                     args = args.split_off(args.len().saturating_sub(1));
                 }
+                let mut param = Vec::new();
+                if name == "string_agg" {
+                    // The delimiter: a constant, kept aside.
+                    match args.pop() {
+                        Some(Expr::Lit(Lit::Bytes(b), _)) if args.len() == 1 => param = b,
+                        _ => {
+                            return Err(unsupported(
+                                "string_agg takes a value and a constant delimiter in flows, \
+                                 e.g. string_agg(v, ',' ORDER BY ts)",
+                            ))
+                        }
+                    }
+                }
                 let mut arg = args.first().cloned();
                 let arg_ty = arg.as_ref().map(|a| a.ty());
                 let mut ordered = None;
-                if matches!(name.as_str(), "first_value" | "last_value") {
-                    let (pair, kind) = ordered_pair(&name, f, arg.take(), &in_schema, ctx)?;
+                if matches!(name.as_str(), "first_value" | "last_value" | "string_agg") {
+                    if distinct {
+                        return Err(unsupported(format!(
+                            "{name}(DISTINCT ...) is not supported in flows"
+                        )));
+                    }
+                    let (pair, asc) = ordered_pair(&name, f, arg.take(), &in_schema, ctx)?;
+                    let ty = arg_ty.unwrap_or(DataType::Utf8);
+                    if name == "string_agg" && ty.storage() != crate::types::Storage::Bytes {
+                        return Err(unsupported(format!(
+                            "string_agg of {ty} is not supported in flows; cast it to a string"
+                        )));
+                    }
+                    let first = name == "first_value";
                     arg = Some(pair);
-                    ordered = Some(kind);
+                    ordered = Some(match name.as_str() {
+                        "string_agg" => StatKind::StringAgg { reverse: !asc },
+                        _ => StatKind::FirstValue {
+                            max: asc != first,
+                            ty,
+                        },
+                    });
                 }
                 let (kind, out, nullable) = match (name.as_str(), arg_ty) {
                     (_, Some(t)) if ordered.is_some() => {
@@ -583,6 +621,7 @@ fn lower_rel(rel: &Rel, ctx: &mut Ctx<'_>, ops: &mut Vec<OpSpec>) -> Result<Sche
                     arg,
                     filter,
                     out,
+                    param,
                 });
             }
             ops.push(OpSpec::Aggregate(AggSpec {
@@ -676,15 +715,16 @@ pub(crate) fn map_type(t: &Type) -> Result<DataType, FlowError> {
     })
 }
 
-/// `first_value(v ORDER BY k)` / `last_value`: the argument that pairs each
-/// row's sort key with its value, and the kind that reads the right end.
+/// `first_value(v ORDER BY k)`, `last_value`, `string_agg`: the argument
+/// that pairs each row's sort key with its value, and whether the order is
+/// ascending.
 fn ordered_pair(
     name: &str,
     f: &substrait::proto::AggregateFunction,
     value: Option<Expr>,
     schema: &Schema,
     ctx: &Ctx<'_>,
-) -> Result<(Expr, StatKind), FlowError> {
+) -> Result<(Expr, bool), FlowError> {
     use substrait::proto::sort_field::{SortDirection, SortKind};
     let value = value.ok_or_else(|| unsupported(format!("{name} needs an argument")))?;
     let [sort] = f.sorts.as_slice() else {
@@ -717,8 +757,6 @@ fn ordered_pair(
         SortDirection::DescNullsLast => (false, false),
         _ => (true, false),
     };
-    let ty = value.ty();
-    let first = name == "first_value";
     let pair = Expr::Call(
         Func::OrderedPair {
             // In ascending byte order, NULL keys sit low exactly when they
@@ -728,13 +766,7 @@ fn ordered_pair(
         vec![key, value],
         DataType::Binary,
     );
-    Ok((
-        pair,
-        StatKind::FirstValue {
-            max: asc != first,
-            ty,
-        },
-    ))
+    Ok((pair, asc))
 }
 
 /// `hop(ts, slide, size)` as a grouping expression, if `e` is one.
