@@ -476,6 +476,7 @@ pub async fn start(
                 },
                 gate: gate.clone(),
                 tls: tls.clone(),
+                startup_timeout: config.startup_timeout,
             },
             stop_rx.clone(),
         ))

@@ -7,7 +7,7 @@
 //! http_addr = "0.0.0.0:4000"
 //! mysql_addr = "0.0.0.0:4002"
 //! max_connections = 1024        # open connections per front door; past it HTTP answers 503, PostgreSQL FATAL 53300
-//! startup_timeout = "60s"       # a PostgreSQL client must finish its startup within it
+//! startup_timeout = "60s"       # a PostgreSQL or MySQL client must finish its startup and login within it
 //! statement_timeout = "0"       # statement_timeout of new PostgreSQL sessions (0: none)
 //!
 //! [http]
@@ -273,8 +273,8 @@ pub struct StartArgs {
     #[arg(long, value_name = "N", env = "SANDFLOW_MAX_CONNECTIONS")]
     pub max_connections: Option<String>,
 
-    /// How long a PostgreSQL client may take to complete its startup (and
-    /// authentication) before its connection is closed. [default: 60s]
+    /// How long a PostgreSQL or MySQL client may take to complete its startup
+    /// (TLS, authentication) before its connection is closed. [default: 60s]
     #[arg(long, value_name = "DURATION", env = "SANDFLOW_STARTUP_TIMEOUT")]
     pub startup_timeout: Option<String>,
 
@@ -504,7 +504,7 @@ pub struct Config {
     pub mysql_addr_given: bool,
     /// Open connections each front door accepts at once (at least 1).
     pub max_connections: usize,
-    /// A PostgreSQL client must complete its startup within this.
+    /// A PostgreSQL or MySQL client must complete its startup within this.
     pub startup_timeout: Duration,
     /// The statement_timeout sessions start with (`None`: none).
     pub statement_timeout: Option<Duration>,

@@ -19,6 +19,7 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -63,6 +64,9 @@ pub struct MysqlOptions {
     pub gate: Arc<crate::auth::Gate>,
     /// TLS offered in the greeting (`None`: not offered).
     pub tls: Option<Tls>,
+    /// A client must have logged in within this (as `--startup-timeout`
+    /// for PostgreSQL), else its connection is closed and its slot freed.
+    pub startup_timeout: std::time::Duration,
 }
 
 /// MySQL's ER_SECURE_TRANSPORT_REQUIRED.
@@ -107,8 +111,28 @@ pub async fn serve(
                 return;
             };
             debug!(%peer, "MySQL connection");
-            if let Err(e) = connection(stream, peer, db, options, id).await {
-                debug!(%peer, "MySQL connection ended: {e}");
+            let logged_in = Arc::new(AtomicBool::new(false));
+            let timeout = options.startup_timeout;
+            // A client that does not log in in time (silent, or stuck in
+            // the handshake) is dropped: it must not hold a slot for ever.
+            let watchdog = {
+                let logged_in = logged_in.clone();
+                async move {
+                    tokio::time::sleep(timeout).await;
+                    if logged_in.load(Ordering::Acquire) {
+                        std::future::pending::<()>().await;
+                    }
+                }
+            };
+            tokio::select! {
+                ended = connection(stream, peer, db, options, id, logged_in) => {
+                    if let Err(e) = ended {
+                        debug!(%peer, "MySQL connection ended: {e}");
+                    }
+                }
+                () = watchdog => {
+                    debug!(%peer, "MySQL client did not log in within {timeout:?}; closing");
+                }
             }
         });
     }
@@ -165,6 +189,7 @@ async fn connection(
     db: Arc<Database>,
     options: MysqlOptions,
     id: u32,
+    logged_in: Arc<AtomicBool>,
 ) -> io::Result<()> {
     // Until the login succeeds the session acts as nobody (no user of that
     // name can exist): it may do nothing.
@@ -199,6 +224,7 @@ async fn connection(
         peer,
         salt,
         user: std::sync::Mutex::new(None),
+        logged_in,
     };
     let (r, mut w) = stream.into_split();
     let Some(tls) = &tls else {
@@ -256,6 +282,8 @@ struct Shim {
     salt: [u8; 20],
     /// The logged-in user's connection slot.
     user: std::sync::Mutex<Option<crate::auth::UserSlot>>,
+    /// Set once the login succeeded (the connection's watchdog reads it).
+    logged_in: Arc<AtomicBool>,
 }
 
 #[async_trait]
@@ -323,6 +351,7 @@ impl<W: AsyncWrite + Send + Unpin> AsyncMysqlShim<W> for Shim {
         session.set_peer(self.peer);
         *self.session.lock().await = session;
         *self.user.lock().unwrap_or_else(|p| p.into_inner()) = Some(slot);
+        self.logged_in.store(true, Ordering::Release);
         true
     }
 

@@ -220,3 +220,58 @@ fn a_taken_default_mysql_port_turns_the_door_off_but_an_asked_one_fails() {
         "{err}"
     );
 }
+
+/// A MySQL client that connects and never logs in is dropped after
+/// --startup-timeout, freeing its slot; a client that logs in stays.
+#[test]
+fn a_client_that_never_logs_in_is_dropped() {
+    use std::io::Read;
+    use std::time::{Duration, Instant};
+    let s = Server::start_with(
+        sandflow_tests::harness::temp_data_dir(),
+        sandflow_tests::harness::Options {
+            args: vec![
+                "--max-connections".into(),
+                "1".into(),
+                "--startup-timeout".into(),
+                "1s".into(),
+            ],
+            ..Default::default()
+        },
+    );
+    let mut silent = std::net::TcpStream::connect(("127.0.0.1", s.mysql_port)).unwrap();
+    silent
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let started = Instant::now();
+    let mut buf = [0u8; 4096];
+    // The greeting, then nothing until the server closes the connection.
+    let mut closed = false;
+    while started.elapsed() < Duration::from_secs(30) {
+        match silent.read(&mut buf) {
+            Ok(0) => {
+                closed = true;
+                break;
+            }
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                closed = true;
+                break;
+            }
+            Err(_) => break,
+        }
+    }
+    assert!(closed, "the silent client was never dropped");
+    // Its slot is free again: the one allowed connection logs in and stays
+    // past the timeout.
+    let out = python(
+        "import os, time, pymysql\n\
+         c = pymysql.connect(host='127.0.0.1', port=int(os.environ['MYSQL_PORT']), user='sandflow')\n\
+         time.sleep(1.5)\n\
+         cur = c.cursor()\n\
+         cur.execute('SELECT 41 + 1')\n\
+         print(cur.fetchone()[0])\n",
+        s.mysql_port,
+    );
+    assert_eq!(out.trim(), "42", "{}", s.logs());
+}
