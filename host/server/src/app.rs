@@ -108,6 +108,7 @@ fn record(args: &crate::config::RecordArgs) -> ExitCode {
         method.clone(),
         &path,
         credentials,
+        args.cacert.as_deref(),
     )) {
         Ok(r) => r,
         Err(e) => {

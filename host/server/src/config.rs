@@ -168,7 +168,7 @@ pub enum Command {
 /// `sandflow record`.
 #[derive(Debug, Clone, Args)]
 pub struct RecordArgs {
-    /// The server's HTTP address (host:port, or an http:// URL).
+    /// The server's HTTP address (host:port, or an http:// or https:// URL).
     #[arg(long, value_name = "ADDR", default_value = DEFAULT_HTTP_ADDR, env = "SANDFLOW_HTTP_ADDR")]
     pub http_addr: String,
     /// Start the flow's recording (or start it anew) instead of fetching it.
@@ -183,6 +183,10 @@ pub struct RecordArgs {
     /// The user to log in as (servers with authentication on).
     #[arg(long, short = 'U', value_name = "USER", env = "SANDFLOW_USER")]
     pub user: Option<String>,
+    /// For an https:// address: the PEM file of the authority that signed
+    /// the server's certificate.
+    #[arg(long, value_name = "FILE", env = "SANDFLOW_CACERT")]
+    pub cacert: Option<PathBuf>,
     /// The user's password (better given by the environment).
     #[arg(
         long,

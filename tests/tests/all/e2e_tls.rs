@@ -707,3 +707,48 @@ fn passwords_travel_over_verified_tls_and_plaintext_logins_are_refused() {
     .unwrap();
     assert_eq!(status, 401);
 }
+
+/// `sandflow record` reaches an HTTPS server, trusting the CA it is given.
+#[test]
+fn record_over_https() {
+    let (dir, pki) = setup();
+    let s = tls_server(&dir, &pki, &[]);
+    let (status, body) = curl(
+        &s,
+        "https",
+        Some(&pki.ca),
+        "/v1/sql",
+        &[
+            "--data-urlencode",
+            "sql=CREATE TABLE r (k STRING, v DOUBLE, ts TIMESTAMP TIME INDEX, PRIMARY KEY (k)); \
+             CREATE FLOW rf SINK TO rf_out AS SELECT k, sum(v) AS s FROM r GROUP BY k",
+        ],
+    )
+    .unwrap();
+    assert_eq!(status, 200, "{body}");
+    let record = |ca: Option<&Path>| {
+        let mut cmd = Command::new(sandflow_tests::harness::server_bin());
+        cmd.args(["record", "--start", "--http-addr"])
+            .arg(format!("https://localhost:{}", s.http_port))
+            .env_remove("SANDFLOW_CACERT");
+        if let Some(ca) = ca {
+            cmd.arg("--cacert").arg(ca);
+        }
+        cmd.arg("rf")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run sandflow record")
+    };
+    let ok = record(Some(&pki.ca));
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let no_ca = record(None);
+    assert!(!no_ca.status.success());
+    assert!(String::from_utf8_lossy(&no_ca.stderr).contains("--cacert"));
+    let wrong = record(Some(&pki.other_ca));
+    assert!(!wrong.status.success());
+    assert!(String::from_utf8_lossy(&wrong.stderr).contains("TLS"));
+}
