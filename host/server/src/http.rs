@@ -333,16 +333,18 @@ pub fn error_status(e: &Error) -> StatusCode {
     }
 }
 
-/// The name a flow is stored under: as written, or folded to lower case as
-/// an unquoted SQL name is.
-fn flow_name(db: &Database, name: &str) -> String {
+/// The name a flow is stored under (as written, or folded to lower case as
+/// an unquoted SQL name is), if `who` may manage that flow.
+fn flow_name(db: &Database, who: &Principal, name: &str) -> Result<String, Error> {
     let lower = name.to_lowercase();
     let known = db.flows();
-    match known.iter().any(|f| f.def.name == name) {
+    let name = match known.iter().any(|f| f.def.name == name) {
         true => name.to_string(),
         false if known.iter().any(|f| f.def.name == lower) => lower,
         false => name.to_string(),
-    }
+    };
+    db.check_flow_access(who, &name)?;
+    Ok(name)
 }
 
 /// `GET /v1/flows/{name}/recording`: the flow's recording so far (after a
@@ -352,11 +354,11 @@ async fn recording_get(
     Extension(who): Extension<Principal>,
     Path(name): Path<String>,
 ) -> Response {
-    if let Err(e) = state.db.check_flow_access(&who, &name) {
-        return db_error_response(e, Instant::now());
-    }
     let started = Instant::now();
-    let name = flow_name(&state.db, &name);
+    let name = match flow_name(&state.db, &who, &name) {
+        Ok(name) => name,
+        Err(e) => return db_error_response(e, started),
+    };
     match state.db.recording(&name).await {
         Ok(rec) => (
             StatusCode::OK,
@@ -375,11 +377,11 @@ async fn recording_start(
     Extension(who): Extension<Principal>,
     Path(name): Path<String>,
 ) -> Response {
-    if let Err(e) = state.db.check_flow_access(&who, &name) {
-        return db_error_response(e, Instant::now());
-    }
     let started = Instant::now();
-    let name = flow_name(&state.db, &name);
+    let name = match flow_name(&state.db, &who, &name) {
+        Ok(name) => name,
+        Err(e) => return db_error_response(e, started),
+    };
     match state.db.start_recording(&name).await {
         Ok(positions) => Json(json!({
             "flow": name,
@@ -398,11 +400,11 @@ async fn recording_stop(
     Extension(who): Extension<Principal>,
     Path(name): Path<String>,
 ) -> Response {
-    if let Err(e) = state.db.check_flow_access(&who, &name) {
-        return db_error_response(e, Instant::now());
-    }
     let started = Instant::now();
-    let name = flow_name(&state.db, &name);
+    let name = match flow_name(&state.db, &who, &name) {
+        Ok(name) => name,
+        Err(e) => return db_error_response(e, started),
+    };
     match state.db.stop_recording(&name).await {
         Ok(was) => Json(json!({
             "flow": name,
