@@ -869,7 +869,7 @@ fn decode_key(mut b: &[u8], types: &[DataType], want: usize) -> Out {
 
 /// Checks a restored encoded key: exactly what [`encode_row`] writes for values of `types`
 /// (NULL only where the key is nullable, values in range, UTF-8 for utf8).
-fn check_key(mut b: &[u8], types: &[DataType], nullable: &[bool]) -> Result<(), String> {
+pub(crate) fn check_key(mut b: &[u8], types: &[DataType], nullable: &[bool]) -> Result<(), String> {
     let short = || "a group key is truncated".to_string();
     for (ci, t) in types.iter().enumerate() {
         let (&tag, rest) = b.split_first().ok_or_else(short)?;

@@ -8,7 +8,8 @@ use crate::codec::{fnv64, Reader, Writer};
 use crate::column::{append, empty_column, take, take_chunk, Chunk, Diffs};
 use crate::expr::Expr;
 use crate::hash::FxHashMap;
-use crate::plan::{lower, HopSpec, OpSpec};
+use crate::join::JoinOp;
+use crate::plan::{lower, HopSpec, Input, OpSpec};
 use crate::types::{
     bad, internal, validate_batch, Batch, Column, DataType, Field, FlowError, SourceSchema,
     TickOutput,
@@ -18,7 +19,9 @@ pub use sandflow_contract::OPTION_EXPIRE_AFTER_MS;
 const KNOWN_OPTIONS: &[&str] = &[OPTION_EXPIRE_AFTER_MS];
 
 const MAGIC: &[u8; 8] = b"SNDFLOW\0";
-const VERSION: u32 = 1;
+/// 2: pending input batches carry their source index, and join state follows each stage's
+/// aggregates. Version 1 snapshots (one source, no joins) are still read.
+const VERSION: u32 = 2;
 
 /// One operator of the chain. Stateful operators live in `Rc<RefCell<..>>` so that the
 /// snapshot code and the driver can both reach their state.
@@ -37,19 +40,40 @@ enum Op {
     },
 }
 
+/// Where a stage's rows come from.
+enum StageInput {
+    Source(usize),
+    Join {
+        left: usize,
+        right: usize,
+        op: Box<JoinOp>,
+    },
+    Union(Vec<usize>),
+}
+
+/// One stage of the plan: its input, then its chain of operators.
+struct Stage {
+    input: StageInput,
+    ops: Vec<Op>,
+}
+
 /// A running flow.
 pub struct Flow {
     plan: Vec<u8>,
     sources: Vec<SourceSchema>,
     options: Vec<(String, String)>,
-    source: usize,
+    /// How many stages read each source (rows of a source no stage reads are checked and
+    /// dropped).
+    readers: Vec<usize>,
     output: Vec<Field>,
     out_types: Vec<DataType>,
-    ops: Vec<Op>,
+    /// In order: each stage's inputs come before it; the last is the output.
+    stages: Vec<Stage>,
     /// Whether the chain's output can never hold the same row twice in one tick, so that
     /// consolidation can be skipped (an aggregate whose columns all reach the output unchanged).
     unique_output: bool,
-    pending: Vec<Batch>,
+    /// Input not yet due, with its source index.
+    pending: Vec<(usize, Batch)>,
     queue: Batch,
     poisoned: Option<String>,
     expire_wakeup: Option<i64>,
@@ -108,64 +132,111 @@ impl Flow {
     ) -> Result<Flow, FlowError> {
         let expire = parse_options(&options)?;
         let lowered = lower(plan, &sources)?;
-        let src = sources
-            .get(lowered.source)
-            .ok_or_else(|| internal("source index out of range"))?;
-        let mut types: Vec<DataType> = src.fields.iter().map(|f| f.data_type).collect();
-        let mut ops = Vec::new();
+        let mut readers = vec![0usize; sources.len()];
+        let mut stages: Vec<Stage> = Vec::with_capacity(lowered.stages.len());
+        let mut stage_types: Vec<Vec<DataType>> = Vec::with_capacity(lowered.stages.len());
         // Which output columns carry which aggregate column unchanged (for unique_output).
         let mut key_map: Option<(Vec<Option<usize>>, usize)> = None;
-        for spec in lowered.ops {
-            match spec {
-                OpSpec::Filter(pred) => {
-                    if pred.ty() != DataType::Boolean {
-                        return Err(bad("filter condition is not boolean"));
+        for spec in lowered.stages {
+            let earlier = |i: usize| {
+                stage_types
+                    .get(i)
+                    .cloned()
+                    .ok_or_else(|| internal("a stage reads a later stage"))
+            };
+            let (input, mut types) = match spec.input {
+                Input::Source(si) => {
+                    let src = sources
+                        .get(si)
+                        .ok_or_else(|| internal("source index out of range"))?;
+                    if let Some(r) = readers.get_mut(si) {
+                        *r += 1;
                     }
-                    ops.push(Op::Filter {
-                        pred,
-                        in_types: types.clone(),
-                    })
+                    (
+                        StageInput::Source(si),
+                        src.fields.iter().map(|f| f.data_type).collect(),
+                    )
                 }
-                OpSpec::Project(exprs) => {
-                    if let Some((m, k)) = key_map.take() {
-                        let nm = exprs
-                            .iter()
-                            .map(|e| match e {
-                                Expr::Col(i, _) => m.get(*i).copied().flatten(),
-                                _ => None,
-                            })
-                            .collect();
-                        key_map = Some((nm, k));
+                Input::Join(j) => {
+                    let (left, right) = (j.left, j.right);
+                    let op = JoinOp::new(j, earlier(left)?, earlier(right)?)?;
+                    let types = op.out_types().to_vec();
+                    (
+                        StageInput::Join {
+                            left,
+                            right,
+                            op: Box::new(op),
+                        },
+                        types,
+                    )
+                }
+                Input::Union(ids) => {
+                    let first = earlier(*ids.first().ok_or_else(|| internal("empty union"))?)?;
+                    for i in &ids {
+                        if earlier(*i)? != first {
+                            return Err(internal("union inputs of different types"));
+                        }
                     }
-                    types = exprs.iter().map(|e| e.ty()).collect();
-                    ops.push(Op::Project { exprs });
+                    (StageInput::Union(ids), first)
                 }
-                OpSpec::Hop(spec) => {
-                    key_map = None;
-                    let in_types = types.clone();
-                    types.push(spec.out);
-                    ops.push(Op::Hop { spec, in_types });
-                }
-                OpSpec::Aggregate(a) => {
-                    crate::agg::validate(&a)?;
-                    let op = AggOp::new(a, expire);
-                    types = op.out_types();
-                    // Track every aggregate column, not only the keys: a -old/+new pair
-                    // differs in some aggregate column, and stays distinct only if that
-                    // column reaches the output.
-                    let n = types.len();
-                    key_map = Some(((0..n).map(Some).collect(), n));
-                    ops.push(Op::Aggregate(Rc::new(RefCell::new(op))));
+            };
+            key_map = None;
+            let mut ops = Vec::new();
+            for op in spec.ops {
+                match op {
+                    OpSpec::Filter(pred) => {
+                        if pred.ty() != DataType::Boolean {
+                            return Err(bad("filter condition is not boolean"));
+                        }
+                        ops.push(Op::Filter {
+                            pred,
+                            in_types: types.clone(),
+                        })
+                    }
+                    OpSpec::Project(exprs) => {
+                        if let Some((m, k)) = key_map.take() {
+                            let nm = exprs
+                                .iter()
+                                .map(|e| match e {
+                                    Expr::Col(i, _) => m.get(*i).copied().flatten(),
+                                    _ => None,
+                                })
+                                .collect();
+                            key_map = Some((nm, k));
+                        }
+                        types = exprs.iter().map(|e| e.ty()).collect();
+                        ops.push(Op::Project { exprs });
+                    }
+                    OpSpec::Hop(spec) => {
+                        key_map = None;
+                        let in_types = types.clone();
+                        types.push(spec.out);
+                        ops.push(Op::Hop { spec, in_types });
+                    }
+                    OpSpec::Aggregate(a) => {
+                        crate::agg::validate(&a)?;
+                        let op = AggOp::new(a, expire);
+                        types = op.out_types();
+                        // Track every aggregate column, not only the keys: a -old/+new pair
+                        // differs in some aggregate column, and stays distinct only if that
+                        // column reaches the output.
+                        let n = types.len();
+                        key_map = Some(((0..n).map(Some).collect(), n));
+                        ops.push(Op::Aggregate(Rc::new(RefCell::new(op))));
+                    }
                 }
             }
+            stages.push(Stage { input, ops });
+            stage_types.push(types);
         }
-        // Unique when every aggregate column reaches the output unchanged: group keys
-        // make rows of different groups distinct, and the aggregate never emits a
+        // Unique when every aggregate column of the last stage reaches the output unchanged:
+        // group keys make rows of different groups distinct, and the aggregate never emits a
         // -old/+new pair that is equal on all of its columns.
         let unique_output = match &key_map {
             Some((m, n)) => (0..*n).all(|col| m.contains(&Some(col))),
             None => false,
         };
+        let types = stage_types.pop().unwrap_or_default();
         let out_types: Vec<DataType> = lowered.output.iter().map(|f| f.data_type).collect();
         if out_types != types {
             return Err(internal(format!(
@@ -176,11 +247,11 @@ impl Flow {
             plan: plan.to_vec(),
             sources,
             options,
-            source: lowered.source,
+            readers,
             output: lowered.output,
             queue: empty_batch(&out_types),
             out_types,
-            ops,
+            stages,
             unique_output,
             pending: Vec::new(),
             poisoned: None,
@@ -210,8 +281,8 @@ impl Flow {
             ))
         })?;
         validate_batch(&src.fields, &input)?;
-        if source as usize == self.source && input.rows > 0 {
-            self.pending.push(input);
+        if self.readers.get(source as usize).is_some_and(|r| *r > 0) && input.rows > 0 {
+            self.pending.push((source as usize, input));
         }
         Ok(())
     }
@@ -228,11 +299,11 @@ impl Flow {
         let ready_left = self
             .pending
             .iter()
-            .any(|b| b.times.iter().any(|t| *t <= now));
+            .any(|(_, b)| b.times.iter().any(|t| *t <= now));
         let next = self
             .pending
             .iter()
-            .flat_map(|b| b.times.iter().copied())
+            .flat_map(|(_, b)| b.times.iter().copied())
             .filter(|t| *t > now)
             .min();
         let next_wakeup = match (next, self.expire_wakeup) {
@@ -246,16 +317,19 @@ impl Flow {
         })
     }
 
-    /// Takes the rows with time <= now out of the pending buffer, in push order.
-    fn take_ready(&mut self, now: i64) -> Vec<Chunk> {
-        let mut ready = Vec::new();
+    /// Takes the rows with time <= now out of the pending buffer, per source, in push order.
+    fn take_ready(&mut self, now: i64) -> Vec<Vec<Chunk>> {
+        let mut by_source: Vec<Vec<Chunk>> = self.sources.iter().map(|_| Vec::new()).collect();
         let mut keep = Vec::new();
-        let types: Vec<DataType> = self
-            .sources
-            .get(self.source)
-            .map(|s| s.fields.iter().map(|f| f.data_type).collect())
-            .unwrap_or_default();
-        for b in std::mem::take(&mut self.pending) {
+        for (si, b) in std::mem::take(&mut self.pending) {
+            let Some(ready) = by_source.get_mut(si) else {
+                continue;
+            };
+            let types: Vec<DataType> = self
+                .sources
+                .get(si)
+                .map(|s| s.fields.iter().map(|f| f.data_type).collect())
+                .unwrap_or_default();
             let rows = b.rows as usize;
             // A batch with one time for all its rows is ready as a whole or not at all.
             let n_ready = match b.times.as_slice() {
@@ -270,7 +344,7 @@ impl Flow {
                     diffs: Diffs::from_list(b.diffs, rows),
                 });
             } else if n_ready == 0 {
-                keep.push(b);
+                keep.push((si, b));
             } else {
                 let (mut now_idx, mut later_idx) = (Vec::new(), Vec::new());
                 for (i, t) in b.times.iter().enumerate() {
@@ -287,42 +361,77 @@ impl Flow {
                 };
                 ready.push(take_chunk(&all, &types, &now_idx));
                 let rest = take_chunk(&all, &types, &later_idx);
-                keep.push(Batch {
-                    rows: rest.rows as u32,
-                    columns: rest.cols,
-                    times: later_idx
-                        .iter()
-                        .map(|&i| b.times.get(i as usize).copied().unwrap_or(0))
-                        .collect(),
-                    diffs: rest.diffs.into_each(rest.rows),
-                });
+                keep.push((
+                    si,
+                    Batch {
+                        rows: rest.rows as u32,
+                        columns: rest.cols,
+                        times: later_idx
+                            .iter()
+                            .map(|&i| b.times.get(i as usize).copied().unwrap_or(0))
+                            .collect(),
+                        diffs: rest.diffs.into_each(rest.rows),
+                    },
+                ));
             }
         }
         self.pending = keep;
-        ready
+        by_source
     }
 
     fn process(&mut self, now: i64) -> Result<(), FlowError> {
-        let ready = self.take_ready(now);
-        let mut outputs = Vec::new();
-        for c in ready {
-            self.feed(0, c, now, &mut outputs)?;
-        }
+        let mut ready = self.take_ready(now);
+        let mut outs: Vec<Vec<Chunk>> = self.stages.iter().map(|_| Vec::new()).collect();
         let mut wake: Option<i64> = None;
-        for i in 0..self.ops.len() {
-            let agg = match self.ops.get(i) {
-                Some(Op::Aggregate(a)) => a.clone(),
-                _ => continue,
+        for s in 0..self.stages.len() {
+            let Some(stage) = self.stages.get_mut(s) else {
+                break;
             };
-            let out = agg.borrow_mut().flush();
-            if let Some(w) = agg.borrow_mut().expire(now) {
-                wake = Some(wake.map_or(w, |x| x.min(w)));
+            let take = |outs: &mut Vec<Vec<Chunk>>, i: usize| {
+                outs.get_mut(i).map(std::mem::take).unwrap_or_default()
+            };
+            let inputs = match &mut stage.input {
+                StageInput::Source(si) => match ready.get_mut(*si) {
+                    Some(r) if self.readers.get(*si).is_some_and(|n| *n > 1) => r.clone(),
+                    Some(r) => std::mem::take(r),
+                    None => Vec::new(),
+                },
+                StageInput::Join { left, right, op } => {
+                    let l = take(&mut outs, *left);
+                    let r = take(&mut outs, *right);
+                    op.step(l, r)?
+                }
+                StageInput::Union(ids) => {
+                    let mut all = Vec::new();
+                    for i in ids.iter() {
+                        all.extend(take(&mut outs, *i));
+                    }
+                    all
+                }
+            };
+            let mut produced = Vec::new();
+            for c in inputs {
+                feed(&stage.ops, 0, c, now, &mut produced)?;
             }
-            if out.rows > 0 {
-                self.feed(i + 1, out, now, &mut outputs)?;
+            for i in 0..stage.ops.len() {
+                let agg = match stage.ops.get(i) {
+                    Some(Op::Aggregate(a)) => a.clone(),
+                    _ => continue,
+                };
+                let out = agg.borrow_mut().flush();
+                if let Some(w) = agg.borrow_mut().expire(now) {
+                    wake = Some(wake.map_or(w, |x| x.min(w)));
+                }
+                if out.rows > 0 {
+                    feed(&stage.ops, i + 1, out, now, &mut produced)?;
+                }
+            }
+            if let Some(o) = outs.get_mut(s) {
+                *o = produced;
             }
         }
         self.expire_wakeup = wake;
+        let mut outputs = outs.pop().unwrap_or_default();
         let mut merged = match outputs.len() {
             0 => return Ok(()),
             1 => outputs.pop().unwrap_or_default(),
@@ -360,74 +469,78 @@ impl Flow {
         };
         Ok(())
     }
+}
 
-    fn feed(
-        &mut self,
-        start: usize,
-        mut c: Chunk,
-        now: i64,
-        outputs: &mut Vec<Chunk>,
-    ) -> Result<(), FlowError> {
-        for op in self.ops.iter().skip(start) {
-            if c.rows == 0 {
+/// Runs `c` through `ops` from operator `start`: stops at an aggregate, which absorbs it, or
+/// appends what comes out of the last operator to `outputs`.
+fn feed(
+    ops: &[Op],
+    start: usize,
+    mut c: Chunk,
+    now: i64,
+    outputs: &mut Vec<Chunk>,
+) -> Result<(), FlowError> {
+    for op in ops.iter().skip(start) {
+        if c.rows == 0 {
+            return Ok(());
+        }
+        match op {
+            Op::Filter { pred, in_types } => {
+                let v = pred.eval(&c)?;
+                let keep: Vec<u32> = (0..c.rows)
+                    .filter(|&i| !v.is_null(i) && v.ints.get(i).copied().unwrap_or(0) != 0)
+                    .map(|i| i as u32)
+                    .collect();
+                if keep.len() != c.rows {
+                    let t = take_chunk(&c, in_types, &keep);
+                    c = t;
+                }
+            }
+            Op::Project { exprs } => {
+                let mut cols: Vec<Option<Column>> = Vec::with_capacity(exprs.len());
+                let mut uses = vec![0usize; c.cols.len()];
+                for e in exprs {
+                    if let Expr::Col(i, _) = e {
+                        if let Some(u) = uses.get_mut(*i) {
+                            *u += 1;
+                        }
+                    }
+                }
+                for e in exprs {
+                    match e {
+                        Expr::Col(i, _) if uses.get(*i) == Some(&1) => cols.push(None),
+                        _ => cols.push(Some(e.eval(&c)?.into_owned())),
+                    }
+                }
+                let mut out = Vec::with_capacity(exprs.len());
+                for (e, col) in exprs.iter().zip(cols) {
+                    match (col, e) {
+                        (Some(col), _) => out.push(col),
+                        (None, Expr::Col(i, _)) => out.push(
+                            c.cols
+                                .get_mut(*i)
+                                .map(std::mem::take)
+                                .ok_or_else(|| internal("projection out of range"))?,
+                        ),
+                        (None, _) => return Err(internal("projection bookkeeping")),
+                    }
+                }
+                c.cols = out;
+            }
+            Op::Aggregate(a) => {
+                a.borrow_mut().absorb(&c, now)?;
                 return Ok(());
             }
-            match op {
-                Op::Filter { pred, in_types } => {
-                    let v = pred.eval(&c)?;
-                    let keep: Vec<u32> = (0..c.rows)
-                        .filter(|&i| !v.is_null(i) && v.ints.get(i).copied().unwrap_or(0) != 0)
-                        .map(|i| i as u32)
-                        .collect();
-                    if keep.len() != c.rows {
-                        let t = take_chunk(&c, in_types, &keep);
-                        c = t;
-                    }
-                }
-                Op::Project { exprs } => {
-                    let mut cols: Vec<Option<Column>> = Vec::with_capacity(exprs.len());
-                    let mut uses = vec![0usize; c.cols.len()];
-                    for e in exprs {
-                        if let Expr::Col(i, _) = e {
-                            if let Some(u) = uses.get_mut(*i) {
-                                *u += 1;
-                            }
-                        }
-                    }
-                    for e in exprs {
-                        match e {
-                            Expr::Col(i, _) if uses.get(*i) == Some(&1) => cols.push(None),
-                            _ => cols.push(Some(e.eval(&c)?.into_owned())),
-                        }
-                    }
-                    let mut out = Vec::with_capacity(exprs.len());
-                    for (e, col) in exprs.iter().zip(cols) {
-                        match (col, e) {
-                            (Some(col), _) => out.push(col),
-                            (None, Expr::Col(i, _)) => out.push(
-                                c.cols
-                                    .get_mut(*i)
-                                    .map(std::mem::take)
-                                    .ok_or_else(|| internal("projection out of range"))?,
-                            ),
-                            (None, _) => return Err(internal("projection bookkeeping")),
-                        }
-                    }
-                    c.cols = out;
-                }
-                Op::Aggregate(a) => {
-                    a.borrow_mut().absorb(&c, now)?;
-                    return Ok(());
-                }
-                Op::Hop { spec, in_types } => c = hop_windows(&c, spec, in_types)?,
-            }
+            Op::Hop { spec, in_types } => c = hop_windows(&c, spec, in_types)?,
         }
-        if c.rows > 0 {
-            outputs.push(c);
-        }
-        Ok(())
     }
+    if c.rows > 0 {
+        outputs.push(c);
+    }
+    Ok(())
+}
 
+impl Flow {
     fn drain(&mut self, max_rows: u32) -> Batch {
         let n = self.queue.rows;
         if n <= max_rows {
@@ -464,17 +577,27 @@ impl Flow {
 
     pub fn state_size(&self) -> u64 {
         let ops: usize = self
-            .ops
+            .stages
             .iter()
-            .map(|o| match o {
-                Op::Aggregate(a) => a.borrow().state_size(),
-                _ => 0,
+            .map(|s| {
+                let join = match &s.input {
+                    StageInput::Join { op, .. } => op.state_size(),
+                    _ => 0,
+                };
+                join + s
+                    .ops
+                    .iter()
+                    .map(|o| match o {
+                        Op::Aggregate(a) => a.borrow().state_size(),
+                        _ => 0,
+                    })
+                    .sum::<usize>()
             })
             .sum();
         let pending: usize = self
             .pending
             .iter()
-            .map(|b| {
+            .map(|(_, b)| {
                 b.columns.iter().map(|c| c.approx_bytes()).sum::<usize>()
                     + (b.times.len() + b.diffs.len()) * 8
             })
@@ -516,7 +639,8 @@ impl Flow {
         // Section 2: pending input and queued output.
         let mut q = Writer::default();
         q.u64(self.pending.len() as u64);
-        for b in &self.pending {
+        for (si, b) in &self.pending {
+            q.u32(*si as u32);
             write_batch(&mut q, b);
         }
         write_batch(&mut q, &self.queue);
@@ -530,9 +654,14 @@ impl Flow {
         w.bytes(&q.buf);
         // Section 3: operator state.
         let mut o = Writer::default();
-        for op in &self.ops {
-            if let Op::Aggregate(a) = op {
-                a.borrow().write(&mut o);
+        for stage in &self.stages {
+            for op in &stage.ops {
+                if let Op::Aggregate(a) = op {
+                    a.borrow().write(&mut o);
+                }
+            }
+            if let StageInput::Join { op, .. } = &stage.input {
+                op.write(&mut o);
             }
         }
         w.bytes(&o.buf);
@@ -555,7 +684,7 @@ impl Flow {
         let mut r = Reader::new(body);
         r.take(MAGIC.len())?;
         let version = r.u32()?;
-        if version != VERSION {
+        if version != VERSION && version != 1 {
             return Err(corrupt(&format!(
                 "unsupported snapshot version {version} (this engine reads {VERSION})"
             )));
@@ -590,15 +719,23 @@ impl Flow {
         let mut flow = Flow::create(&plan, sources, options)?;
         let mut q = Reader::new(r.bytes()?);
         let np = q.len(8)?;
-        let src_fields = flow
-            .sources
-            .get(flow.source)
-            .map(|s| s.fields.clone())
-            .unwrap_or_default();
+        // Version 1 flows read one source.
+        let only_source = flow.stages.iter().find_map(|s| match s.input {
+            StageInput::Source(si) => Some(si),
+            _ => None,
+        });
         for _ in 0..np {
+            let si = match version {
+                1 => only_source.unwrap_or(0),
+                _ => q.u32()? as usize,
+            };
             let b = read_batch(&mut q)?;
-            validate_batch(&src_fields, &b)?;
-            flow.pending.push(b);
+            let src = flow
+                .sources
+                .get(si)
+                .ok_or_else(|| corrupt("pending input of an unknown source"))?;
+            validate_batch(&src.fields, &b)?;
+            flow.pending.push((si, b));
         }
         let queue = read_batch(&mut q)?;
         validate_batch(&flow.output, &queue).map_err(|e| corrupt(&format!("queue: {e}")))?;
@@ -608,9 +745,14 @@ impl Flow {
             _ => Some(q.i64()?),
         };
         let mut o = Reader::new(r.bytes()?);
-        for op in &flow.ops {
-            if let Op::Aggregate(a) = op {
-                a.borrow_mut().read(&mut o)?;
+        for stage in &mut flow.stages {
+            for op in &stage.ops {
+                if let Op::Aggregate(a) = op {
+                    a.borrow_mut().read(&mut o)?;
+                }
+            }
+            if let StageInput::Join { op, .. } = &mut stage.input {
+                op.read(&mut o)?;
             }
         }
         if o.remaining() != 0 || r.remaining() != 0 {

@@ -15,6 +15,7 @@ mod column;
 mod expr;
 mod flow;
 mod hash;
+mod join;
 mod plan;
 pub mod sketch;
 pub use sandflow_contract as types;

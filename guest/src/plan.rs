@@ -116,11 +116,61 @@ pub(crate) struct HopSpec {
     pub out: DataType,
 }
 
+/// The lowered plan: a tree of stages. Each stage takes its rows from one
+/// input (a source, a join of two earlier stages, or a union of earlier
+/// stages) and runs them through a chain of operators. A stage's inputs
+/// always come before it; the last stage is the flow's output.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Lowered {
-    pub source: usize,
-    pub ops: Vec<OpSpec>,
+    pub stages: Vec<StageSpec>,
     pub output: Vec<Field>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct StageSpec {
+    pub input: Input,
+    pub ops: Vec<OpSpec>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Input {
+    /// The rows pushed for source `n`.
+    Source(usize),
+    /// The join of two earlier stages' outputs.
+    Join(JoinSpec),
+    /// The rows of several earlier stages (UNION ALL).
+    Union(Vec<usize>),
+}
+
+/// Which rows a join emits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum JoinKind {
+    Inner,
+    Left,
+    Right,
+    Full,
+    LeftSemi,
+    LeftAnti,
+    RightSemi,
+    RightAnti,
+}
+
+/// An equi-join of stages `left` and `right`: rows match when every key of
+/// the left row equals the same key of the right row (NULL never equals
+/// anything unless that key is `null_eq`, IS NOT DISTINCT FROM) and the
+/// residual condition, over the left row's columns then the right row's,
+/// is true.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct JoinSpec {
+    pub left: usize,
+    pub right: usize,
+    pub kind: JoinKind,
+    /// Over the left stage's columns.
+    pub left_keys: Vec<Expr>,
+    /// Over the right stage's columns.
+    pub right_keys: Vec<Expr>,
+    pub null_eq: Vec<bool>,
+    pub residual: Option<Expr>,
 }
 
 /// A column of an intermediate schema: type and nullability.
@@ -129,7 +179,10 @@ type Schema = Vec<(DataType, bool)>;
 struct Ctx<'a> {
     funcs: FxHashMap<u32, String>,
     sources: &'a [SourceSchema],
-    source: Option<usize>,
+    /// The input of the stage being lowered, once its leaf is reached.
+    input: Option<Input>,
+    /// Finished stages.
+    stages: Vec<StageSpec>,
 }
 
 pub(crate) fn lower(plan_bytes: &[u8], sources: &[SourceSchema]) -> Result<Lowered, FlowError> {
@@ -164,11 +217,14 @@ pub(crate) fn lower(plan_bytes: &[u8], sources: &[SourceSchema]) -> Result<Lower
     let mut ctx = Ctx {
         funcs,
         sources,
-        source: None,
+        input: None,
+        stages: Vec::new(),
     };
     let mut ops = Vec::new();
     let schema = lower_rel(rel, &mut ctx, &mut ops)?;
-    let source = ctx.source.ok_or_else(|| bad("plan reads no table"))?;
+    let input = ctx.input.take().ok_or_else(|| bad("plan reads no table"))?;
+    let mut stages = ctx.stages;
+    stages.push(StageSpec { input, ops });
     let output = schema
         .iter()
         .enumerate()
@@ -181,11 +237,266 @@ pub(crate) fn lower(plan_bytes: &[u8], sources: &[SourceSchema]) -> Result<Lower
             nullable: *n,
         })
         .collect();
-    Ok(Lowered {
-        source,
-        ops,
-        output,
-    })
+    Ok(Lowered { stages, output })
+}
+
+/// Lowers `rel` as a stage of its own and returns its index and schema.
+fn lower_stage(rel: &Rel, ctx: &mut Ctx<'_>) -> Result<(usize, Schema), FlowError> {
+    let outer = ctx.input.take();
+    let mut ops = Vec::new();
+    let schema = lower_rel(rel, ctx, &mut ops)?;
+    let input = ctx
+        .input
+        .take()
+        .ok_or_else(|| bad("a join or union input reads no table"))?;
+    ctx.input = outer;
+    ctx.stages.push(StageSpec { input, ops });
+    Ok((ctx.stages.len() - 1, schema))
+}
+
+/// The columns an expression reads.
+fn columns_of(e: &Expr, out: &mut Vec<usize>) {
+    match e {
+        Expr::Col(i, _) => out.push(*i),
+        Expr::Lit(..) => {}
+        Expr::Call(_, args, _) => args.iter().for_each(|a| columns_of(a, out)),
+        Expr::Cast(x, _) => columns_of(x, out),
+        Expr::Case(whens, els, _) => {
+            for (w, t) in whens {
+                columns_of(w, out);
+                columns_of(t, out);
+            }
+            if let Some(x) = els {
+                columns_of(x, out);
+            }
+        }
+        Expr::InList(x, list) => {
+            columns_of(x, out);
+            list.iter().for_each(|a| columns_of(a, out));
+        }
+    }
+}
+
+/// `e` with every column reference `i` replaced by `i - by`.
+fn shift_columns(e: &Expr, by: usize) -> Expr {
+    let s = |x: &Expr| shift_columns(x, by);
+    match e {
+        Expr::Col(i, t) => Expr::Col(i.saturating_sub(by), *t),
+        Expr::Lit(..) => e.clone(),
+        Expr::Call(f, args, t) => Expr::Call(f.clone(), args.iter().map(s).collect(), *t),
+        Expr::Cast(x, t) => Expr::Cast(Box::new(s(x)), *t),
+        Expr::Case(whens, els, t) => Expr::Case(
+            whens.iter().map(|(w, v)| (s(w), s(v))).collect(),
+            els.as_ref().map(|x| Box::new(s(x))),
+            *t,
+        ),
+        Expr::InList(x, list) => Expr::InList(Box::new(s(x)), list.iter().map(s).collect()),
+    }
+}
+
+/// The conjuncts of a condition (`a AND b AND c` → a, b, c).
+fn conjuncts(e: Expr, out: &mut Vec<Expr>) {
+    match e {
+        Expr::Call(Func::And, args, _) => args.into_iter().for_each(|a| conjuncts(a, out)),
+        other => out.push(other),
+    }
+}
+
+/// Lowers a join of two relations into a stage input.
+fn lower_join(
+    j: &substrait::proto::JoinRel,
+    ctx: &mut Ctx<'_>,
+    ops: &mut Vec<OpSpec>,
+) -> Result<Schema, FlowError> {
+    use substrait::proto::join_rel::JoinType;
+    let kind = match JoinType::try_from(j.r#type).unwrap_or(JoinType::Unspecified) {
+        JoinType::Inner => JoinKind::Inner,
+        JoinType::Left => JoinKind::Left,
+        JoinType::Right => JoinKind::Right,
+        JoinType::Outer => JoinKind::Full,
+        JoinType::LeftSemi => JoinKind::LeftSemi,
+        JoinType::LeftAnti => JoinKind::LeftAnti,
+        JoinType::RightSemi => JoinKind::RightSemi,
+        JoinType::RightAnti => JoinKind::RightAnti,
+        JoinType::LeftSingle | JoinType::RightSingle => {
+            return Err(unsupported(
+                "scalar subqueries that join (single joins) are not supported in flows",
+            ))
+        }
+        JoinType::LeftMark | JoinType::RightMark => {
+            return Err(unsupported(
+                "IN / EXISTS subqueries inside OR or other expressions (mark joins) are not \
+                 supported in flows; use them as a top-level condition of WHERE",
+            ))
+        }
+        JoinType::Unspecified => return Err(bad("join without a type")),
+    };
+    let left_rel = j
+        .left
+        .as_ref()
+        .ok_or_else(|| bad("join without a left input"))?;
+    let right_rel = j
+        .right
+        .as_ref()
+        .ok_or_else(|| bad("join without a right input"))?;
+    let (left, left_schema) = lower_stage(left_rel, ctx)?;
+    let (right, right_schema) = lower_stage(right_rel, ctx)?;
+    let nl = left_schema.len();
+    let both: Schema = left_schema
+        .iter()
+        .chain(right_schema.iter())
+        .copied()
+        .collect();
+    let no_equality = || {
+        unsupported(
+            "a join without an equality between a column of each side (a cross join, or a \
+             join ON only inequalities) is not supported in flows: every change would be \
+             compared with every row of the other side; join ON an equality such as a.k = b.k",
+        )
+    };
+    let cond = match &j.expression {
+        Some(e) => lower_expr(e, &both, ctx)?.0,
+        None => return Err(no_equality()),
+    };
+    let mut parts = Vec::new();
+    conjuncts(cond, &mut parts);
+    let mut left_keys = Vec::new();
+    let mut right_keys = Vec::new();
+    let mut null_eq = Vec::new();
+    let mut residual: Vec<Expr> = Vec::new();
+    for p in parts {
+        let side = |e: &Expr| {
+            let mut cols = Vec::new();
+            columns_of(e, &mut cols);
+            if cols.is_empty() {
+                None
+            } else if cols.iter().all(|c| *c < nl) {
+                Some(true)
+            } else if cols.iter().all(|c| *c >= nl) {
+                Some(false)
+            } else {
+                None
+            }
+        };
+        if let Expr::Call(Func::Cmp(op @ (Cmp::Eq | Cmp::NotDistinct)), args, _) = &p {
+            if let [a, b] = args.as_slice() {
+                let pair = match (side(a), side(b)) {
+                    (Some(true), Some(false)) => Some((a, b)),
+                    (Some(false), Some(true)) => Some((b, a)),
+                    _ => None,
+                };
+                if let Some((l, r)) = pair {
+                    if l.ty().storage() == r.ty().storage()
+                        && l.ty().is_float() == r.ty().is_float()
+                        && l.ty().is_unsigned_int() == r.ty().is_unsigned_int()
+                    {
+                        left_keys.push(l.clone());
+                        right_keys.push(shift_columns(r, nl));
+                        null_eq.push(*op == Cmp::NotDistinct);
+                        continue;
+                    }
+                }
+            }
+        }
+        residual.push(p);
+    }
+    if left_keys.is_empty() {
+        return Err(no_equality());
+    }
+    let residual = residual
+        .into_iter()
+        .reduce(|a, b| Expr::Call(Func::And, vec![a, b], DataType::Boolean));
+    if let Some(r) = &residual {
+        if r.ty() != DataType::Boolean {
+            return Err(bad("join condition is not boolean"));
+        }
+    }
+    let nullable = |s: &Schema| -> Schema { s.iter().map(|(t, _)| (*t, true)).collect() };
+    let mut schema: Schema = match kind {
+        JoinKind::Inner => both,
+        JoinKind::Left => left_schema
+            .iter()
+            .copied()
+            .chain(nullable(&right_schema))
+            .collect(),
+        JoinKind::Right => nullable(&left_schema)
+            .into_iter()
+            .chain(right_schema.iter().copied())
+            .collect(),
+        JoinKind::Full => nullable(&left_schema)
+            .into_iter()
+            .chain(nullable(&right_schema))
+            .collect(),
+        JoinKind::LeftSemi | JoinKind::LeftAnti => left_schema,
+        JoinKind::RightSemi | JoinKind::RightAnti => right_schema,
+    };
+    ctx.input = Some(Input::Join(JoinSpec {
+        left,
+        right,
+        kind,
+        left_keys,
+        right_keys,
+        null_eq,
+        residual,
+    }));
+    if let Some(f) = &j.post_join_filter {
+        if kind != JoinKind::Inner {
+            return Err(unsupported(
+                "a filter after an outer, semi or anti join is not supported in flows",
+            ));
+        }
+        let (e, _) = lower_expr(f, &schema, ctx)?;
+        ops.push(OpSpec::Filter(e));
+    }
+    schema = apply_emit(&j.common, schema, ops)?;
+    Ok(schema)
+}
+
+/// Lowers UNION ALL of relations into a stage input.
+fn lower_union(
+    set: &substrait::proto::SetRel,
+    ctx: &mut Ctx<'_>,
+    ops: &mut Vec<OpSpec>,
+) -> Result<Schema, FlowError> {
+    use substrait::proto::set_rel::SetOp;
+    match SetOp::try_from(set.op).unwrap_or(SetOp::Unspecified) {
+        SetOp::UnionAll => {}
+        SetOp::UnionDistinct => {
+            return Err(unsupported(
+                "UNION (DISTINCT) is not supported in flows as a set operation; use UNION ALL \
+                 (with SELECT DISTINCT around it if rows must be distinct)",
+            ))
+        }
+        _ => {
+            return Err(unsupported(
+                "INTERSECT and EXCEPT are not supported in flows; UNION ALL is",
+            ))
+        }
+    }
+    let mut ids = Vec::new();
+    let mut schema: Option<Schema> = None;
+    for input in &set.inputs {
+        let (id, s) = lower_stage(input, ctx)?;
+        ids.push(id);
+        schema = Some(match schema {
+            None => s,
+            Some(prev) => {
+                if prev.len() != s.len() || prev.iter().zip(&s).any(|(a, b)| a.0 != b.0) {
+                    return Err(unsupported(
+                        "UNION ALL of inputs with different column types is not supported in \
+                         flows; cast the columns to the same types",
+                    ));
+                }
+                prev.iter()
+                    .zip(&s)
+                    .map(|(a, b)| (a.0, a.1 || b.1))
+                    .collect()
+            }
+        });
+    }
+    let schema = schema.ok_or_else(|| bad("UNION ALL without inputs"))?;
+    ctx.input = Some(Input::Union(ids));
+    apply_emit(&set.common, schema, ops)
 }
 
 fn apply_emit(
@@ -248,8 +559,8 @@ fn lower_rel(rel: &Rel, ctx: &mut Ctx<'_>, ops: &mut Vec<OpSpec>) -> Result<Sche
         .ok_or_else(|| bad("relation without a type"))?;
     match rt {
         RelType::Read(read) => {
-            if ctx.source.is_some() {
-                return Err(unsupported("joins are not supported in flows"));
+            if ctx.input.is_some() {
+                return Err(bad("a relation reads two inputs without a join"));
             }
             let names = match &read.read_type {
                 Some(ReadType::NamedTable(t)) => &t.names,
@@ -277,7 +588,7 @@ fn lower_rel(rel: &Rel, ctx: &mut Ctx<'_>, ops: &mut Vec<OpSpec>) -> Result<Sche
                     })
                 })
                 .ok_or_else(|| bad(format!("plan reads table {table}, which is not a source")))?;
-            ctx.source = Some(si);
+            ctx.input = Some(Input::Source(si));
             // Map the plan's base schema onto the source's columns by name.
             let base_names: Vec<String> = read
                 .base_schema
@@ -631,17 +942,19 @@ fn lower_rel(rel: &Rel, ctx: &mut Ctx<'_>, ops: &mut Vec<OpSpec>) -> Result<Sche
             }));
             apply_emit(&a.common, schema, ops)
         }
-        RelType::Join(_)
-        | RelType::Cross(_)
-        | RelType::HashJoin(_)
-        | RelType::MergeJoin(_)
-        | RelType::NestedLoopJoin(_) => Err(unsupported("joins are not supported in flows")),
+        RelType::Join(j) => lower_join(j, ctx, ops),
+        RelType::Cross(_) | RelType::NestedLoopJoin(_) => Err(unsupported(
+            "a join without an equality between a column of each side (a cross join) is not \
+             supported in flows: every change would be compared with every row of the other \
+             side; join ON an equality such as a.k = b.k",
+        )),
+        RelType::HashJoin(_) | RelType::MergeJoin(_) => Err(unsupported(
+            "physical join relations are not supported in flows; send the logical plan",
+        )),
         RelType::Window(_) => Err(unsupported("window functions are not supported in flows")),
         RelType::Sort(_) => Err(unsupported("ORDER BY is not supported in flows")),
         RelType::Fetch(_) => Err(unsupported("LIMIT / OFFSET is not supported in flows")),
-        RelType::Set(_) => Err(unsupported(
-            "set operations (UNION / INTERSECT / EXCEPT) are not supported in flows",
-        )),
+        RelType::Set(set) => lower_union(set, ctx, ops),
         RelType::Reference(_) => Err(unsupported(
             "relation references are not supported in flows",
         )),
@@ -2122,8 +2435,9 @@ mod tests {
             bool_ty(),
         );
         let lowered = lower(&plan, &sources()).unwrap();
-        let Some(OpSpec::Project(exprs)) = lowered.ops.last() else {
-            panic!("{:?}", lowered.ops)
+        let ops = &lowered.stages[0].ops;
+        let Some(OpSpec::Project(exprs)) = ops.last() else {
+            panic!("{ops:?}")
         };
         match exprs.as_slice() {
             [Expr::Call(Func::RegexMatch { re, negated: false }, args, DataType::Boolean)] => {

@@ -176,6 +176,115 @@ const PER_WINDOW_FROM_REQ: &str = "SELECT w, sum(c) AS total, count(host) AS hos
      (SELECT host, date_bin(INTERVAL '1 minute', ts) AS w, count(*) AS c \
       FROM req GROUP BY host, w) AS per_host GROUP BY w";
 
+/// The dimension table of the join flows: each host's region (maybe NULL)
+/// and tier, replaced by upserts.
+const HOSTS_TABLE: &str = "CREATE TABLE hosts (host STRING, region STRING NULL, tier INT, \
+     ts TIMESTAMP TIME INDEX, PRIMARY KEY (host))";
+
+/// Joins, each created before any data. Inner join then GROUP BY: an
+/// upsert of a host's region moves its rows between groups.
+const BY_REGION: Flow = Flow {
+    name: "by_region",
+    sink: "by_region_sink",
+    columns: "region, c, s",
+    query: "SELECT h.region AS region, count(*) AS c, sum(r.bytes) AS s \
+            FROM req r JOIN hosts h ON r.host = h.host GROUP BY h.region",
+    reference: None,
+};
+
+/// Left join without aggregation: NULL cpu hosts never match.
+const CPU_REGION: Flow = Flow {
+    name: "cpu_region",
+    sink: "cpu_region_sink",
+    columns: "host, usage, ts, region",
+    query: "SELECT c.host AS host, c.usage AS usage, c.ts AS ts, h.region AS region \
+            FROM cpu c LEFT JOIN hosts h ON c.host = h.host",
+    reference: None,
+};
+
+/// Full outer join with a condition beside the equality, then GROUP BY.
+const FULL_TIER: Flow = Flow {
+    name: "full_tier",
+    sink: "full_tier_sink",
+    columns: "hh, rh, c",
+    query: "SELECT h.host AS hh, r.host AS rh, count(*) AS c FROM req r \
+            FULL JOIN hosts h ON r.host = h.host AND r.bytes > h.tier GROUP BY h.host, r.host",
+    reference: None,
+};
+
+/// Right join on two keys' worth of condition, counting the matches.
+const ERRORS_PER_HOST: Flow = Flow {
+    name: "errors_per_host",
+    sink: "errors_per_host_sink",
+    columns: "host, tier, n",
+    query: "SELECT h.host AS host, h.tier AS tier, count(r.status) AS n FROM req r \
+            RIGHT JOIN hosts h ON r.host = h.host AND r.status >= 500 GROUP BY h.host, h.tier",
+    reference: None,
+};
+
+/// Three tables.
+const THREE_WAY: Flow = Flow {
+    name: "three_way",
+    sink: "three_way_sink",
+    columns: "region, c, m",
+    query: "SELECT h.region AS region, count(*) AS c, max(c.usage) AS m FROM req r \
+            JOIN hosts h ON r.host = h.host JOIN cpu c ON c.host = h.host GROUP BY h.region",
+    reference: None,
+};
+
+/// A self-join with an inequality beside the equality.
+const TIER_PAIRS: Flow = Flow {
+    name: "tier_pairs",
+    sink: "tier_pairs_sink",
+    columns: "region, c",
+    query: "SELECT a.region AS region, count(*) AS c FROM hosts a JOIN hosts b \
+            ON a.region = b.region AND a.tier < b.tier GROUP BY a.region",
+    reference: None,
+};
+
+/// IN (SELECT ...): a semi join.
+const HIGH_TIER: Flow = Flow {
+    name: "high_tier",
+    sink: "high_tier_sink",
+    columns: "host, c",
+    query: "SELECT host, count(*) AS c FROM req \
+            WHERE host IN (SELECT host FROM hosts WHERE tier > 2) GROUP BY host",
+    reference: None,
+};
+
+/// NOT EXISTS: an anti join, with a condition on the subquery's side.
+const UNPLACED: Flow = Flow {
+    name: "unplaced",
+    sink: "unplaced_sink",
+    columns: "host, c",
+    query: "SELECT host, count(*) AS c FROM cpu c WHERE NOT EXISTS \
+            (SELECT 1 FROM hosts h WHERE h.host = c.host AND h.region IS NOT NULL) GROUP BY host",
+    reference: None,
+};
+
+/// UNION ALL of two tables.
+const EVERY_HOST: Flow = Flow {
+    name: "every_host",
+    sink: "every_host_sink",
+    columns: "host, c",
+    query: "SELECT host, count(*) AS c FROM \
+            (SELECT host FROM req UNION ALL SELECT host FROM hosts) AS u GROUP BY host",
+    reference: None,
+};
+
+const JOIN_FLOWS: [&Flow; 9] = [
+    &BY_REGION,
+    &CPU_REGION,
+    &FULL_TIER,
+    &ERRORS_PER_HOST,
+    &THREE_WAY,
+    &TIER_PAIRS,
+    &HIGH_TIER,
+    &UNPLACED,
+    &EVERY_HOST,
+];
+const JOIN_STEPS: usize = 16;
+
 const STEPS: usize = 30;
 const CHAINED_STEPS: usize = 15;
 
@@ -601,6 +710,63 @@ impl Workload {
         ))
     }
 
+    /// Inserts or replaces 1-3 hosts: a region (NULL one time in five) and
+    /// a tier.
+    fn upsert_hosts(&mut self) -> String {
+        const REGIONS: [&str; 3] = ["eu", "us", "ap"];
+        let n = self.rng.random_range(1..=3);
+        let rows: Vec<String> = (0..n)
+            .map(|_| {
+                let region = if self.rng.random_range(0..5) == 0 {
+                    "NULL".to_string()
+                } else {
+                    format!("'{}'", REGIONS[self.rng.random_range(0..REGIONS.len())])
+                };
+                format!(
+                    "('{}', {region}, {}, '2024-01-01 00:00:00')",
+                    self.host(),
+                    self.rng.random_range(0..20)
+                )
+            })
+            .collect();
+        format!(
+            "INSERT INTO hosts (host, region, tier, ts) VALUES {}",
+            rows.join(", ")
+        )
+    }
+
+    fn delete_hosts(&mut self) -> String {
+        match self.rng.random_range(0..3) {
+            0 => format!("DELETE FROM hosts WHERE host = '{}'", self.host()),
+            1 => "DELETE FROM hosts WHERE region IS NULL".to_string(),
+            _ => format!(
+                "DELETE FROM hosts WHERE tier < {}",
+                self.rng.random_range(0..10)
+            ),
+        }
+    }
+
+    /// One step of the join test: statements over req, cpu and hosts.
+    async fn join_step(&mut self, db: &Database) -> Vec<String> {
+        let mut ran = Vec::new();
+        for _ in 0..self.rng.random_range(1..=4) {
+            let sql = match self.rng.random_range(0..10) {
+                0 | 1 => Some(self.insert_req()),
+                2 => self.rewrite_req(db, false).await,
+                3 => Some(self.delete_req()),
+                4 => Some(self.insert_cpu()),
+                5 => Some(self.delete_cpu()),
+                6..=8 => Some(self.upsert_hosts()),
+                _ => Some(self.delete_hosts()),
+            };
+            if let Some(sql) = sql {
+                exec(db, &sql).await;
+                ran.push(sql);
+            }
+        }
+        ran
+    }
+
     fn delete_req(&mut self) -> String {
         let predicate = match self.rng.random_range(0..6) {
             0 => format!("host = '{}'", self.host()),
@@ -767,6 +933,61 @@ async fn sinks_equal_their_queries_after_every_flush() {
             seed,
         };
         sinks_follow_queries(seed).await;
+    }
+}
+
+/// Join flows over req, cpu and hosts under random inserts, upserts and
+/// deletes on every side; half-way the database is closed and opened again,
+/// so the flows go on from their snapshots.
+async fn join_sinks_follow_queries(seed: u64) {
+    let dir = temp_dir();
+    let mut db = open(&dir).await;
+    for t in [REQ, CPU, HOSTS_TABLE] {
+        exec(&db, t).await;
+    }
+    for flow in JOIN_FLOWS {
+        create_flow(&db, flow).await;
+    }
+    let mut work = Workload::new(seed ^ 0x701a_5eed);
+    let mut first = work.first_batch(&db).await;
+    for _ in 0..2 {
+        let sql = work.upsert_hosts();
+        exec(&db, &sql).await;
+        first.push(sql);
+    }
+    let at = At {
+        seed,
+        step: 0,
+        statements: &first,
+    };
+    check(&db, &JOIN_FLOWS, &at).await;
+    for step in 1..=JOIN_STEPS {
+        if step == JOIN_STEPS / 2 {
+            drop(db);
+            db = open(&dir).await;
+        }
+        let ran = work.join_step(&db).await;
+        check(
+            &db,
+            &JOIN_FLOWS,
+            &At {
+                seed,
+                step,
+                statements: &ran,
+            },
+        )
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn join_sinks_equal_their_queries_after_every_flush() {
+    for seed in seeds() {
+        let _guard = SeedGuard {
+            test: "join_sinks_equal_their_queries_after_every_flush",
+            seed,
+        };
+        join_sinks_follow_queries(seed).await;
     }
 }
 

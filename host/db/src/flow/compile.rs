@@ -29,6 +29,9 @@ pub struct CompiledFlow {
     /// Whether the plan is the flow's query wrapped to count its rows (see
     /// the manager's `compile_flow`): it aggregates, the query does not.
     pub counted: bool,
+    /// Whether the plan has an outer join (whose padded columns may be NULL
+    /// whatever their tables say).
+    pub outer_join: bool,
 }
 
 /// One table a flow reads.
@@ -155,6 +158,27 @@ pub fn compile_plan(
     }
     let output = fields_from_arrow(plan.schema().as_arrow())?;
     let (aggregates, group_keys) = group_keys_of(plan);
+    let mut outer_join = false;
+    let mut not_in = false;
+    let _ = plan.apply(|node| {
+        if let LogicalPlan::Join(j) = node {
+            use datafusion::common::JoinType;
+            outer_join |= matches!(
+                j.join_type,
+                JoinType::Left | JoinType::Right | JoinType::Full
+            );
+            not_in |= j.null_aware;
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    if not_in {
+        return Err(CompileError(
+            "unsupported: NOT IN (SELECT ...) is not supported in flows (one NULL in the \
+             subquery's rows empties the result); use NOT EXISTS (SELECT ... WHERE ...), which \
+             flows maintain"
+                .into(),
+        ));
+    }
     let substrait =
         datafusion_substrait::logical_plan::producer::to_substrait_plan(plan, &ctx.state())
             .map_err(|e| {
@@ -167,6 +191,7 @@ pub fn compile_plan(
         group_keys,
         aggregates,
         counted: false,
+        outer_join,
     })
 }
 

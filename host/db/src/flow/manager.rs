@@ -1812,6 +1812,7 @@ impl FlowManager {
                     &output[..visible(&output)],
                     &compiled.group_keys,
                     compiled.aggregates && !compiled.counted,
+                    compiled.outer_join,
                 )
                 .map_err(|message| SqlSnafu { message }.build())?;
                 let draft = Table::new(TableInfo {

@@ -71,12 +71,17 @@ pub fn derive_schema(
     output: &[Field],
     group_keys: &[String],
     aggregates: bool,
+    outer_join: bool,
 ) -> Result<TableSchema, String> {
     let mut columns = Vec::with_capacity(output.len() + 2);
     for f in output {
         columns.push(ColumnSchema::new(f.name.clone(), column_type(f)?, true));
     }
-    let is_ts = |c: &ColumnSchema| c.data_type.is_timestamp();
+    // Below an outer join, a column of the padded side is NULL where a row
+    // has no match: it cannot be the time index.
+    let may_be_null =
+        |name: &str| outer_join && output.iter().any(|f| f.name == name && f.nullable);
+    let is_ts = |c: &ColumnSchema| c.data_type.is_timestamp() && !may_be_null(&c.name);
     let time_index = if aggregates {
         columns
             .iter()
@@ -514,19 +519,19 @@ mod tests {
             f("w", DataType::TimestampMillisecond),
             f("c", DataType::Int64),
         ];
-        let s = derive_schema(&out, &["host".into(), "w".into()], true).unwrap();
+        let s = derive_schema(&out, &["host".into(), "w".into()], true, false).unwrap();
         let names: Vec<_> = s.columns.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(names, ["host", "w", "c", "update_at"]);
         assert_eq!(s.time_index_column().name, "w");
         assert_eq!(s.primary_key_names(), ["host"]);
 
-        let s = derive_schema(&out[..1], &["host".into()], true).unwrap();
+        let s = derive_schema(&out[..1], &["host".into()], true, false).unwrap();
         let names: Vec<_> = s.columns.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(names, ["host", "update_at", "__ts_placeholder"]);
         assert_eq!(s.time_index_column().name, "__ts_placeholder");
 
         // Without GROUP BY: first timestamp is the time index, the rest the key.
-        let s = derive_schema(&out, &[], false).unwrap();
+        let s = derive_schema(&out, &[], false, false).unwrap();
         assert_eq!(s.time_index_column().name, "w");
         assert_eq!(s.primary_key_names(), ["host", "c"]);
     }
@@ -639,7 +644,7 @@ mod tests {
             f("w", DataType::TimestampMillisecond),
             f("v", DataType::Float64),
         ];
-        let schema = derive_schema(&out, &["host".into(), "w".into()], true).unwrap();
+        let schema = derive_schema(&out, &["host".into(), "w".into()], true, false).unwrap();
         let t = table(schema);
         let mapping = fit(&t, &out).unwrap();
         let batch = RecordBatch::try_new(
