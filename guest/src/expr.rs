@@ -4,7 +4,7 @@ use std::borrow::Cow;
 use std::cmp::Ordering;
 
 use crate::column::{broadcast, get, or_nulls, take_chunk, Chunk, ColBuilder, S};
-use crate::types::{bad, Column, DataType, FlowError, Storage};
+use crate::types::{bad, unsupported, Column, DataType, FlowError, Storage};
 
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Lit {
@@ -110,6 +110,13 @@ pub(crate) enum Func {
     RegexMatch {
         re: Pattern,
         negated: bool,
+    },
+    /// `args[0] op now() + offset_ns`, now() being the tick time: a temporal filter. Never
+    /// evaluated as an expression: `plan.rs` takes it out of a WHERE into the temporal
+    /// operator (`temporal.rs`), and refuses it anywhere else.
+    NowCmp {
+        op: Cmp,
+        offset_ns: i64,
     },
 }
 
@@ -554,6 +561,11 @@ fn eval_call(f: &Func, args: &[Expr], t: DataType, c: &Chunk) -> Result<Column, 
                 ..Column::default()
             })
         }
+        Func::NowCmp { .. } => Err(unsupported(
+            "now() is not supported in flows except in a WHERE condition that compares a row's time \
+             with now() plus or minus an interval (e.g. ts > now() - INTERVAL '5 minutes'), \
+             not inside OR, NOT or CASE",
+        )),
         Func::RegexMatch { re, negated } => {
             let v = arg(args, 0)?.eval(c)?;
             Ok(bool_col(

@@ -10,6 +10,7 @@ use crate::expr::Expr;
 use crate::hash::FxHashMap;
 use crate::join::JoinOp;
 use crate::plan::{lower, HopSpec, Input, OpSpec};
+use crate::temporal::TemporalOp;
 use crate::types::{
     bad, internal, validate_batch, Batch, Column, DataType, Field, FlowError, SourceSchema,
     TickOutput,
@@ -34,6 +35,7 @@ enum Op {
         exprs: Vec<Expr>,
     },
     Aggregate(Rc<RefCell<AggOp>>),
+    Temporal(Rc<RefCell<TemporalOp>>),
     Hop {
         spec: HopSpec,
         in_types: Vec<DataType>,
@@ -206,6 +208,18 @@ impl Flow {
                         }
                         types = exprs.iter().map(|e| e.ty()).collect();
                         ops.push(Op::Project { exprs });
+                    }
+                    OpSpec::Temporal(bounds) => {
+                        for b in &bounds {
+                            if !b.x.ty().is_timestamp() {
+                                return Err(bad("now() compared with a value that is not a time"));
+                            }
+                        }
+                        // Rows pass unchanged: the key map stays.
+                        ops.push(Op::Temporal(Rc::new(RefCell::new(TemporalOp::new(
+                            bounds,
+                            types.clone(),
+                        )))));
                     }
                     OpSpec::Hop(spec) => {
                         key_map = None;
@@ -414,14 +428,23 @@ impl Flow {
                 feed(&stage.ops, 0, c, now, &mut produced)?;
             }
             for i in 0..stage.ops.len() {
-                let agg = match stage.ops.get(i) {
-                    Some(Op::Aggregate(a)) => a.clone(),
+                let out = match stage.ops.get(i) {
+                    Some(Op::Aggregate(agg)) => {
+                        let out = agg.borrow_mut().flush();
+                        if let Some(w) = agg.borrow_mut().expire(now) {
+                            wake = Some(wake.map_or(w, |x| x.min(w)));
+                        }
+                        out
+                    }
+                    Some(Op::Temporal(t)) => {
+                        let out = t.borrow_mut().flush(now);
+                        if let Some(w) = t.borrow().next_wakeup() {
+                            wake = Some(wake.map_or(w, |x| x.min(w)));
+                        }
+                        out
+                    }
                     _ => continue,
                 };
-                let out = agg.borrow_mut().flush();
-                if let Some(w) = agg.borrow_mut().expire(now) {
-                    wake = Some(wake.map_or(w, |x| x.min(w)));
-                }
                 if out.rows > 0 {
                     feed(&stage.ops, i + 1, out, now, &mut produced)?;
                 }
@@ -531,6 +554,7 @@ fn feed(
                 a.borrow_mut().absorb(&c, now)?;
                 return Ok(());
             }
+            Op::Temporal(t) => c = t.borrow_mut().absorb(&c, now)?,
             Op::Hop { spec, in_types } => c = hop_windows(&c, spec, in_types)?,
         }
     }
@@ -589,6 +613,7 @@ impl Flow {
                     .iter()
                     .map(|o| match o {
                         Op::Aggregate(a) => a.borrow().state_size(),
+                        Op::Temporal(t) => t.borrow().state_size(),
                         _ => 0,
                     })
                     .sum::<usize>()
@@ -656,8 +681,10 @@ impl Flow {
         let mut o = Writer::default();
         for stage in &self.stages {
             for op in &stage.ops {
-                if let Op::Aggregate(a) = op {
-                    a.borrow().write(&mut o);
+                match op {
+                    Op::Aggregate(a) => a.borrow().write(&mut o),
+                    Op::Temporal(t) => t.borrow().write(&mut o),
+                    _ => {}
                 }
             }
             if let StageInput::Join { op, .. } = &stage.input {
@@ -747,8 +774,10 @@ impl Flow {
         let mut o = Reader::new(r.bytes()?);
         for stage in &mut flow.stages {
             for op in &stage.ops {
-                if let Op::Aggregate(a) = op {
-                    a.borrow_mut().read(&mut o)?;
+                match op {
+                    Op::Aggregate(a) => a.borrow_mut().read(&mut o)?,
+                    Op::Temporal(t) => t.borrow_mut().read(&mut o)?,
+                    _ => {}
                 }
             }
             if let StageInput::Join { op, .. } = &mut stage.input {

@@ -206,7 +206,7 @@ impl Arrangement {
 }
 
 /// Pushes the values of an encoded row (as [`encode_row`] writes them) to `out`.
-fn decode_into(mut b: &[u8], types: &[DataType], out: &mut [ColBuilder]) {
+pub(crate) fn decode_into(mut b: &[u8], types: &[DataType], out: &mut [ColBuilder]) {
     for (t, o) in types.iter().zip(out.iter_mut()) {
         let Some((&tag, rest)) = b.split_first() else {
             o.push_null();

@@ -18,6 +18,7 @@ mod hash;
 mod join;
 mod plan;
 pub mod sketch;
+mod temporal;
 pub use sandflow_contract as types;
 mod wire;
 

@@ -105,6 +105,8 @@ pub(crate) enum OpSpec {
     /// window `[start, start + size)` that holds `ts`, starts being
     /// multiples of `slide`; the window's start is appended as a column.
     Hop(HopSpec),
+    /// Conditions on now(), the tick time (`temporal.rs`).
+    Temporal(Vec<crate::temporal::Bound>),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -300,6 +302,60 @@ fn conjuncts(e: Expr, out: &mut Vec<Expr>) {
         Expr::Call(Func::And, args, _) => args.into_iter().for_each(|a| conjuncts(a, out)),
         other => out.push(other),
     }
+}
+
+/// Whether `e` holds a comparison with now() anywhere.
+fn has_now(e: &Expr) -> bool {
+    match e {
+        Expr::Call(Func::NowCmp { .. }, _, _) => true,
+        Expr::Col(..) | Expr::Lit(..) => false,
+        Expr::Call(_, args, _) => args.iter().any(has_now),
+        Expr::Cast(x, _) => has_now(x),
+        Expr::Case(whens, els, _) => {
+            whens.iter().any(|(w, t)| has_now(w) || has_now(t))
+                || els.as_deref().is_some_and(has_now)
+        }
+        Expr::InList(x, list) => has_now(x) || list.iter().any(has_now),
+    }
+}
+
+/// Appends a WHERE condition: its comparisons with now() become the
+/// temporal operator, after a filter of the other conditions.
+fn push_filter(e: Expr, ops: &mut Vec<OpSpec>) -> Result<(), FlowError> {
+    let mut parts = Vec::new();
+    conjuncts(e, &mut parts);
+    let mut bounds = Vec::new();
+    let mut rest = Vec::new();
+    for p in parts {
+        match p {
+            Expr::Call(Func::NowCmp { op, offset_ns }, args, _) => {
+                let x = args
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| bad("a comparison with now() without its operand"))?;
+                bounds.push(crate::temporal::Bound { x, op, offset_ns });
+            }
+            other if has_now(&other) => {
+                return Err(unsupported(
+                    "now() is not supported in flows except in a WHERE condition that compares a \
+                     row's time with now() plus or minus an interval (e.g. ts > now() - \
+                     INTERVAL '5 minutes'), joined to the others with AND, not inside OR, NOT \
+                     or CASE",
+                ))
+            }
+            other => rest.push(other),
+        }
+    }
+    if let Some(r) = rest
+        .into_iter()
+        .reduce(|a, b| Expr::Call(Func::And, vec![a, b], DataType::Boolean))
+    {
+        ops.push(OpSpec::Filter(r));
+    }
+    if !bounds.is_empty() {
+        ops.push(OpSpec::Temporal(bounds));
+    }
+    Ok(())
 }
 
 /// Lowers a join of two relations into a stage input.
@@ -637,7 +693,7 @@ fn lower_rel(rel: &Rel, ctx: &mut Ctx<'_>, ops: &mut Vec<OpSpec>) -> Result<Sche
                 .flatten()
             {
                 let (e, _) = lower_expr(f, &schema, ctx)?;
-                ops.push(OpSpec::Filter(e));
+                push_filter(e, ops)?;
             }
             if let Some(sel) = read.projection.as_ref().and_then(|p| p.select.as_ref()) {
                 let mut exprs = Vec::new();
@@ -666,7 +722,7 @@ fn lower_rel(rel: &Rel, ctx: &mut Ctx<'_>, ops: &mut Vec<OpSpec>) -> Result<Sche
                 .as_ref()
                 .ok_or_else(|| bad("filter without condition"))?;
             let (e, _) = lower_expr(cond, &schema, ctx)?;
-            ops.push(OpSpec::Filter(e));
+            push_filter(e, ops)?;
             apply_emit(&f.common, schema, ops)
         }
         RelType::Project(p) => {
@@ -1501,6 +1557,35 @@ fn lower_call(
             };
             return Ok((e, n || out_null.unwrap_or(false)));
         }
+    }
+    if name == "flow_now_cmp" {
+        need(3)?;
+        let (x, _) = lower_expr(raw[0], schema, ctx)?;
+        if !x.ty().is_timestamp() {
+            return Err(unsupported(format!(
+                "now() compared with a value of type {} is not supported in flows; compare it \
+                 with a timestamp",
+                x.ty()
+            )));
+        }
+        let offset_ns = match lower_expr(raw[1], schema, ctx)?.0 {
+            Expr::Lit(Lit::Int(v), _) => v,
+            _ => return Err(bad("flow_now_cmp needs a constant offset")),
+        };
+        let op = match lower_expr(raw[2], schema, ctx)?.0 {
+            Expr::Lit(Lit::Bytes(b), _) => match b.as_slice() {
+                b"gt" => Cmp::Gt,
+                b"ge" => Cmp::Ge,
+                b"lt" => Cmp::Lt,
+                b"le" => Cmp::Le,
+                _ => return Err(bad("flow_now_cmp: unknown comparison")),
+            },
+            _ => return Err(bad("flow_now_cmp needs a constant comparison")),
+        };
+        return Ok((
+            Expr::Call(Func::NowCmp { op, offset_ns }, vec![x], DataType::Boolean),
+            true,
+        ));
     }
     let func = match name {
         "add" => Func::Arith(Arith::Add),

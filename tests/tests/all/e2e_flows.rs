@@ -267,9 +267,9 @@ fn create_and_drop_errors() {
             "window",
         ),
         (
-            "SELECT r.host, count(*) AS n FROM requests r JOIN hosts_info h ON r.host = h.host \
+            "SELECT r.host, count(*) AS n FROM requests r JOIN hosts_info h ON r.host > h.host \
              GROUP BY r.host",
-            "join",
+            "a join without an equality",
         ),
         (
             "SELECT host, count(*) AS n FROM requests GROUP BY host ORDER BY n",
@@ -278,9 +278,10 @@ fn create_and_drop_errors() {
         ("SELECT host, status, ts FROM requests LIMIT 3", "LIMIT"),
         (
             "SELECT host, count(*) AS n FROM requests \
-             WHERE ts > now() - INTERVAL '1 hour' GROUP BY host",
+             WHERE ts > now() - INTERVAL '1 hour' OR status = 500 GROUP BY host",
             "now()",
         ),
+        ("SELECT host, now() AS seen FROM requests", "now()"),
     ];
     for (query, what) in unsupported {
         let err = s.sql_err(&format!("CREATE FLOW nope SINK TO nope_sink AS {query}"));

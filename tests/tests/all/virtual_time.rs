@@ -361,3 +361,122 @@ async fn eval_interval_bounds_the_tick_interval() {
     db.advance_time_to(T0 + 10_000).await.unwrap();
     assert_eq!(rows(&db, "SELECT n FROM slow_out").await, "2");
 }
+
+/// Temporal filters: a row is in the sink exactly while its condition on
+/// now() holds at the tick time. The flows wake themselves when a row
+/// enters or leaves (no write, no flush needed), and under random writes
+/// and clock moves every sink equals its query with now() at that time.
+#[test]
+fn temporal_filters_follow_the_tick_time() {
+    on_big_stack(Box::pin(async {
+        use rand::{RngExt, SeedableRng};
+        let (db, _) = open_virtual(T0).await;
+        run(
+            &db,
+            "CREATE TABLE ev (host STRING, id INT, ts TIMESTAMP TIME INDEX, PRIMARY KEY (host, id))",
+        )
+        .await;
+        let flows = [
+            (
+                "recent",
+                "host, n",
+                "SELECT host, count(*) AS n FROM ev WHERE ts > now() - INTERVAL '5 seconds' \
+                 GROUP BY host",
+            ),
+            (
+                "window",
+                "host, id, ts",
+                "SELECT host, id, ts FROM ev \
+                 WHERE ts BETWEEN now() - INTERVAL '3 seconds' AND now() AND id % 2 = 0",
+            ),
+            (
+                "due",
+                "id, ts",
+                "SELECT id, ts FROM ev WHERE now() >= ts + INTERVAL '1 second'",
+            ),
+        ];
+        for (name, _, q) in &flows {
+            run(
+                &db,
+                &format!("CREATE FLOW {name} SINK TO {name}_sink AS {q}"),
+            )
+            .await;
+        }
+        let check = |db: Arc<Database>, at: String| async move {
+            for (name, cols, q) in &flows {
+                let sink = rows(
+                    &db,
+                    &format!("SELECT {cols} FROM {name}_sink ORDER BY {cols}"),
+                )
+                .await;
+                let want = rows(&db, &format!("SELECT {cols} FROM ({q}) ORDER BY {cols}")).await;
+                assert_eq!(sink, want, "{at}: flow {name}");
+            }
+        };
+
+        // Rows at T0 - 4 s, T0 - 1 s and T0 + 2 s (in the future).
+        run(
+            &db,
+            &format!(
+                "INSERT INTO ev VALUES ('a', 2, {}), ('a', 4, {}), ('b', 6, {})",
+                T0 - 4_000,
+                T0 - 1_000,
+                T0 + 2_000
+            ),
+        )
+        .await;
+        assert_eq!(
+            rows(&db, "SELECT host, n FROM recent_sink ORDER BY host").await,
+            "a|2\nb|1"
+        );
+        // The row of T0 - 4 s leaves at T0 + 1 s, not a millisecond before,
+        // by the flow's own wake-up.
+        db.advance_time_to(T0 + 999).await.unwrap();
+        assert_eq!(
+            rows(&db, "SELECT host, n FROM recent_sink ORDER BY host").await,
+            "a|2\nb|1"
+        );
+        db.advance_time_to(T0 + 1_000).await.unwrap();
+        assert_eq!(
+            rows(&db, "SELECT host, n FROM recent_sink ORDER BY host").await,
+            "a|1\nb|1"
+        );
+        // The future row enters `window` when the clock reaches it.
+        let window = "SELECT id FROM window_sink ORDER BY id";
+        assert_eq!(rows(&db, window).await, "4");
+        db.advance_time_to(T0 + 2_000).await.unwrap();
+        assert_eq!(rows(&db, window).await, "4\n6");
+        check(db.clone(), "after the scripted part".into()).await;
+
+        // Random writes and clock moves.
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut now = T0 + 2_000;
+        for step in 0..40 {
+            let mut ran = Vec::new();
+            for _ in 0..rng.random_range(1..=3) {
+                let sql = if rng.random_range(0..4) == 0 {
+                    format!("DELETE FROM ev WHERE id = {}", rng.random_range(0..20))
+                } else {
+                    format!(
+                        "INSERT INTO ev VALUES ('{}', {}, {})",
+                        ["a", "b", "c"][rng.random_range(0..3)],
+                        rng.random_range(0..20),
+                        now + rng.random_range(-8_000..4_000)
+                    )
+                };
+                run(&db, &sql).await;
+                ran.push(sql);
+            }
+            now += rng.random_range(0..2_500);
+            db.advance_time_to(now).await.unwrap();
+            for (name, _, _) in &flows {
+                run(&db, &format!("ADMIN FLUSH_FLOW('{name}')")).await;
+            }
+            check(
+                db.clone(),
+                format!("step {step} at T0 + {} ms after {ran:?}", now - T0),
+            )
+            .await;
+        }
+    }));
+}

@@ -81,10 +81,12 @@ pub async fn compile(ctx: &SessionContext, sql: &str) -> Result<CompiledFlow, Co
         .await
         .map_err(|e| CompileError(format!("cannot plan the flow's query: {e}")))?;
     // Before optimising: the optimiser folds now() into a constant.
-    check_deterministic(df.logical_plan())?;
-    check_depth(df.logical_plan())?;
-    let plan = df
-        .into_optimized_plan()
+    let (state, plan) = df.into_parts();
+    let plan = temporal_filters(plan)?;
+    check_deterministic(&plan)?;
+    check_depth(&plan)?;
+    let plan = state
+        .optimize(&plan)
         .map_err(|e| CompileError(format!("cannot optimise the flow's query: {e}")))?;
     check_depth(&plan)?;
     compile_plan(ctx, &plan)
@@ -242,6 +244,141 @@ fn check_depth(plan: &LogicalPlan) -> Result<(), CompileError> {
     Ok(())
 }
 
+/// An interval literal in nanoseconds (days, hours, minutes, seconds; not
+/// months, whose length varies).
+fn interval_ns(v: &datafusion::common::ScalarValue) -> Option<i128> {
+    use datafusion::common::ScalarValue;
+    match v {
+        ScalarValue::IntervalMonthDayNano(Some(i)) if i.months == 0 => {
+            Some(i128::from(i.days) * 86_400_000_000_000 + i128::from(i.nanoseconds))
+        }
+        ScalarValue::IntervalDayTime(Some(i)) => {
+            Some(i128::from(i.days) * 86_400_000_000_000 + i128::from(i.milliseconds) * 1_000_000)
+        }
+        _ => None,
+    }
+}
+
+/// `now()`, `now() ± interval` (or `interval + now()`): the offset from
+/// now() in nanoseconds.
+fn now_offset(e: &Expr) -> Option<i128> {
+    use datafusion::logical_expr::{BinaryExpr, Operator};
+    match e {
+        Expr::ScalarFunction(f) if f.func.name() == "now" && f.args.is_empty() => Some(0),
+        Expr::Cast(c) => now_offset(&c.expr),
+        Expr::BinaryExpr(BinaryExpr { left, op, right }) => {
+            let lit = |e: &Expr| match e {
+                Expr::Literal(v, _) => interval_ns(v),
+                _ => None,
+            };
+            match op {
+                Operator::Plus => match (now_offset(left), lit(right)) {
+                    (Some(a), Some(b)) => Some(a + b),
+                    _ => match (lit(left), now_offset(right)) {
+                        (Some(a), Some(b)) => Some(a + b),
+                        _ => None,
+                    },
+                },
+                Operator::Minus => Some(now_offset(left)? - lit(right)?),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+/// Whether `e` calls now() anywhere.
+fn calls_now(e: &Expr) -> bool {
+    let mut found = false;
+    let _ = e.apply(|x| {
+        if matches!(x, Expr::ScalarFunction(f) if f.func.name() == "now") {
+            found = true;
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    found
+}
+
+/// One condition of a WHERE, with comparisons of a row's value with
+/// `now() ± interval` written as [`FLOW_NOW_CMP`] calls.
+fn temporal_conjunct(e: Expr) -> Vec<Expr> {
+    use crate::sql::functions::FlowNowCmp;
+    use datafusion::common::ScalarValue;
+    use datafusion::logical_expr::{expr::ScalarFunction, BinaryExpr, Operator};
+    let cmp = |x: Expr, off: i128, op: &str| -> Expr {
+        let off = i64::try_from(off).unwrap_or(if off < 0 { i64::MIN } else { i64::MAX });
+        Expr::ScalarFunction(ScalarFunction::new_udf(
+            FlowNowCmp::udf(),
+            vec![
+                x,
+                Expr::Literal(ScalarValue::Int64(Some(off)), None),
+                Expr::Literal(ScalarValue::Utf8(Some(op.to_string())), None),
+            ],
+        ))
+    };
+    match e {
+        Expr::Between(b)
+            if !b.negated && !calls_now(&b.expr) && (calls_now(&b.low) || calls_now(&b.high)) =>
+        {
+            let low = Expr::BinaryExpr(BinaryExpr::new(b.expr.clone(), Operator::GtEq, b.low));
+            let high = Expr::BinaryExpr(BinaryExpr::new(b.expr, Operator::LtEq, b.high));
+            let mut out = temporal_conjunct(low);
+            out.extend(temporal_conjunct(high));
+            out
+        }
+        Expr::BinaryExpr(BinaryExpr { left, op, right }) => {
+            let name = |op: Operator, flip: bool| match (op, flip) {
+                (Operator::Gt, false) | (Operator::Lt, true) => Some("gt"),
+                (Operator::GtEq, false) | (Operator::LtEq, true) => Some("ge"),
+                (Operator::Lt, false) | (Operator::Gt, true) => Some("lt"),
+                (Operator::LtEq, false) | (Operator::GtEq, true) => Some("le"),
+                _ => None,
+            };
+            if let (Some(off), false, Some(n)) =
+                (now_offset(&right), calls_now(&left), name(op, false))
+            {
+                return vec![cmp(*left, off, n)];
+            }
+            if let (Some(off), false, Some(n)) =
+                (now_offset(&left), calls_now(&right), name(op, true))
+            {
+                return vec![cmp(*right, off, n)];
+            }
+            vec![Expr::BinaryExpr(BinaryExpr { left, op, right })]
+        }
+        other => vec![other],
+    }
+}
+
+/// Rewrites temporal filters (`WHERE ts > now() - INTERVAL '5 minutes'`,
+/// also `>=`, `<`, `<=` and `BETWEEN`, now() on either side) for the engine,
+/// which evaluates them at each tick's time. Any other use of now() is left
+/// for [`check_deterministic`] to refuse.
+fn temporal_filters(plan: LogicalPlan) -> Result<LogicalPlan, CompileError> {
+    use datafusion::common::tree_node::Transformed;
+    use datafusion::logical_expr::utils::{conjunction, split_conjunction_owned};
+    use datafusion::logical_expr::Filter;
+    plan.transform_up(|node| match node {
+        LogicalPlan::Filter(f) if calls_now(&f.predicate) => {
+            let parts: Vec<Expr> = split_conjunction_owned(f.predicate)
+                .into_iter()
+                .flat_map(temporal_conjunct)
+                .collect();
+            let predicate = conjunction(parts).unwrap_or(Expr::Literal(
+                datafusion::common::ScalarValue::Boolean(Some(true)),
+                None,
+            ));
+            Ok(Transformed::yes(LogicalPlan::Filter(Filter::try_new(
+                predicate, f.input,
+            )?)))
+        }
+        other => Ok(Transformed::no(other)),
+    })
+    .map(|t| t.data)
+    .map_err(|e| CompileError(format!("cannot plan the flow's temporal filter: {e}")))
+}
+
 /// Refuses functions whose value is not fixed by their arguments (now(),
 /// current_date, random(), ...). DataFusion would fold now() into the time the
 /// flow was planned, so the flow would compute with a frozen clock (another
@@ -252,7 +389,9 @@ fn check_deterministic(plan: &LogicalPlan) -> Result<(), CompileError> {
         node.apply_expressions(|e| {
             e.apply(|e| {
                 if let Expr::ScalarFunction(f) = e {
-                    if f.func.signature().volatility != Volatility::Immutable {
+                    if f.func.signature().volatility != Volatility::Immutable
+                        && f.func.name() != crate::sql::functions::FLOW_NOW_CMP
+                    {
                         found = Some(f.func.name().to_string());
                         return Ok(TreeNodeRecursion::Stop);
                     }
@@ -263,6 +402,14 @@ fn check_deterministic(plan: &LogicalPlan) -> Result<(), CompileError> {
     })
     .map_err(|e| CompileError(e.to_string()))?;
     match found {
+        Some(name) if name == "now" => Err(CompileError(
+            "unsupported: now() is not supported in flows except in a WHERE condition that compares a \
+             row's time with now() or now() plus or minus an interval (e.g. WHERE ts > now() - \
+             INTERVAL '5 minutes', or BETWEEN): the flow keeps each row in its result while the \
+             condition holds at the tick time; other uses would freeze the time the flow was \
+             planned"
+                .into(),
+        )),
         Some(name) => Err(CompileError(format!(
             "unsupported: function {name}() is not supported in flows: its value depends on \
              when the query runs, and a flow's result may depend only on its sources' rows \

@@ -637,3 +637,49 @@ impl ScalarUDFImpl for SketchRead {
         Ok(ColumnarValue::Array(out))
     }
 }
+
+/// `flow_now_cmp(x, offset_ns, op)`: `x op now() + offset` where now() is
+/// the flow's tick time. A flow's compiler writes it in place of a temporal
+/// filter (`WHERE ts > now() - INTERVAL '5 minutes'`) so that DataFusion
+/// neither folds now() into the time the flow was planned nor moves the
+/// condition; the engine keeps each row in the result exactly while the
+/// condition holds at the tick time. Never registered: it cannot be called
+/// from SQL, and a query never runs it.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub(crate) struct FlowNowCmp {
+    signature: Signature,
+}
+
+/// The name the engine recognises.
+pub(crate) const FLOW_NOW_CMP: &str = "flow_now_cmp";
+
+impl FlowNowCmp {
+    pub(crate) fn udf() -> Arc<ScalarUDF> {
+        Arc::new(ScalarUDF::from(FlowNowCmp {
+            // Stable: not folded while it reads a column, and still pushed
+            // below joins and into scans like any other condition.
+            signature: Signature::any(3, Volatility::Stable),
+        }))
+    }
+}
+
+impl ScalarUDFImpl for FlowNowCmp {
+    fn name(&self) -> &str {
+        FLOW_NOW_CMP
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _: &[DataType]) -> DfResult<DataType> {
+        Ok(DataType::Boolean)
+    }
+
+    fn invoke_with_args(&self, _: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
+        exec_err!(
+            "now() compares with a row's own time only in a flow's WHERE, e.g. WHERE ts > now() \
+             - INTERVAL '5 minutes'; compare it with a column, not a constant"
+        )
+    }
+}
