@@ -58,7 +58,7 @@ run: build
 
 ## The reference workload through the guest in wasm and natively.
 bench: setup
-	$(CARGO) bench -p sandflow-tests --bench engine --bench recovery --bench flows_scale --bench pull_log
+	$(CARGO) bench -p sandflow-tests --features dd --bench engine --bench recovery --bench flows_scale --bench pull_log --bench joins
 
 fmt:
 	$(CARGO) fmt --all
