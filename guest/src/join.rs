@@ -166,17 +166,17 @@ impl Arrangement {
         self.slots.iter().flatten()
     }
 
+    /// Writes the rows key by key, each key's rows in their order, so that a restored
+    /// arrangement lists them as this one does (and a join emits in the same order).
     fn write(&self, w: &mut Writer) {
         w.u64(self.live().count() as u64);
-        for s in self.live() {
-            w.bytes(&s.row);
-            w.bytes(
-                self.keys
-                    .get(s.key as usize)
-                    .map_or(&[], |(k, _)| k.as_slice()),
-            );
-            w.i64(s.mult);
-            w.i64(s.matches);
+        for (key, list) in &self.keys {
+            for s in list.iter().filter_map(|s| self.slot(*s)) {
+                w.bytes(&s.row);
+                w.bytes(key);
+                w.i64(s.mult);
+                w.i64(s.matches);
+            }
         }
     }
 

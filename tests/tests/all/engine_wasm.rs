@@ -49,6 +49,19 @@ const QUERIES: &[&str] = &[
     "SELECT host, status, count(*) AS hits, sum(bytes) AS total, date_bin(INTERVAL '1 minute', ts) AS minute \
      FROM s GROUP BY host, status, minute",
     "SELECT status / 100 AS class, avg(bytes) AS mean FROM s WHERE status <> 404 AND NOT (host = 'beta') GROUP BY status / 100",
+    // Joins of t and s (t.g and s.host draw from the same words), both
+    // sides changing: inner with GROUP BY, outer with a condition beside
+    // the equality, two keys of different integer types, a self-join,
+    // semi and anti joins, UNION ALL and INTERSECT.
+    "SELECT t.g, s.status, count(*) AS c, sum(s.bytes) AS b FROM t JOIN s ON t.g = s.host GROUP BY t.g, s.status",
+    "SELECT t.k, t.g, s.status FROM t LEFT JOIN s ON t.g = s.host AND s.bytes > t.v",
+    "SELECT s.host, count(t.k) AS n FROM t RIGHT JOIN s ON t.g = s.host AND t.n = s.status GROUP BY s.host",
+    "SELECT t.g AS tg, s.host AS sh, count(*) AS c FROM t FULL JOIN s ON t.g = s.host GROUP BY t.g, s.host",
+    "SELECT a.g, count(*) AS c FROM t a JOIN t b ON a.g = b.g AND a.k < b.k GROUP BY a.g",
+    "SELECT k, g FROM t WHERE g IN (SELECT host FROM s WHERE status > 300)",
+    "SELECT host, count(*) AS c FROM s WHERE NOT EXISTS (SELECT 1 FROM t WHERE t.g = s.host) GROUP BY host",
+    "SELECT g AS x FROM t UNION ALL SELECT host FROM s",
+    "SELECT g FROM t INTERSECT SELECT host FROM s",
 ];
 
 fn check_stream(sql: &str, seed: u64, steps: usize) {
