@@ -25,13 +25,32 @@ fn connect(s: &Server) -> Client {
 /// `PUT path` with a binary body; (status, JSON). The server may answer
 /// before reading the whole body (413), so a failed write is not an error.
 fn put(s: &Server, path: &str, body: &[u8]) -> (u16, serde_json::Value) {
+    put_as(s, path, body, None)
+}
+
+/// [`put`] with HTTP Basic credentials `user:password`.
+fn put_as(
+    s: &Server,
+    path: &str,
+    body: &[u8],
+    credentials: Option<&str>,
+) -> (u16, serde_json::Value) {
+    use base64::Engine;
+    let auth = credentials
+        .map(|c| {
+            format!(
+                "Authorization: Basic {}\r\n",
+                base64::engine::general_purpose::STANDARD.encode(c)
+            )
+        })
+        .unwrap_or_default();
     let mut stream = TcpStream::connect(("127.0.0.1", s.http_port)).expect("connect HTTP");
     stream
         .set_read_timeout(Some(Duration::from_secs(120)))
         .unwrap();
     let head = format!(
         "PUT {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nConnection: close\r\n\
-         Content-Type: application/wasm\r\nContent-Length: {}\r\n\r\n",
+         Content-Type: application/wasm\r\n{auth}Content-Length: {}\r\n\r\n",
         s.http_port,
         body.len()
     );
@@ -228,6 +247,13 @@ fn the_engine_uploaded_as_a_component_runs_like_the_built_in_flow() {
         .batch_execute("ALTER FLOW builtin SET COMPONENT VERSION 1")
         .expect_err("a built-in flow has no component");
     assert_eq!(sqlstate(&err), "0A000", "{err:?}");
+
+    // Pause and resume: the flow comes back on its component.
+    c.batch_execute("ADMIN PAUSE_FLOW('user_flow')").unwrap();
+    c.batch_execute("INSERT INTO src VALUES ('k11', 11, 1700000000150)")
+        .unwrap();
+    c.batch_execute("ADMIN RESUME_FLOW('user_flow')").unwrap();
+    assert_sinks_equal(&mut c, "pause and resume");
 
     // In use: DROP COMPONENT names the flow.
     let err = c.batch_execute("DROP COMPONENT eng").expect_err("in use");
@@ -430,4 +456,116 @@ fn hostile_uploads_are_refused_while_a_neighbouring_flow_stays_exact() {
         .expect_err("no such component");
     assert_eq!(sqlstate(&err), "42704", "{err:?}");
     write_and_check(&mut c, "a flow on a missing component");
+}
+
+#[test]
+fn uploading_needs_create_on_the_database_and_listings_show_only_what_a_user_may_see() {
+    const ADMIN_PW: &str = "admin-secret";
+    let s = Server::start_with(
+        sandflow_tests::harness::temp_data_dir(),
+        Options {
+            env: vec![
+                ("SANDFLOW_AUTH".into(), "password".into()),
+                ("SANDFLOW_ADMIN_PASSWORD".into(), ADMIN_PW.into()),
+            ],
+            ..Default::default()
+        },
+    );
+    let login = |user: &str, password: &str, database: &str| {
+        Client::connect(
+            &format!(
+                "host=127.0.0.1 port={} user={user} password={password} dbname={database} \
+                 connect_timeout=10",
+                s.pg_port
+            ),
+            NoTls,
+        )
+        .expect("login")
+    };
+    let mut admin = login("sandflow", ADMIN_PW, "public");
+    admin
+        .batch_execute(
+            "CREATE DATABASE acme; CREATE DATABASE other; \
+             CREATE USER alice WITH PASSWORD 'a'; GRANT ALL ON DATABASE acme TO alice; \
+             CREATE USER bob WITH PASSWORD 'b'; GRANT SELECT ON DATABASE acme TO bob; \
+             CREATE USER carol WITH PASSWORD 'c'; GRANT ALL ON DATABASE other TO carol",
+        )
+        .unwrap();
+    let engine = sandflow::engine::component().to_vec();
+
+    let mut alice = login("alice", "a", "acme");
+    alice
+        .execute("CREATE COMPONENT acme.c FROM $1", &[&engine])
+        .expect("alice has CREATE on acme");
+    let (status, json) = put_as(&s, "/v1/components/c2?db=acme", &engine, Some("alice:a"));
+    assert_eq!(status, 200, "{json}");
+    let (status, json) = put_as(&s, "/v1/components/c?db=other", &engine, Some("alice:a"));
+    assert_eq!(status, 403, "{json}");
+    let (status, _) = put_as(&s, "/v1/components/c?db=acme", &engine, None);
+    assert_eq!(status, 401);
+
+    let mut bob = login("bob", "b", "acme");
+    let err = bob
+        .execute("CREATE COMPONENT acme.d FROM $1", &[&engine])
+        .expect_err("bob has only SELECT on acme");
+    assert_eq!(sqlstate(&err), "42501", "{err:?}");
+    let err = bob
+        .batch_execute("DROP COMPONENT acme.c")
+        .expect_err("bob may not drop");
+    assert_eq!(sqlstate(&err), "42501", "{err:?}");
+    let listed = |c: &mut Client| {
+        rows(
+            c,
+            "SELECT database, name, version, owner FROM information_schema.components \
+             ORDER BY name",
+        )
+    };
+    let expected = vec!["acme|c|1|alice".to_string(), "acme|c2|1|alice".to_string()];
+    assert_eq!(listed(&mut bob), expected);
+    assert_eq!(listed(&mut alice), expected);
+    assert_eq!(listed(&mut admin), expected);
+    let mut carol = login("carol", "c", "other");
+    assert!(listed(&mut carol).is_empty());
+    assert!(rows(&mut carol, "SHOW COMPONENTS FROM acme").is_empty());
+    assert_eq!(rows(&mut bob, "SHOW COMPONENTS FROM acme").len(), 2);
+    alice.batch_execute("DROP COMPONENT acme.c2").unwrap();
+    assert_eq!(listed(&mut admin), vec!["acme|c|1|alice".to_string()]);
+}
+
+#[tokio::test]
+async fn a_compilation_past_its_time_bound_fails_the_upload_not_the_database() {
+    use sandflow::flow::FlowSettings;
+    use sandflow::{Database, DatabaseConfig};
+    let db = Database::open_config(DatabaseConfig::in_memory().with_flows(FlowSettings {
+        component_compile_timeout: Duration::from_millis(1),
+        ..Default::default()
+    }))
+    .await
+    .unwrap();
+    let err = db
+        .put_component(
+            &sandflow::auth::Principal::Root,
+            "public",
+            "slow",
+            engine_variant("slow"),
+        )
+        .await
+        .expect_err("compiling the engine takes more than 1 ms");
+    assert!(
+        matches!(err, sandflow::Error::InvalidComponent { .. })
+            && err.to_string().contains("took longer"),
+        "{err}"
+    );
+    // The database goes on: statements run, nothing was stored.
+    let out = db
+        .execute("SELECT count(*) FROM information_schema.components")
+        .await
+        .unwrap();
+    let sandflow::Output::Rows { batches, .. } = &out[0] else {
+        panic!("rows expected")
+    };
+    let text = datafusion::arrow::util::pretty::pretty_format_batches(batches)
+        .unwrap()
+        .to_string();
+    assert!(text.contains("| 0 "), "{text}");
 }

@@ -2421,6 +2421,73 @@ mod tests {
     }
 
     #[test]
+    fn component_statements() {
+        let bytes = |s: &Stmt| match s {
+            Stmt::CreateComponent {
+                source: ComponentSource::Bytes(b),
+                ..
+            } => b.as_ref().clone(),
+            other => panic!("{other:?}"),
+        };
+        let wasm = vec![0x00, 0x61, 0x73, 0x6d];
+        for sql in [
+            "CREATE COMPONENT c FROM '\\x0061736d'",
+            "CREATE COMPONENT c FROM E'\\\\x0061736D'",
+            "CREATE COMPONENT c FROM X'0061736d'",
+            "CREATE COMPONENT c FROM decode('0061736d', 'hex')",
+            "CREATE COMPONENT c FROM decode('AGFzbQ==', 'base64')",
+        ] {
+            let s = parse(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+            assert_eq!(bytes(&s[0]), wasm, "{sql}");
+        }
+        let s = parse("CREATE OR REPLACE COMPONENT db.c FROM $1").unwrap();
+        assert!(matches!(
+            &s[0],
+            Stmt::CreateComponent { name, or_replace: true, source: ComponentSource::Param(1) }
+                if name.database == "db" && name.table == "c"
+        ));
+        for bad in [
+            "CREATE COMPONENT c FROM 'plain text'",
+            "CREATE COMPONENT c FROM '\\xZZ'",
+            "CREATE COMPONENT c FROM decode('00', 'rot13')",
+            "CREATE COMPONENT c",
+            "ALTER FLOW f SET COMPONENT VERSION 0",
+            "ALTER FLOW f RENAME TO g",
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+        let s = parse(
+            "DROP COMPONENT IF EXISTS c; SHOW COMPONENTS LIKE 'c%'; \
+             ALTER FLOW f SET COMPONENT VERSION 2",
+        )
+        .unwrap();
+        assert!(matches!(
+            &s[0],
+            Stmt::DropComponent {
+                if_exists: true,
+                ..
+            }
+        ));
+        assert!(matches!(&s[1], Stmt::ShowComponents { like: Some(p), .. } if p == "c%"));
+        assert!(matches!(&s[2], Stmt::AlterFlowComponent { name, version: 2 } if name == "f"));
+        let s = parse(
+            "CREATE FLOW f SINK TO o USING COMPONENT other.c WITH (backfill = 'false') \
+             AS SELECT x FROM t",
+        )
+        .unwrap();
+        let Stmt::CreateFlow(f) = &s[0] else { panic!() };
+        let c = f.component.as_ref().unwrap();
+        assert_eq!(
+            (c.name.database.as_str(), c.name.table.as_str()),
+            ("other", "c")
+        );
+        assert_eq!(
+            f.options,
+            vec![("backfill".to_string(), "false".to_string())]
+        );
+    }
+
+    #[test]
     fn greptime_values_lists() {
         let one = |sql: &str, dialect: Dialect| -> String {
             match parse_dialect(sql, dialect).unwrap().as_slice() {
