@@ -607,6 +607,29 @@ impl Database {
         self.core.flows.check_flow_access(&self.core, who, name)
     }
 
+    /// `PUT /v1/components/{name}?db=database`: uploads `bytes` as a new
+    /// version of component `name` (created if new), as `CREATE OR REPLACE
+    /// COMPONENT` does, acting as `who` (CREATE on the database). Checked
+    /// and compiled before anything is stored; see [`crate::flow::components`].
+    pub async fn put_component(
+        &self,
+        who: &Principal,
+        database: &str,
+        name: &str,
+        bytes: Vec<u8>,
+    ) -> Result<crate::flow::components::Uploaded> {
+        let (core, who) = (self.core.clone(), who.clone());
+        let (database, name) = (database.to_string(), name.to_string());
+        self.core
+            .executor
+            .run(async move {
+                core.flows
+                    .put_component(&core, &who, &database, &name, Arc::new(bytes), true)
+                    .await
+            })
+            .await
+    }
+
     /// The flows `who` may see.
     pub fn flows_visible_to(&self, who: &Principal) -> Vec<String> {
         self.core

@@ -61,6 +61,25 @@ pub enum Error {
     /// A server-wide limit that a setting raises (SQLSTATE 53400).
     #[snafu(display("{message}"))]
     LimitExceeded { message: String },
+    /// A component of that name exists already in the database (SQLSTATE
+    /// 42710); CREATE OR REPLACE COMPONENT adds a version instead.
+    #[snafu(display("{message}"))]
+    ComponentExists { message: String },
+    /// No component of that name, or no such version of it (SQLSTATE 42704).
+    #[snafu(display("{message}"))]
+    ComponentNotFound { message: String },
+    /// Uploaded bytes that are not a flow component this server may run: not
+    /// wasm, a core module, another world or version, a forbidden import, or
+    /// a compilation that failed or ran out of time (SQLSTATE 42P13).
+    #[snafu(display("{message}"))]
+    InvalidComponent { message: String },
+    /// Input larger than a server limit allows (SQLSTATE 54000, HTTP 413).
+    #[snafu(display("{message}"))]
+    TooLarge { message: String },
+    /// The object is still used by another one, e.g. a component by a flow
+    /// (SQLSTATE 2BP01).
+    #[snafu(display("{message}"))]
+    InUse { message: String },
     /// Storage or I/O failure.
     #[snafu(display("storage error: {message}"))]
     Storage { message: String },
@@ -123,6 +142,21 @@ impl Error {
                 message: message.clone(),
             },
             Error::LimitExceeded { message } => Error::LimitExceeded {
+                message: message.clone(),
+            },
+            Error::ComponentExists { message } => Error::ComponentExists {
+                message: message.clone(),
+            },
+            Error::ComponentNotFound { message } => Error::ComponentNotFound {
+                message: message.clone(),
+            },
+            Error::InvalidComponent { message } => Error::InvalidComponent {
+                message: message.clone(),
+            },
+            Error::TooLarge { message } => Error::TooLarge {
+                message: message.clone(),
+            },
+            Error::InUse { message } => Error::InUse {
                 message: message.clone(),
             },
             Error::Storage { message } => Error::Storage {

@@ -140,7 +140,10 @@ impl Statement {
             | Stmt::DropTable { .. }
             | Stmt::DropDatabase { .. }
             | Stmt::CreateFlow(_)
-            | Stmt::DropFlow { .. } => true,
+            | Stmt::DropFlow { .. }
+            | Stmt::AlterFlowComponent { .. }
+            | Stmt::CreateComponent { .. }
+            | Stmt::DropComponent { .. } => true,
             Stmt::Access(a) => !matches!(
                 a,
                 crate::sql::access::AccessStmt::ShowUsers
@@ -972,10 +975,23 @@ impl Session {
                         .await
                 }
             },
-            other => Ok(Description {
-                params: vec![None; params],
-                columns: crate::sql::result_schema(other),
-            }),
+            other => {
+                let mut types = vec![None; params];
+                // CREATE COMPONENT ... FROM $n takes the bytes as a bytea.
+                if let Stmt::CreateComponent {
+                    source: crate::sql::parser::ComponentSource::Param(n),
+                    ..
+                } = other
+                {
+                    if let Some(t) = n.checked_sub(1).and_then(|i| types.get_mut(i)) {
+                        *t = Some(datafusion::arrow::datatypes::DataType::Binary);
+                    }
+                }
+                Ok(Description {
+                    params: types,
+                    columns: crate::sql::result_schema(other),
+                })
+            }
         }
     }
 

@@ -90,6 +90,45 @@ impl std::fmt::Display for Digest {
     }
 }
 
+/// The contract package (and version) a flow component is built against.
+pub const FLOW_PACKAGE: &str = "sandflow:flow@0.2.0";
+/// The interface a flow component must export.
+pub const FLOW_EXPORT: &str = "sandflow:flow/engine@0.2.0";
+/// The contract's version, as `information_schema.components` shows it.
+pub const FLOW_WORLD_VERSION: &str = "0.2.0";
+
+/// Refuses, with a message for a person, bytes that cannot be a component:
+/// not WebAssembly at all, or a core module (which has no imports or exports
+/// of the contract's types).
+fn check_component_header(bytes: &[u8]) -> Result<(), RuntimeError> {
+    const MAGIC: &[u8] = b"\0asm";
+    let setup = |message: String| Err(RuntimeError::Setup { message });
+    if bytes.len() < 8 || &bytes[..4] != MAGIC {
+        return setup(format!(
+            "the bytes are not a WebAssembly component (they do not start with \\0asm; got {} \
+             bytes); build one with `cargo build --target wasm32-wasip2` or wasm-tools component \
+             new",
+            bytes.len()
+        ));
+    }
+    match bytes[4..8] {
+        // Core modules: version 1, layer 0.
+        [0x01, 0x00, 0x00, 0x00] => setup(
+            "the bytes are a core WebAssembly module, not a component; wrap it with \
+             `wasm-tools component new` (or build for wasm32-wasip2) so that it exports \
+             sandflow:flow/engine@0.2.0"
+                .into(),
+        ),
+        // Components: layer 1.
+        [_, _, 0x01, 0x00] => Ok(()),
+        _ => setup(
+            "the bytes are a WebAssembly binary of an unknown version or layer, not a \
+             component this server can run"
+                .into(),
+        ),
+    }
+}
+
 /// What advances the epochs that CPU budgets are counted in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Epochs {
@@ -234,6 +273,98 @@ impl Sandbox {
             map.insert(digest, pre);
         }
         Ok(digest)
+    }
+
+    /// Checks and compiles a component uploaded by a user, registers it, and
+    /// returns its digest and its compiled form (to be stored and handed to
+    /// [`Sandbox::register_compiled`] after a restart instead of compiling
+    /// again).
+    ///
+    /// Refused, with a message that says why: bytes that are not WebAssembly,
+    /// a core module, a component of another world or contract version (it
+    /// must export [`FLOW_EXPORT`]), and a component that imports anything
+    /// beyond the contract and the stubbed WASI (the message names the
+    /// import). Compiling may take long on hostile input: run it off the
+    /// request path, with a time bound (see the database's component registry).
+    pub fn compile_untrusted(&self, bytes: &[u8]) -> Result<(Digest, Vec<u8>), RuntimeError> {
+        check_component_header(bytes)?;
+        let digest = Digest::of(bytes);
+        let component = wasmtime::component::Component::new(&self.engine, bytes).map_err(|e| {
+            RuntimeError::Setup {
+                message: format!("the component does not validate or compile: {e:#}"),
+            }
+        })?;
+        let pre = self.check_fits(&component)?;
+        let compiled = component.serialize().map_err(|e| RuntimeError::Setup {
+            message: format!("cannot serialize the compiled component {digest}: {e:#}"),
+        })?;
+        if let Ok(mut map) = self.components.write() {
+            map.insert(digest, pre);
+        }
+        Ok((digest, compiled))
+    }
+
+    /// Registers a component from the compiled form that
+    /// [`Sandbox::compile_untrusted`] returned, without compiling it again.
+    /// Fails (and the caller compiles again) when the form was made by
+    /// another wasmtime version or engine settings.
+    ///
+    /// # Safety
+    ///
+    /// `compiled` must be bytes that `compile_untrusted` of a sandbox returned
+    /// for the component whose digest is `digest`, unaltered: wasmtime runs
+    /// the machine code in them as it is. The database keeps them in its own
+    /// storage with their SHA-256 and checks it before calling this.
+    pub unsafe fn register_compiled(
+        &self,
+        digest: Digest,
+        compiled: &[u8],
+    ) -> Result<(), RuntimeError> {
+        if self.is_registered(&digest) {
+            return Ok(());
+        }
+        // SAFETY: the caller's contract (see above).
+        let component =
+            unsafe { wasmtime::component::Component::deserialize(&self.engine, compiled) }
+                .map_err(|e| RuntimeError::Setup {
+                    message: format!("cannot load the compiled component {digest}: {e:#}"),
+                })?;
+        let pre = self.check_fits(&component)?;
+        if let Ok(mut map) = self.components.write() {
+            map.insert(digest, pre);
+        }
+        Ok(())
+    }
+
+    /// A number that changes when compiled forms of this sandbox's engine
+    /// stop being loadable (another wasmtime version or settings).
+    pub fn compatibility_hash(&self) -> u64 {
+        let mut hasher = std::hash::DefaultHasher::new();
+        std::hash::Hash::hash(&self.engine.precompile_compatibility_hash(), &mut hasher);
+        std::hash::Hasher::finish(&hasher)
+    }
+
+    /// The component's imports are all provided and it exports the contract.
+    fn check_fits(
+        &self,
+        component: &wasmtime::component::Component,
+    ) -> Result<FlowEnginePre<GuestState>, RuntimeError> {
+        let instance_pre =
+            self.linker
+                .instantiate_pre(component)
+                .map_err(|e| RuntimeError::Setup {
+                    message: format!(
+                        "the component imports something the sandbox does not provide ({e:#}); a \
+                         flow component may import only {FLOW_PACKAGE}'s types and the stubbed \
+                         WASI interfaces (no files, sockets or other capabilities)"
+                    ),
+                })?;
+        FlowEnginePre::new(instance_pre).map_err(|e| RuntimeError::Setup {
+            message: format!(
+                "the component is not a flow component of {FLOW_PACKAGE}: it must export \
+                 {FLOW_EXPORT} with the functions of wit/flow.wit ({e:#})"
+            ),
+        })
     }
 
     /// Whether a component with this digest is registered.

@@ -387,6 +387,7 @@ pub async fn start(
     flows.max_flows = config.flow.max_flows;
     flows.sleep_after = config.flow.sleep_after;
     flows.threads = config.flow.threads;
+    flows.max_component_size = config.flow.max_component_size;
     let db = Database::open_with(&config.data_dir, flows)
         .await
         .map_err(|e| format!("cannot open database in {}: {e}", config.data_dir.display()))?;

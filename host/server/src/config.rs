@@ -34,6 +34,7 @@
 //! restart_backoff = "1s"        # first wait before an automatic restart; doubles, at most 60s
 //! max_flows = 10000             # flows the server runs at most
 //! sleep_after = "60s"           # an idle flow's sandbox is released after this ("0": never)
+//! max_component_size = "64MiB"  # largest user component (CREATE COMPONENT, PUT /v1/components)
 //! ```
 
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -359,6 +360,12 @@ pub struct StartArgs {
     #[arg(long, value_name = "N", env = "SANDFLOW_MAX_FLOWS")]
     pub max_flows: Option<String>,
 
+    /// Largest user component (CREATE COMPONENT, PUT /v1/components/{name}),
+    /// e.g. "16MiB"; a larger upload is refused (HTTP 413, SQLSTATE 54000).
+    /// [default: 64MiB]
+    #[arg(long, value_name = "SIZE", env = "SANDFLOW_MAX_COMPONENT_SIZE")]
+    pub max_component_size: Option<String>,
+
     /// How long a flow with nothing to do keeps its sandbox; then it sleeps
     /// (state kept as a snapshot, memory released) until input arrives; "0"
     /// never sleeps. [default: 60s]
@@ -453,6 +460,8 @@ pub struct FlowConfig {
     pub sleep_after: Option<Duration>,
     /// Threads that run flows.
     pub threads: usize,
+    /// Largest user component in bytes.
+    pub max_component_size: usize,
 }
 
 impl Default for FlowConfig {
@@ -469,6 +478,7 @@ impl Default for FlowConfig {
             max_flows: sandflow::flow::DEFAULT_MAX_FLOWS,
             sleep_after: Some(sandflow::flow::DEFAULT_SLEEP_AFTER),
             threads: sandflow::flow::default_threads(),
+            max_component_size: sandflow::flow::DEFAULT_MAX_COMPONENT_SIZE,
         }
     }
 }
@@ -594,6 +604,7 @@ pub struct FileFlowConfig {
     pub restart_backoff: Option<String>,
     pub max_flows: Option<toml::Value>,
     pub sleep_after: Option<String>,
+    pub max_component_size: Option<String>,
 }
 
 impl FileConfig {
@@ -674,6 +685,20 @@ impl Config {
                 }
             })?,
             None => defaults.memory_limit,
+        };
+        let max_component_size = match args
+            .max_component_size
+            .as_deref()
+            .or(file.flow.max_component_size.as_deref())
+        {
+            Some(s) => sandflow::flow::options::parse_size(s).map_err(|message| {
+                ConfigError::InvalidSize {
+                    what: "flow.max_component_size".into(),
+                    value: s.to_string(),
+                    message,
+                }
+            })?,
+            None => defaults.max_component_size,
         };
         let cpu_limit_per_tick = match args
             .flow_cpu_limit_per_tick
@@ -955,6 +980,7 @@ impl Config {
                 max_flows,
                 sleep_after,
                 threads: defaults.threads,
+                max_component_size,
             },
         })
     }

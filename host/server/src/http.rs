@@ -25,7 +25,7 @@ use axum::extract::{Path, Query, RawQuery, Request, State};
 use axum::http::{header, HeaderMap, HeaderName, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
 use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, Float32Array, Float64Array, Int16Array, Int32Array,
@@ -70,6 +70,9 @@ pub struct Settings {
     pub gate: Option<Arc<Gate>>,
     /// HTTPS only, with this certificate (`None`: plain HTTP).
     pub tls: Option<Tls>,
+    /// The largest body `PUT /v1/components/{name}` reads; a larger one is
+    /// answered 413 without being read whole.
+    pub max_component_size: usize,
 }
 
 impl Settings {
@@ -81,6 +84,7 @@ impl Settings {
             max_connections: config.max_connections,
             gate: None,
             tls: None,
+            max_component_size: config.flow.max_component_size,
         }
     }
 }
@@ -117,6 +121,7 @@ pub fn router(db: Arc<Database>, settings: Settings) -> Router {
                 .post(recording_start)
                 .delete(recording_stop),
         )
+        .route("/v1/components/{name}", put(component_put))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             same_origin_only,
@@ -300,6 +305,11 @@ pub fn error_code(e: &Error) -> u32 {
         // GreptimeDB's AccessDenied and UserPasswordMismatch.
         Error::PermissionDenied { .. } => 7005,
         Error::AuthFailed { .. } => 7002,
+        Error::ComponentExists { .. } => 4000,
+        Error::ComponentNotFound { .. } => 4001,
+        Error::InvalidComponent { .. } => 1004,
+        Error::TooLarge { .. } => 1004,
+        Error::InUse { .. } => 1004,
         Error::Storage { .. } => 5000,
         Error::Flow { .. } => 1003,
         Error::Internal { .. } => 1003,
@@ -323,6 +333,10 @@ pub fn error_status(e: &Error) -> StatusCode {
             StatusCode::NOT_FOUND
         }
         Error::TableExists { .. } | Error::FlowExists { .. } => StatusCode::BAD_REQUEST,
+        Error::InvalidComponent { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+        Error::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        Error::ComponentNotFound { .. } => StatusCode::NOT_FOUND,
+        Error::ComponentExists { .. } | Error::InUse { .. } => StatusCode::CONFLICT,
         Error::Conflict { .. } => StatusCode::CONFLICT,
         Error::PermissionDenied { .. } => StatusCode::FORBIDDEN,
         Error::AuthFailed { .. } => StatusCode::UNAUTHORIZED,
@@ -409,6 +423,81 @@ async fn recording_stop(
         Ok(was) => Json(json!({
             "flow": name,
             "recording": if was { "stopped" } else { "none" },
+            "execution_time_ms": started.elapsed().as_millis() as u64,
+        }))
+        .into_response(),
+        Err(e) => db_error_response(e, started),
+    }
+}
+
+/// `PUT /v1/components/{name}?db=database`: the body is a flow component;
+/// it becomes the next version of `name` in the database (`public` unless
+/// `db` says otherwise), as `CREATE OR REPLACE COMPONENT` does. A body
+/// larger than `--max-component-size` is refused with 413 as soon as its
+/// declared length or the bytes read so far pass it.
+async fn component_put(
+    State(state): State<AppState>,
+    Extension(who): Extension<Principal>,
+    Path(name): Path<String>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Response {
+    use http_body_util::BodyExt;
+    let started = Instant::now();
+    let database = url_pairs(query.as_deref().unwrap_or(""))
+        .into_iter()
+        .find(|(k, _)| k == "db")
+        .map(|(_, v)| v)
+        .unwrap_or_else(|| "public".to_string());
+    let max = state.settings.max_component_size;
+    let too_large = |size: String| {
+        error_response(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            1004,
+            format!(
+                "the component is {size} bytes, more than the server's limit of {max} bytes \
+                 (--max-component-size, [flow] max_component_size)"
+            ),
+            started,
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if let Some(len) = declared.filter(|len| *len > max as u64) {
+        return too_large(len.to_string());
+    }
+    let mut bytes = Vec::with_capacity(declared.unwrap_or(0).min(max as u64) as usize);
+    let mut body = body;
+    while let Some(frame) = body.frame().await {
+        let frame = match frame {
+            Ok(frame) => frame,
+            Err(e) => {
+                return error_response(
+                    StatusCode::BAD_REQUEST,
+                    1004,
+                    format!("cannot read the request body: {e}"),
+                    started,
+                )
+            }
+        };
+        if let Ok(data) = frame.into_data() {
+            if bytes.len() + data.len() > max {
+                return too_large(format!("more than {max}"));
+            }
+            bytes.extend_from_slice(&data);
+        }
+    }
+    match state.db.put_component(&who, &database, &name, bytes).await {
+        Ok(up) => Json(json!({
+            "component": up.name,
+            "database": up.database,
+            "version": up.version.version,
+            "digest": up.version.digest,
+            "size": up.version.size,
+            "world_version": up.version.world_version,
             "execution_time_ms": started.elapsed().as_millis() as u64,
         }))
         .into_response(),

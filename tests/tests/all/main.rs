@@ -6,7 +6,7 @@
 //!   DataFusion;
 //! - `engine_wasm`, `sandbox`: the engine in wasm, and hostile guests;
 //! - `e2e_*`: the real binary over psql, drivers and HTTP (`e2e_tls`: TLS on
-//!   the front doors);
+//!   the front doors; `e2e_components`: user components);
 //! - `flows_differential`, `flows_limits`, `hostile_flows`, `crash_flows`:
 //!   flows under random writes, limits, attacks and kill -9;
 //! - `fuzz`: bounded fuzzing of everything untrusted input reaches;
@@ -21,6 +21,7 @@ mod crash_flows;
 mod database;
 mod e2e_auth;
 mod e2e_cli;
+mod e2e_components;
 mod e2e_extended;
 mod e2e_flows;
 mod e2e_http;

@@ -94,7 +94,18 @@ pub struct FlowSettings {
     /// server never sets it; nothing in SQL, flags or files can.
     #[doc(hidden)]
     pub untrusted_guest: Option<UntrustedGuest>,
+    /// The largest user component (`CREATE COMPONENT`, `PUT
+    /// /v1/components/{name}`) in bytes.
+    pub max_component_size: usize,
+    /// How long compiling an uploaded component may take; past it the
+    /// upload fails (the compilation's thread is left to finish on its own).
+    pub component_compile_timeout: Duration,
 }
+
+/// Default of [`FlowSettings::max_component_size`]: 64 MiB.
+pub const DEFAULT_MAX_COMPONENT_SIZE: usize = 64 << 20;
+/// Default of [`FlowSettings::component_compile_timeout`].
+pub const DEFAULT_COMPONENT_COMPILE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// See [`FlowSettings::untrusted_guest`].
 #[doc(hidden)]
@@ -134,6 +145,8 @@ impl Default for FlowSettings {
             engine: FlowEngine::Wasm,
             sandbox: None,
             untrusted_guest: None,
+            max_component_size: DEFAULT_MAX_COMPONENT_SIZE,
+            component_compile_timeout: DEFAULT_COMPONENT_COMPILE_TIMEOUT,
         }
     }
 }
@@ -213,6 +226,29 @@ pub struct FlowDef {
     /// created without authentication, unchecked).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
+    /// `USING COMPONENT`: the user component the flow runs (`None`:
+    /// sandflow's engine). It keeps running this version's digest until
+    /// `ALTER FLOW ... SET COMPONENT VERSION` or CREATE OR REPLACE FLOW.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub component: Option<FlowComponent>,
+}
+
+/// The user component a flow runs: which one, which version, and the
+/// SHA-256 of its bytes (what the sandbox runs).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlowComponent {
+    pub database: String,
+    pub name: String,
+    pub version: u32,
+    /// Hex SHA-256 of the component's bytes.
+    pub digest: String,
+}
+
+impl FlowComponent {
+    /// As `information_schema.flows` and SHOW CREATE FLOW name it.
+    pub fn display_name(&self) -> String {
+        display_name(&self.database, &self.name)
+    }
 }
 
 fn default_database() -> String {
@@ -242,6 +278,13 @@ impl FlowDef {
             quote_ident(&self.sink_database),
             quote_ident(&self.sink_table)
         );
+        if let Some(c) = &self.component {
+            s.push_str(&format!(
+                "USING COMPONENT {}.{}\n",
+                quote_ident(&c.database),
+                quote_ident(&c.name)
+            ));
+        }
         if let Some(ms) = self.expire_after_ms {
             s.push_str(&format!("EXPIRE AFTER '{}'\n", seconds_text(ms)));
         }
@@ -349,8 +392,10 @@ pub struct FlowManager {
     /// The digest of [`FlowSettings::untrusted_guest`]'s component, if set.
     untrusted: Arc<OnceLock<std::result::Result<Digest, String>>>,
     flows: RwLock<BTreeMap<String, Arc<FlowHandle>>>,
-    /// Serialises CREATE / DROP FLOW.
-    ddl: tokio::sync::Mutex<()>,
+    /// Serialises CREATE / DROP FLOW, and CREATE / DROP COMPONENT.
+    pub(super) ddl: tokio::sync::Mutex<()>,
+    /// Component compilations running now (see [`super::components`]).
+    pub(super) compiling: Arc<std::sync::atomic::AtomicUsize>,
     /// Automatic restarts asked for by failed flows, each due at a time on
     /// the database's clock (see [`supervise`], [`FlowManager::restart_due`]);
     /// `None` until the supervisor starts, and again at shutdown.
@@ -487,6 +532,7 @@ impl FlowManager {
             untrusted: Arc::new(OnceLock::new()),
             flows: RwLock::new(BTreeMap::new()),
             ddl: tokio::sync::Mutex::new(()),
+            compiling: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             restarts: Mutex::new(None),
             restart_asked: Arc::new(tokio::sync::Notify::new()),
             incarnations: AtomicU64::new(1),
@@ -531,6 +577,15 @@ impl FlowManager {
             .read()
             .map(|f| f.values().cloned().collect())
             .unwrap_or_default()
+    }
+
+    pub(super) fn get_def(&self, name: &str) -> Option<FlowDef> {
+        self.get(name).map(|h| h.def.clone())
+    }
+
+    /// The settings the manager was made with.
+    pub(super) fn settings(&self) -> &FlowSettings {
+        &self.settings
     }
 
     fn get(&self, name: &str) -> Option<Arc<FlowHandle>> {
@@ -985,7 +1040,7 @@ impl FlowManager {
     }
 
     /// CREATE FLOW under the DDL lock.
-    async fn create_locked(
+    pub(super) async fn create_locked(
         &self,
         core: &Arc<Core>,
         ctx: &SessionContext,
@@ -1041,6 +1096,10 @@ impl FlowManager {
             Some(text) => Some(parse_eval_interval(text)?),
             None => None,
         };
+        let component = match &stmt.component {
+            Some(c) => Some(self.resolve_component(core, &who, c)?),
+            None => None,
+        };
         let now = self.now_ms();
         let id = match &old {
             Some(h) => h.def.id,
@@ -1069,6 +1128,7 @@ impl FlowManager {
                 Principal::Root => None,
                 Principal::User(u) => Some(u.clone()),
             },
+            component: component.clone(),
         };
         // Sources are resolved by compiling; the definition records them.
         let compiled = match compile_flow(
@@ -1747,6 +1807,16 @@ impl FlowManager {
             Arc<dyn sandflow_flows::Waker>,
             Vec<crate::runtime::Field>,
         ) = match self.settings.engine {
+            FlowEngine::Native if def.component.is_some() => {
+                return UnsupportedSnafu {
+                    message: format!(
+                        "flow '{}' runs a user component, which runs only in the wasm sandbox, \
+                         not with the native engine",
+                        def.name
+                    ),
+                }
+                .fail()
+            }
             FlowEngine::Native => {
                 let (guest, output) = match state {
                     Some(state) => {
@@ -1767,8 +1837,11 @@ impl FlowManager {
             }
             FlowEngine::Wasm => {
                 let (sandbox, engine) = self.sandbox().await?;
-                let component = match &self.settings.untrusted_guest {
-                    Some(u) if (u.runs)(&def.name) => self.untrusted(u.component.clone()).await?,
+                let component = match (&def.component, &self.settings.untrusted_guest) {
+                    (Some(c), _) => self.load_component(core, &sandbox, c).await?,
+                    (None, Some(u)) if (u.runs)(&def.name) => {
+                        self.untrusted(u.component.clone()).await?
+                    }
                     _ => engine,
                 };
                 let guest_sandbox = sandbox.clone();
@@ -1897,7 +1970,7 @@ impl FlowManager {
     }
 
     /// The sandbox and the digest of sandflow's engine in it.
-    async fn sandbox(&self) -> Result<(Arc<Sandbox>, Digest)> {
+    pub(super) async fn sandbox(&self) -> Result<(Arc<Sandbox>, Digest)> {
         if let Some(sb) = self.sandbox.get() {
             return sb.clone().map_err(flow_err);
         }
@@ -2391,7 +2464,7 @@ pub(crate) struct TableChange {
 }
 
 /// The `CREATE OR REPLACE FLOW` that defines `def` again.
-fn recreate_statement(def: &FlowDef) -> CreateFlow {
+pub(super) fn recreate_statement(def: &FlowDef) -> CreateFlow {
     CreateFlow {
         name: def.name.clone(),
         or_replace: true,
@@ -2407,6 +2480,17 @@ fn recreate_statement(def: &FlowDef) -> CreateFlow {
         options: def.options.clone(),
         query: def.query.clone(),
         database: def.database.clone(),
+        component: def
+            .component
+            .as_ref()
+            .map(|c| crate::sql::parser::ComponentRef {
+                name: TableName {
+                    database: c.database.clone(),
+                    table: c.name.clone(),
+                    qualified: true,
+                },
+                version: Some(c.version),
+            }),
     }
 }
 

@@ -10,10 +10,14 @@
 //! * `driver`: the threads (or, with a virtual clock, the caller) that step
 //!   the runners.
 //! * `status`: a flow's run-time facts for `information_schema.flows`.
-//! * `system`: `information_schema.flows`.
+//! * `system`: `information_schema.flows` and `components`.
+//! * `components`: user components (CREATE / DROP COMPONENT, PUT
+//!   /v1/components): validated, compiled off the request path, stored with
+//!   their compiled form by digest, loaded by flows that run them.
 
 pub mod arrow;
 pub mod compile;
+pub mod components;
 pub(crate) mod driver;
 pub mod manager;
 pub mod options;
@@ -27,7 +31,8 @@ pub use compile::{FLOW_MAX_EXPRESSION_DEPTH, FLOW_MAX_PLAN_DEPTH};
 #[doc(hidden)]
 pub use manager::UntrustedGuest;
 pub use manager::{
-    default_threads, FlowDef, FlowEngine, FlowInfo, FlowManager, FlowSettings, DEFAULT_MAX_FLOWS,
+    default_threads, FlowComponent, FlowDef, FlowEngine, FlowInfo, FlowManager, FlowSettings,
+    DEFAULT_COMPONENT_COMPILE_TIMEOUT, DEFAULT_MAX_COMPONENT_SIZE, DEFAULT_MAX_FLOWS,
     DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_BACKOFF, DEFAULT_SLEEP_AFTER, DEFAULT_TICK_INTERVAL,
     MAX_RESTART_BACKOFF,
 };

@@ -35,6 +35,9 @@ pub const FLOWS_TABLE: &str = "flows";
 /// GreptimeDB's `information_schema.flow_statistics` (what `SHOW FLOW
 /// STATUS` shows): run-time facts per flow.
 pub const FLOW_STATISTICS_TABLE: &str = "flow_statistics";
+/// `information_schema.components`: every version of every user component
+/// the user may see.
+pub const COMPONENTS_TABLE: &str = "components";
 
 /// The system table `name` names (`information_schema.flows` in any case,
 /// optionally prefixed by the catalog), if it names one.
@@ -54,7 +57,7 @@ fn system_table(name: &ObjectName) -> Option<String> {
         _ => None,
     };
     table
-        .filter(|t| *t == FLOWS_TABLE || *t == FLOW_STATISTICS_TABLE)
+        .filter(|t| *t == FLOWS_TABLE || *t == FLOW_STATISTICS_TABLE || *t == COMPONENTS_TABLE)
         .cloned()
 }
 
@@ -132,7 +135,67 @@ pub fn flows_schema() -> SchemaRef {
         Field::new("next_restart_time", ts(), true),
         Field::new("asleep", DataType::Boolean, false),
         Field::new("eval_interval", DataType::Int64, true),
+        Field::new("component", DataType::Utf8, true),
+        Field::new("component_digest", DataType::Utf8, true),
     ]))
+}
+
+/// The columns of `information_schema.components`: one row per version.
+pub fn components_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("name", DataType::Utf8, false),
+        Field::new("database", DataType::Utf8, false),
+        Field::new("digest", DataType::Utf8, false),
+        Field::new("size", DataType::UInt64, false),
+        Field::new("world_version", DataType::Utf8, false),
+        Field::new(
+            "created",
+            DataType::Timestamp(TimeUnit::Millisecond, None),
+            false,
+        ),
+        Field::new("owner", DataType::Utf8, true),
+        Field::new("version", DataType::UInt32, false),
+    ]))
+}
+
+/// The rows of `information_schema.components`.
+pub fn components_batch(
+    components: &[super::components::ComponentDef],
+) -> datafusion::common::Result<RecordBatch> {
+    let rows: Vec<(
+        &super::components::ComponentDef,
+        &super::components::ComponentVersion,
+    )> = components
+        .iter()
+        .flat_map(|c| c.versions.iter().map(move |v| (c, v)))
+        .collect();
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(StringArray::from_iter_values(
+            rows.iter().map(|(c, _)| c.name.as_str()),
+        )),
+        Arc::new(StringArray::from_iter_values(
+            rows.iter().map(|(c, _)| c.database.as_str()),
+        )),
+        Arc::new(StringArray::from_iter_values(
+            rows.iter().map(|(_, v)| v.digest.as_str()),
+        )),
+        Arc::new(rows.iter().map(|(_, v)| v.size).collect::<UInt64Array>()),
+        Arc::new(StringArray::from_iter_values(
+            rows.iter().map(|(_, v)| v.world_version.as_str()),
+        )),
+        Arc::new(
+            rows.iter()
+                .map(|(_, v)| Some(v.created_ms))
+                .collect::<TimestampMillisecondArray>(),
+        ),
+        Arc::new(
+            rows.iter()
+                .map(|(c, _)| c.owner.clone())
+                .collect::<StringArray>(),
+        ),
+        Arc::new(rows.iter().map(|(_, v)| v.version).collect::<UInt32Array>()),
+    ];
+    Ok(RecordBatch::try_new(components_schema(), columns)?)
 }
 
 fn json_list(items: impl Iterator<Item = String>) -> String {
@@ -251,6 +314,8 @@ pub fn flows_batch(flows: &[FlowInfo], now: i64) -> datafusion::common::Result<R
                 .map(|f| f.def.eval_interval_ms.map(|ms| ms / 1000))
                 .collect::<Int64Array>(),
         ),
+        opt(&|f| f.def.component.as_ref().map(|c| c.display_name())),
+        opt(&|f| f.def.component.as_ref().map(|c| c.digest.clone())),
     ];
     Ok(RecordBatch::try_new(flows_schema(), columns)?)
 }
@@ -320,7 +385,11 @@ pub struct SystemSchema {
 #[async_trait]
 impl SchemaProvider for SystemSchema {
     fn table_names(&self) -> Vec<String> {
-        vec![FLOWS_TABLE.to_string(), FLOW_STATISTICS_TABLE.to_string()]
+        vec![
+            FLOWS_TABLE.to_string(),
+            FLOW_STATISTICS_TABLE.to_string(),
+            COMPONENTS_TABLE.to_string(),
+        ]
     }
 
     async fn table(
@@ -330,6 +399,11 @@ impl SchemaProvider for SystemSchema {
         let statistics = match name {
             FLOWS_TABLE => false,
             FLOW_STATISTICS_TABLE => true,
+            COMPONENTS_TABLE => {
+                return Ok(Some(Arc::new(ComponentsTable {
+                    core: self.core.clone(),
+                }) as Arc<dyn TableProvider>))
+            }
             _ => return Ok(None),
         };
         Ok(Some(Arc::new(FlowsTable {
@@ -339,7 +413,7 @@ impl SchemaProvider for SystemSchema {
     }
 
     fn table_exist(&self, name: &str) -> bool {
-        name == FLOWS_TABLE || name == FLOW_STATISTICS_TABLE
+        name == FLOWS_TABLE || name == FLOW_STATISTICS_TABLE || name == COMPONENTS_TABLE
     }
 }
 
@@ -386,6 +460,42 @@ impl TableProvider for FlowsTable {
             true => flow_statistics_batch(&infos, now)?,
             false => flows_batch(&infos, now)?,
         };
+        let mem = MemTable::try_new(self.schema(), vec![vec![batch]])?;
+        mem.scan(state, projection, filters, limit).await
+    }
+}
+
+/// `information_schema.components`, read at scan time: the components of
+/// the databases the user may see.
+#[derive(Debug)]
+struct ComponentsTable {
+    core: Arc<Core>,
+}
+
+#[async_trait]
+impl TableProvider for ComponentsTable {
+    fn schema(&self) -> SchemaRef {
+        components_schema()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::View
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
+        let who = crate::sql::visible::principal_of(state.config());
+        let components: Vec<_> = super::components::list(&self.core)
+            .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?
+            .into_iter()
+            .filter(|c| self.core.access.can_see_database(&who, &c.database))
+            .collect();
+        let batch = components_batch(&components)?;
         let mem = MemTable::try_new(self.schema(), vec![vec![batch]])?;
         mem.scan(state, projection, filters, limit).await
     }

@@ -646,8 +646,14 @@ pub(crate) fn authorize(core: &Core, who: &Principal, database: &str, stmt: &Stm
             }
             .fail()
         }
-        Stmt::DropFlow { name, .. } | Stmt::ShowCreateFlow(name) => {
-            core.flows.check_flow_access(core, who, name)
+        Stmt::DropFlow { name, .. }
+        | Stmt::ShowCreateFlow(name)
+        | Stmt::AlterFlowComponent { name, .. } => core.flows.check_flow_access(core, who, name),
+        // A component belongs to its database like a table: creating and
+        // dropping one needs CREATE on it (the flow manager checks the
+        // upload again, for the HTTP door).
+        Stmt::CreateComponent { name, .. } | Stmt::DropComponent { name, .. } => {
+            access.check(who, Privilege::Create, &name.database, None)
         }
         Stmt::Admin { function, args } => match (function.as_str(), args.first()) {
             ("flush_flow" | "pause_flow" | "resume_flow", Some(name)) => {

@@ -30,7 +30,7 @@ use crate::error::{
     DatabaseNotFoundSnafu, Error, InternalSnafu, InvalidDataSnafu, NotFoundSnafu, Result, SqlSnafu,
     UnsupportedSnafu,
 };
-use parser::{like_match, CreateTable, Stmt, TableName};
+use parser::{like_match, ComponentSource, CreateTable, Stmt, TableName};
 use provider::blocking;
 
 /// Converts a DataFusion error, recovering sandflow errors carried inside it.
@@ -229,6 +229,7 @@ pub fn result_schema(stmt: &Stmt) -> Option<Arc<Schema>> {
         Stmt::Describe(_) => strings(&DESCRIBE_COLUMNS),
         Stmt::ShowFlows { .. } => strings(&["Flows"]),
         Stmt::ShowCreateFlow(_) => strings(&["Flow", "Create Flow"]),
+        Stmt::ShowComponents { .. } => strings(&COMPONENT_COLUMNS),
         Stmt::Access(access::AccessStmt::ShowUsers) => strings(&["User", "Superuser", "Createdb"]),
         Stmt::Access(access::AccessStmt::ShowGrants { .. }) => {
             strings(&["User", "Object", "Privileges"])
@@ -472,6 +473,56 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
                 vec![vec![def.name.clone(), def.create_statement()]],
             )
         }
+        Stmt::CreateComponent {
+            name,
+            or_replace,
+            source,
+        } => {
+            let bytes = match source {
+                ComponentSource::Bytes(b) => b,
+                ComponentSource::Param(n) => {
+                    return SqlSnafu {
+                        message: format!(
+                            "CREATE COMPONENT ... FROM ${n}: the parameter was not bound; send                              the bytes as a bytea parameter"
+                        ),
+                    }
+                    .fail()
+                }
+            };
+            core.flows
+                .put_component(core, &who, &name.database, &name.table, bytes, or_replace)
+                .await?;
+            Ok(affected("CREATE COMPONENT", 0))
+        }
+        Stmt::DropComponent { name, if_exists } => {
+            core.flows.drop_component(core, &name, if_exists).await?;
+            Ok(affected("DROP COMPONENT", 0))
+        }
+        Stmt::ShowComponents { database, like } => {
+            let database = database.unwrap_or_else(|| DEFAULT_DATABASE.to_string());
+            let rows = crate::flow::components::list(core)?
+                .into_iter()
+                .filter(|c| c.database == database)
+                .filter(|c| like.as_deref().is_none_or(|p| like_match(p, &c.name)))
+                .filter(|c| core.access.can_see_database(&who, &c.database))
+                .filter_map(|c| {
+                    let v = c.latest()?.clone();
+                    Some(vec![
+                        c.name.clone(),
+                        v.version.to_string(),
+                        v.digest,
+                        v.size.to_string(),
+                    ])
+                })
+                .collect();
+            string_rows(&COMPONENT_COLUMNS, rows)
+        }
+        Stmt::AlterFlowComponent { name, version } => {
+            core.flows
+                .set_component_version(core, ctx, &name, version)
+                .await?;
+            Ok(affected("ALTER FLOW", 0))
+        }
         Stmt::Admin { function, args } => admin(core, ctx, &function, &args).await,
         // A session changes its own database (Session::use_database); a
         // statement run without one keeps its context's.
@@ -487,6 +538,9 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
         Stmt::Query(stmt) => run_datafusion(core, ctx, *stmt, None, core.clock.now_ms()).await,
     }
 }
+
+/// The columns of `SHOW COMPONENTS`: each component's newest version.
+const COMPONENT_COLUMNS: [&str; 4] = ["Component", "Version", "Digest", "Size"];
 
 /// The one result column of `ADMIN FUNCTION('name')`, named as GreptimeDB
 /// does (e.g. `ADMIN FLUSH_FLOW('f')`).

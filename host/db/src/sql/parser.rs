@@ -95,6 +95,35 @@ pub struct CreateFlow {
     pub query: String,
     /// The database its query's unqualified names are in (the session's).
     pub database: String,
+    /// `USING COMPONENT c`: the user component the flow runs instead of
+    /// sandflow's engine.
+    pub component: Option<ComponentRef>,
+}
+
+/// A flow's user component: its name and, when the flow already runs one
+/// (a rebuild, `ALTER FLOW ... SET COMPONENT VERSION n`), the version; `None`
+/// takes the newest.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ComponentRef {
+    pub name: TableName,
+    pub version: Option<u32>,
+}
+
+/// The bytes of `CREATE COMPONENT ... FROM ...`.
+#[derive(Clone, PartialEq)]
+pub enum ComponentSource {
+    Bytes(std::sync::Arc<Vec<u8>>),
+    /// `$n`, before the session binds it.
+    Param(usize),
+}
+
+impl std::fmt::Debug for ComponentSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ComponentSource::Bytes(b) => write!(f, "Bytes({} bytes)", b.len()),
+            ComponentSource::Param(n) => write!(f, "Param(${n})"),
+        }
+    }
 }
 
 /// `ALTER TABLE name op [, op ...]`.
@@ -173,6 +202,27 @@ pub enum Stmt {
         like: Option<String>,
     },
     ShowCreateFlow(String),
+    /// `ALTER FLOW name SET COMPONENT VERSION n`.
+    AlterFlowComponent {
+        name: String,
+        version: u32,
+    },
+    /// `CREATE [OR REPLACE] COMPONENT name FROM bytes`.
+    CreateComponent {
+        name: TableName,
+        or_replace: bool,
+        source: ComponentSource,
+    },
+    /// `DROP COMPONENT [IF EXISTS] name`.
+    DropComponent {
+        name: TableName,
+        if_exists: bool,
+    },
+    /// `SHOW COMPONENTS [FROM db] [LIKE 'p']`.
+    ShowComponents {
+        database: Option<String>,
+        like: Option<String>,
+    },
     /// `USE database`: the session's database for unqualified names.
     Use(String),
     /// `ADMIN func(arg, ...)`: function name lower-cased, arguments as text.
@@ -199,6 +249,7 @@ impl Stmt {
             | Stmt::Describe(_)
             | Stmt::ShowFlows { .. }
             | Stmt::ShowCreateFlow(_)
+            | Stmt::ShowComponents { .. }
             | Stmt::Use(_)
             | Stmt::Access(
                 super::access::AccessStmt::ShowUsers | super::access::AccessStmt::ShowGrants { .. },
@@ -211,6 +262,9 @@ impl Stmt {
             | Stmt::DropDatabase { .. }
             | Stmt::CreateFlow(_)
             | Stmt::DropFlow { .. }
+            | Stmt::AlterFlowComponent { .. }
+            | Stmt::CreateComponent { .. }
+            | Stmt::DropComponent { .. }
             | Stmt::Admin { .. } => false,
             Stmt::Query(stmt) => stmt.visit(&mut ReadOnly).is_continue(),
         }
@@ -233,6 +287,15 @@ impl Stmt {
             Stmt::CreateFlow(cf) => {
                 cf.sink.bind(database);
                 cf.database = database.to_string();
+                if let Some(c) = &mut cf.component {
+                    c.name.bind(database);
+                }
+            }
+            Stmt::CreateComponent { name, .. } | Stmt::DropComponent { name, .. } => {
+                name.bind(database)
+            }
+            Stmt::ShowComponents { database: d, .. } => {
+                d.get_or_insert_with(|| database.to_string());
             }
             _ => {}
         }
@@ -1407,6 +1470,9 @@ fn parse_one(p: &mut Parser, sql: &str) -> Result<Stmt> {
 
 /// The flow statements and ADMIN, or `None` if the statement is none of them.
 fn parse_flow_statement(p: &mut Parser, sql: &str) -> Result<Option<Stmt>> {
+    if let Some(stmt) = parse_component_statement(p)? {
+        return Ok(Some(stmt));
+    }
     if is_kw(p, 0, Keyword::CREATE)
         && (is_word(p, 1, "FLOW")
             || (is_kw(p, 1, Keyword::OR) && is_kw(p, 2, Keyword::REPLACE) && is_word(p, 3, "FLOW")))
@@ -1505,6 +1571,154 @@ fn parse_flow_statement(p: &mut Parser, sql: &str) -> Result<Option<Stmt>> {
     Ok(None)
 }
 
+/// `CREATE [OR REPLACE] COMPONENT`, `DROP COMPONENT`, `SHOW COMPONENTS` and
+/// `ALTER FLOW ... SET COMPONENT VERSION n`, or `None`.
+fn parse_component_statement(p: &mut Parser) -> Result<Option<Stmt>> {
+    if is_kw(p, 0, Keyword::CREATE)
+        && (is_word(p, 1, "COMPONENT")
+            || (is_kw(p, 1, Keyword::OR)
+                && is_kw(p, 2, Keyword::REPLACE)
+                && is_word(p, 3, "COMPONENT")))
+    {
+        p.next_token();
+        let or_replace = p.parse_keywords(&[Keyword::OR, Keyword::REPLACE]);
+        p.next_token();
+        let name = table_name(&p.parse_object_name(false).map_err(sql_err)?)?;
+        if !p.parse_keyword(Keyword::FROM) {
+            return Err(syntax(format!(
+                "expected FROM <bytes> after CREATE COMPONENT {name} (a bytea literal such as \
+                 '\\x0061736d...', decode('0061736d...', 'hex') or a $1 parameter), found {}",
+                p.peek_token().token
+            )));
+        }
+        let source = component_bytes(p)?;
+        return Ok(Some(Stmt::CreateComponent {
+            name,
+            or_replace,
+            source,
+        }));
+    }
+    if is_kw(p, 0, Keyword::DROP) && is_word(p, 1, "COMPONENT") {
+        p.next_token();
+        p.next_token();
+        let if_exists = p.parse_keywords(&[Keyword::IF, Keyword::EXISTS]);
+        let name = table_name(&p.parse_object_name(false).map_err(sql_err)?)?;
+        return Ok(Some(Stmt::DropComponent { name, if_exists }));
+    }
+    if is_kw(p, 0, Keyword::SHOW) && is_word(p, 1, "COMPONENTS") {
+        p.next_token();
+        p.next_token();
+        let database = if p
+            .parse_one_of_keywords(&[Keyword::FROM, Keyword::IN])
+            .is_some()
+        {
+            Some(database_name(
+                &p.parse_object_name(false).map_err(sql_err)?,
+            )?)
+        } else {
+            None
+        };
+        let like = parse_like(p)?;
+        return Ok(Some(Stmt::ShowComponents { database, like }));
+    }
+    if is_kw(p, 0, Keyword::ALTER) && is_word(p, 1, "FLOW") {
+        p.next_token();
+        p.next_token();
+        let name = flow_name(p)?;
+        if !(is_kw(p, 0, Keyword::SET) && is_word(p, 1, "COMPONENT") && is_word(p, 2, "VERSION")) {
+            return Err(syntax(format!(
+                "expected SET COMPONENT VERSION <n> after ALTER FLOW {name} (the only ALTER FLOW \
+                 there is), found {}",
+                p.peek_token().token
+            )));
+        }
+        for _ in 0..3 {
+            p.next_token();
+        }
+        let version = match p.next_token().token {
+            Token::Number(n, _) => n.parse::<u32>().ok().filter(|v| *v >= 1),
+            _ => None,
+        }
+        .ok_or_else(|| {
+            syntax(format!(
+                "ALTER FLOW {name} SET COMPONENT VERSION takes a version number (1, 2, ...; see \
+                 information_schema.components)"
+            ))
+        })?;
+        return Ok(Some(Stmt::AlterFlowComponent { name, version }));
+    }
+    Ok(None)
+}
+
+/// The bytes after `CREATE COMPONENT name FROM`: `'\x<hex>'` (bytea's hex
+/// format), `X'<hex>'`, `decode('<hex>', 'hex')`, `decode('<b64>',
+/// 'base64')`, or a `$n` parameter.
+fn component_bytes(p: &mut Parser) -> Result<ComponentSource> {
+    let bytea = |text: &str| -> Result<Vec<u8>> {
+        let Some(hex_digits) = text
+            .strip_prefix("\\x")
+            .or_else(|| text.strip_prefix("\\X"))
+        else {
+            return Err(syntax(
+                "the component's bytes must be a bytea literal in hex format ('\\x0061736d...'), \
+                 X'0061736d...', decode('...', 'hex'|'base64') or a $1 parameter",
+            ));
+        };
+        from_hex(hex_digits)
+    };
+    let tok = p.next_token();
+    let bytes = match tok.token {
+        Token::Placeholder(ph) => {
+            let n = ph
+                .strip_prefix('$')
+                .and_then(|d| d.parse::<usize>().ok())
+                .ok_or_else(|| syntax(format!("unsupported parameter {ph}; use $1")))?;
+            return Ok(ComponentSource::Param(n));
+        }
+        Token::SingleQuotedString(s) | Token::EscapedStringLiteral(s) => bytea(&s)?,
+        Token::HexStringLiteral(h) => from_hex(&h)?,
+        Token::Word(w) if w.quote_style.is_none() && w.value.eq_ignore_ascii_case("decode") => {
+            p.expect_token(&Token::LParen).map_err(sql_err)?;
+            let text = p.parse_literal_string().map_err(sql_err)?;
+            p.expect_token(&Token::Comma).map_err(sql_err)?;
+            let format = p.parse_literal_string().map_err(sql_err)?;
+            p.expect_token(&Token::RParen).map_err(sql_err)?;
+            match format.to_ascii_lowercase().as_str() {
+                "hex" => from_hex(&text)?,
+                "base64" => {
+                    use base64::Engine;
+                    let clean: String = text.chars().filter(|c| !c.is_whitespace()).collect();
+                    base64::engine::general_purpose::STANDARD
+                        .decode(clean)
+                        .map_err(|e| syntax(format!("decode(..., 'base64'): {e}")))?
+                }
+                other => {
+                    return Err(syntax(format!(
+                        "decode(..., '{other}'): use 'hex' or 'base64'"
+                    )))
+                }
+            }
+        }
+        other => {
+            return Err(syntax(format!(
+                "expected the component's bytes after FROM ('\\x0061736d...', decode('...', \
+                 'hex') or $1), found {other}"
+            )))
+        }
+    };
+    Ok(ComponentSource::Bytes(std::sync::Arc::new(bytes)))
+}
+
+fn from_hex(text: &str) -> Result<Vec<u8>> {
+    let clean: String = text.chars().filter(|c| !c.is_whitespace()).collect();
+    hex::decode(clean).map_err(|e| {
+        syntax(format!(
+            "the component's bytes are not valid hex ({e}); write '\\x' followed by two hex \
+             digits per byte"
+        ))
+    })
+}
+
 /// A flow name: an identifier, optionally qualified by a database (ignored:
 /// flow names are unique in the whole server).
 fn flow_name(p: &mut Parser) -> Result<String> {
@@ -1551,6 +1765,7 @@ fn parse_create_flow(p: &mut Parser, sql: &str, or_replace: bool) -> Result<Crea
         options: Vec::new(),
         query: String::new(),
         database: DEFAULT_DATABASE.into(),
+        component: None,
     };
     loop {
         if is_word(p, 0, "EXPIRE") && is_word(p, 1, "AFTER") {
@@ -1565,6 +1780,19 @@ fn parse_create_flow(p: &mut Parser, sql: &str, or_replace: bool) -> Result<Crea
             flow.comment = Some(p.parse_literal_string().map_err(sql_err)?);
         } else if p.parse_keyword(Keyword::WITH) {
             flow.options = parse_options(p)?;
+        } else if p.parse_keyword(Keyword::USING) {
+            if !is_word(p, 0, "COMPONENT") {
+                return Err(syntax(format!(
+                    "expected COMPONENT <name> after USING in CREATE FLOW {}, found {}",
+                    flow.name,
+                    p.peek_token().token
+                )));
+            }
+            p.next_token();
+            flow.component = Some(ComponentRef {
+                name: table_name(&p.parse_object_name(false).map_err(sql_err)?)?,
+                version: None,
+            });
         } else {
             break;
         }
@@ -2190,6 +2418,73 @@ mod tests {
         assert_eq!(f.expire_after.as_deref(), Some("2 days 1h"));
         assert!(parse("CREATE FLOW g SINK o AS SELECT 1").is_err());
         assert!(parse("CREATE FLOW g SINK TO o SELECT 1").is_err());
+    }
+
+    #[test]
+    fn component_statements() {
+        let bytes = |s: &Stmt| match s {
+            Stmt::CreateComponent {
+                source: ComponentSource::Bytes(b),
+                ..
+            } => b.as_ref().clone(),
+            other => panic!("{other:?}"),
+        };
+        let wasm = vec![0x00, 0x61, 0x73, 0x6d];
+        for sql in [
+            "CREATE COMPONENT c FROM '\\x0061736d'",
+            "CREATE COMPONENT c FROM E'\\\\x0061736D'",
+            "CREATE COMPONENT c FROM X'0061736d'",
+            "CREATE COMPONENT c FROM decode('0061736d', 'hex')",
+            "CREATE COMPONENT c FROM decode('AGFzbQ==', 'base64')",
+        ] {
+            let s = parse(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+            assert_eq!(bytes(&s[0]), wasm, "{sql}");
+        }
+        let s = parse("CREATE OR REPLACE COMPONENT db.c FROM $1").unwrap();
+        assert!(matches!(
+            &s[0],
+            Stmt::CreateComponent { name, or_replace: true, source: ComponentSource::Param(1) }
+                if name.database == "db" && name.table == "c"
+        ));
+        for bad in [
+            "CREATE COMPONENT c FROM 'plain text'",
+            "CREATE COMPONENT c FROM '\\xZZ'",
+            "CREATE COMPONENT c FROM decode('00', 'rot13')",
+            "CREATE COMPONENT c",
+            "ALTER FLOW f SET COMPONENT VERSION 0",
+            "ALTER FLOW f RENAME TO g",
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+        let s = parse(
+            "DROP COMPONENT IF EXISTS c; SHOW COMPONENTS LIKE 'c%'; \
+             ALTER FLOW f SET COMPONENT VERSION 2",
+        )
+        .unwrap();
+        assert!(matches!(
+            &s[0],
+            Stmt::DropComponent {
+                if_exists: true,
+                ..
+            }
+        ));
+        assert!(matches!(&s[1], Stmt::ShowComponents { like: Some(p), .. } if p == "c%"));
+        assert!(matches!(&s[2], Stmt::AlterFlowComponent { name, version: 2 } if name == "f"));
+        let s = parse(
+            "CREATE FLOW f SINK TO o USING COMPONENT other.c WITH (backfill = 'false') \
+             AS SELECT x FROM t",
+        )
+        .unwrap();
+        let Stmt::CreateFlow(f) = &s[0] else { panic!() };
+        let c = f.component.as_ref().unwrap();
+        assert_eq!(
+            (c.name.database.as_str(), c.name.table.as_str()),
+            ("other", "c")
+        );
+        assert_eq!(
+            f.options,
+            vec![("backfill".to_string(), "false".to_string())]
+        );
     }
 
     #[test]

@@ -190,14 +190,14 @@ impl WriteSet {
                     .fail()
                 }
             };
-            if ["catalog/", "store/", "flow/", "auth/"]
+            if ["catalog/", "store/", "flow/", "auth/", "component/"]
                 .iter()
                 .any(|p| key.starts_with(p))
             {
                 return InvalidDataSnafu {
                     message: format!(
-                        "metadata key '{key}' is reserved (catalog/, store/, flow/ and auth/ belong to \
-                         sandflow); use another prefix, e.g. app/"
+                        "metadata key '{key}' is reserved (catalog/, store/, flow/, auth/ and \
+                         component/ belong to sandflow); use another prefix, e.g. app/"
                     ),
                 }
                 .fail();

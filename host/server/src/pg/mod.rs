@@ -172,6 +172,14 @@ pub fn sqlstate(e: &Error) -> &'static str {
                 "22000"
             }
         }
+        Error::ComponentExists { .. } => "42710",
+        Error::ComponentNotFound { .. } => "42704",
+        // invalid_function_definition, as for a CREATE FUNCTION body
+        Error::InvalidComponent { .. } => "42P13",
+        // program_limit_exceeded
+        Error::TooLarge { .. } => "54000",
+        // dependent_objects_still_exist
+        Error::InUse { .. } => "2BP01",
         Error::Storage { .. } => "58030",
         Error::Flow { .. } => "38000",
         Error::Internal { .. } => "XX000",
