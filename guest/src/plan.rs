@@ -961,6 +961,35 @@ fn lower_rel(rel: &Rel, ctx: &mut Ctx<'_>, ops: &mut Vec<OpSpec>) -> Result<Sche
                             "{name} of {t} is not supported in flows"
                         )))
                     }
+                    ("array_agg", _) => {
+                        return Err(unsupported(
+                            "array_agg is not supported in flows: it returns a list, and sink \
+                             tables hold no lists; use string_agg(x, ',' ORDER BY ...) instead",
+                        ))
+                    }
+                    ("approx_distinct", _) => {
+                        return Err(unsupported(
+                            "approx_distinct is not supported in flows: DataFusion's estimate \
+                             hashes values with foldhash, which computes differently on the \
+                             64-bit host than in the 32-bit sandbox, so a flow could not give \
+                             the query's estimate bit for bit; use count(DISTINCT x), which \
+                             flows keep exactly, or hll(x) with hll_count (the same sketch in \
+                             queries and flows)",
+                        ))
+                    }
+                    (
+                        "approx_percentile_cont"
+                        | "approx_percentile_cont_with_weight"
+                        | "approx_median",
+                        _,
+                    ) => {
+                        return Err(unsupported(format!(
+                            "{name} is not supported in flows: DataFusion's t-digest depends on \
+                             the order and batching of the rows it sees, so no incremental \
+                             result can equal it; use median(x) (exact) or uddsketch_state \
+                             with uddsketch_calc (the same sketch in queries and flows)"
+                        )))
+                    }
                     _ => {
                         return Err(unsupported(format!(
                             "aggregate function {name} is not supported in flows"

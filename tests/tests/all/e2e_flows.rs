@@ -1068,3 +1068,46 @@ fn explain_writes_nothing_on_either_door() {
     );
     assert_eq!(s.sql("SELECT n, total FROM f_out"), "3|13.0");
 }
+
+// Measurements joined to a dimension table through psql: GROUP BY the
+// dimension's region; an upsert of a dimension row moves every affected
+// group after a flush, and a delete of it takes its rows out.
+#[test]
+fn joined_to_a_dimension_table_over_psql() {
+    let s = Server::start();
+    s.sql(REQUESTS);
+    s.sql(
+        "CREATE TABLE hosts (host STRING, region STRING, ts TIMESTAMP TIME INDEX, \
+         PRIMARY KEY (host))",
+    );
+    s.sql(
+        "CREATE FLOW per_region SINK TO per_region_sink AS \
+         SELECT h.region, count(*) AS n, sum(r.bytes) AS total \
+         FROM requests r JOIN hosts h ON r.host = h.host GROUP BY h.region",
+    );
+    s.sql("INSERT INTO hosts VALUES ('a', 'eu', 0), ('b', 'eu', 0), ('c', 'us', 0)");
+    put(
+        &s,
+        &[
+            ("a", 200, "1", "00:00:00"),
+            ("a", 500, "2", "00:00:01"),
+            ("b", 200, "4", "00:00:02"),
+            ("c", 200, "8", "00:00:03"),
+            ("d", 200, "16", "00:00:04"),
+        ],
+    );
+    flush(&s, "per_region");
+    let sink = "SELECT region, n, total FROM per_region_sink ORDER BY region";
+    let oracle = "SELECT h.region, count(*) AS n, sum(r.bytes) AS total FROM requests r \
+                  JOIN hosts h ON r.host = h.host GROUP BY h.region ORDER BY h.region";
+    assert_eq!(assert_same(&s, sink, oracle), "eu|3|7.0\nus|1|8.0");
+    // Host a moves to us: both groups move.
+    s.sql("INSERT INTO hosts VALUES ('a', 'us', 0)");
+    flush(&s, "per_region");
+    assert_eq!(assert_same(&s, sink, oracle), "eu|1|4.0\nus|3|11.0");
+    // Host d appears in a new region; host b goes.
+    s.sql("INSERT INTO hosts VALUES ('d', 'ap', 0)");
+    s.sql("DELETE FROM hosts WHERE host = 'b'");
+    flush(&s, "per_region");
+    assert_eq!(assert_same(&s, sink, oracle), "ap|1|16.0\nus|3|11.0");
+}
