@@ -185,7 +185,10 @@ fn unsupported_plans_fail_at_create_with_a_named_construct() {
     let srcs = sources();
     let cases = [
         ("SELECT k, row_number() OVER (ORDER BY ts) FROM t", "window"),
-        ("SELECT t.k FROM t JOIN s ON t.g > s.host", "join without an equality"),
+        (
+            "SELECT t.k FROM t JOIN s ON t.g > s.host",
+            "join without an equality",
+        ),
     ];
     for (sql, word) in cases {
         let plan = plan(sql, &srcs);
