@@ -480,3 +480,78 @@ fn temporal_filters_follow_the_tick_time() {
         }
     }));
 }
+
+/// A join below a temporal filter keeps only the rows inside the window:
+/// the filter applies to the joined input, so a row that leaves the window
+/// leaves the join's state too, and the state shrinks back as time passes.
+#[test]
+fn a_temporal_filter_bounds_the_join_state() {
+    on_big_stack(Box::pin(async {
+        let (db, _) = open_virtual(T0).await;
+        run(
+            &db,
+            "CREATE TABLE m (host STRING, id INT, v DOUBLE, ts TIMESTAMP TIME INDEX, \
+             PRIMARY KEY (host, id))",
+        )
+        .await;
+        run(
+            &db,
+            "CREATE TABLE d (host STRING, region STRING, ts TIMESTAMP TIME INDEX, PRIMARY KEY (host))",
+        )
+        .await;
+        let query =
+            "SELECT d.region, count(*) AS n, sum(m.v) AS s FROM m JOIN d ON m.host = d.host \
+                     WHERE m.ts > now() - INTERVAL '5 seconds' GROUP BY d.region";
+        run(
+            &db,
+            &format!("CREATE FLOW recent SINK TO recent_sink AS {query}"),
+        )
+        .await;
+        run(&db, "INSERT INTO d VALUES ('a', 'eu', 0), ('b', 'us', 0)").await;
+        let state = |db: Arc<Database>| async move {
+            rows(
+                &db,
+                "SELECT state_size FROM information_schema.flows WHERE flow_name = 'recent'",
+            )
+            .await
+            .parse::<u64>()
+            .expect("state_size")
+        };
+        run(&db, "ADMIN FLUSH_FLOW('recent')").await;
+        let empty = state(db.clone()).await;
+        for batch in 0..10 {
+            let values: Vec<String> = (0..100)
+                .map(|i| {
+                    format!(
+                        "('{}', {}, {i}, {})",
+                        ["a", "b"][i % 2],
+                        batch * 100 + i,
+                        T0 + batch as i64 * 100
+                    )
+                })
+                .collect();
+            run(&db, &format!("INSERT INTO m VALUES {}", values.join(", "))).await;
+        }
+        run(&db, "ADMIN FLUSH_FLOW('recent')").await;
+        let sink = "SELECT region, n, s FROM recent_sink ORDER BY region";
+        assert_eq!(rows(&db, sink).await, "eu|500|24500.0\nus|500|25000.0");
+        let full = state(db.clone()).await;
+        assert!(
+            full > empty + 1000 * 16,
+            "1000 joined rows kept: {empty} -> {full}"
+        );
+        // Past the window: every row has left the result and the state.
+        db.advance_time_to(T0 + 6_000).await.unwrap();
+        run(&db, "ADMIN FLUSH_FLOW('recent')").await;
+        assert_eq!(rows(&db, sink).await, "");
+        assert_eq!(
+            rows(&db, &format!("SELECT count(*) FROM ({query})")).await,
+            "0"
+        );
+        let after = state(db.clone()).await;
+        assert!(
+            after < empty + 1000,
+            "the state went back down: {empty} -> {full} -> {after}"
+        );
+    }));
+}
