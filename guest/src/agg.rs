@@ -939,7 +939,7 @@ pub(crate) struct AggOp {
     gids: Vec<u32>,
 }
 
-fn to_ms(v: i64, t: DataType) -> i64 {
+pub(crate) fn to_ms(v: i64, t: DataType) -> i64 {
     match t {
         DataType::TimestampSecond => v.saturating_mul(1000),
         DataType::TimestampMillisecond => v,

@@ -161,7 +161,7 @@ impl Flow {
                 }
                 Input::Join(j) => {
                     let (left, right) = (j.left, j.right);
-                    let op = JoinOp::new(j, earlier(left)?, earlier(right)?)?;
+                    let op = JoinOp::new(j, earlier(left)?, earlier(right)?, expire)?;
                     let types = op.out_types().to_vec();
                     (
                         StageInput::Join {
@@ -413,7 +413,7 @@ impl Flow {
                 StageInput::Join { left, right, op } => {
                     let l = take(&mut outs, *left);
                     let r = take(&mut outs, *right);
-                    op.step(l, r)?
+                    op.step(l, r, now)?
                 }
                 StageInput::Union(ids) => {
                     let mut all = Vec::new();

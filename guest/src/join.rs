@@ -18,10 +18,18 @@
 //! the other side that moves `matches` to or from 0 emits or retracts it. Rows whose key holds
 //! a NULL (compared with `=`) never match and are not stored: their padded form is emitted
 //! with their own diff.
+//!
+//! **Bounded state.** A join of windows (a key is a time, e.g. `ON date_bin(..., a.ts) =
+//! date_bin(..., b.ts)`) under `EXPIRE AFTER d` drops the rows of every key whose time is
+//! older than the tick time minus `d`, and ignores changes that arrive for such keys, as
+//! aggregates do with their windows: no later change can reach them, and what they produced
+//! stays in the sink.
 
 use std::borrow::Cow;
 
-use crate::agg::{check_key, encode_row};
+use std::collections::BTreeMap;
+
+use crate::agg::{check_key, encode_row, to_ms};
 use crate::codec::{Reader, Writer};
 use crate::column::{broadcast, take_chunk, Chunk, ColBuilder, Diffs, S};
 use crate::expr::Expr;
@@ -51,6 +59,8 @@ pub(crate) struct Arrangement {
     keys: Vec<(Vec<u8>, Vec<u32>)>,
     key_free: Vec<u32>,
     bytes: usize,
+    /// With a time key under EXPIRE AFTER: each key's time (ms) → the keys created with it.
+    by_time: BTreeMap<i64, Vec<Vec<u8>>>,
 }
 
 impl Arrangement {
@@ -133,6 +143,28 @@ impl Arrangement {
         list.push(s);
         self.by_row.insert(row.to_vec(), s);
         self.bytes += 2 * row.len() + 64;
+    }
+
+    /// Drops every row of the keys whose time is before `threshold`.
+    fn expire(&mut self, threshold: i64) {
+        while let Some(entry) = self.by_time.first_entry() {
+            if *entry.key() >= threshold {
+                break;
+            }
+            for key in entry.remove() {
+                let Some(&k) = self.by_key.get(&key) else {
+                    continue;
+                };
+                let slots = self
+                    .keys
+                    .get(k as usize)
+                    .map(|(_, l)| l.clone())
+                    .unwrap_or_default();
+                for s in slots {
+                    self.remove(s);
+                }
+            }
+        }
     }
 
     fn remove(&mut self, s: u32) {
@@ -284,6 +316,8 @@ pub(crate) struct JoinOp {
     key_types: Vec<DataType>,
     out_types: Vec<DataType>,
     state: [Arrangement; 2],
+    /// EXPIRE AFTER (ms) and the join key that is a time, with its type.
+    expire: Option<(i64, usize, DataType)>,
 }
 
 impl JoinOp {
@@ -291,6 +325,7 @@ impl JoinOp {
         spec: JoinSpec,
         left: Vec<DataType>,
         right: Vec<DataType>,
+        expire_ms: Option<i64>,
     ) -> Result<JoinOp, FlowError> {
         let JoinSpec {
             kind,
@@ -310,7 +345,12 @@ impl JoinOp {
             JoinKind::RightSemi | JoinKind::RightAnti => right.clone(),
             _ => both,
         };
+        let expire = expire_ms.and_then(|e| {
+            let k = key_types.iter().position(|t| t.is_timestamp())?;
+            Some((e, k, *key_types.get(k)?))
+        });
         Ok(JoinOp {
+            expire,
             kind,
             keys: [left_keys, right_keys],
             null_eq,
@@ -346,13 +386,24 @@ impl JoinOp {
     }
 
     /// Applies this tick's changes of both inputs (left first) and returns the join's changes.
-    pub fn step(&mut self, left: Vec<Chunk>, right: Vec<Chunk>) -> Result<Vec<Chunk>, FlowError> {
+    pub fn step(
+        &mut self,
+        left: Vec<Chunk>,
+        right: Vec<Chunk>,
+        now: i64,
+    ) -> Result<Vec<Chunk>, FlowError> {
+        let threshold = self.expire.map(|(e, _, _)| now.saturating_sub(e));
+        if let Some(th) = threshold {
+            for a in &mut self.state {
+                a.expire(th);
+            }
+        }
         let mut out = Vec::new();
         for c in left {
-            self.apply(Side::Left, &c, &mut out)?;
+            self.apply(Side::Left, &c, threshold, &mut out)?;
         }
         for c in right {
-            self.apply(Side::Right, &c, &mut out)?;
+            self.apply(Side::Right, &c, threshold, &mut out)?;
         }
         Ok(out)
     }
@@ -377,7 +428,14 @@ impl JoinOp {
         c
     }
 
-    fn apply(&mut self, side: Side, c: &Chunk, out: &mut Vec<Chunk>) -> Result<(), FlowError> {
+    fn apply(
+        &mut self,
+        side: Side,
+        c: &Chunk,
+        threshold: Option<i64>,
+        out: &mut Vec<Chunk>,
+    ) -> Result<(), FlowError> {
+        let c = &self.drop_expired(side, c, threshold)?;
         if c.rows == 0 {
             return Ok(());
         }
@@ -556,9 +614,76 @@ impl JoinOp {
             encode_row(&mut buf, &cols, &self.types[this], i);
             let d = diffs.get(i).copied().unwrap_or(0);
             let m = matches.get(i).copied().unwrap_or(0);
+            let new_key = self.expire.is_some() && !self.state[this].by_key.contains_key(key);
             self.state[this].update(&buf, key, d, m);
+            if new_key {
+                if let Some(t) = self.key_time(key) {
+                    self.state[this]
+                        .by_time
+                        .entry(t)
+                        .or_default()
+                        .push(key.clone());
+                }
+            }
         }
         Ok(())
+    }
+
+    /// The time (ms) of an encoded key's time key, when the join expires state.
+    fn key_time(&self, key: &[u8]) -> Option<i64> {
+        let (_, k, t) = self.expire?;
+        let mut b = key;
+        for (ci, kt) in self.key_types.iter().enumerate() {
+            let (&tag, rest) = b.split_first()?;
+            b = rest;
+            if tag == 0 {
+                if ci == k {
+                    return None;
+                }
+                continue;
+            }
+            let len = match kt.storage() {
+                Storage::Ints | Storage::Floats => 8,
+                Storage::Bytes => {
+                    let (l, rest) = b.split_first_chunk::<4>()?;
+                    b = rest;
+                    u32::from_le_bytes(*l) as usize
+                }
+            };
+            if ci == k {
+                let (x, _) = b.split_first_chunk::<8>()?;
+                return Some(to_ms(i64::from_le_bytes(*x), t));
+            }
+            b = b.get(len..)?;
+        }
+        None
+    }
+
+    /// `c` without the rows whose time key is before `threshold` (late changes of expired
+    /// windows, ignored).
+    fn drop_expired(
+        &self,
+        side: Side,
+        c: &Chunk,
+        threshold: Option<i64>,
+    ) -> Result<Chunk, FlowError> {
+        let (Some(th), Some((_, k, t))) = (threshold, self.expire) else {
+            return Ok(c.clone());
+        };
+        let this = if side == Side::Left { 0 } else { 1 };
+        let Some(e) = self.keys[this].get(k) else {
+            return Ok(c.clone());
+        };
+        let v = e.eval(c)?;
+        let keep: Vec<u32> = (0..c.rows)
+            .filter(|&i| v.is_null(i) || to_ms(v.ints.get(i).copied().unwrap_or(0), t) >= th)
+            .map(|i| i as u32)
+            .collect();
+        Ok(if keep.len() == c.rows {
+            c.clone()
+        } else {
+            take_chunk(c, &self.types[this], &keep)
+        })
     }
 
     pub fn state_size(&self) -> usize {
@@ -575,6 +700,16 @@ impl JoinOp {
         let left = Arrangement::read(r, &self.types[0], &self.key_types)?;
         let right = Arrangement::read(r, &self.types[1], &self.key_types)?;
         self.state = [left, right];
+        if self.expire.is_some() {
+            for side in 0..2 {
+                let keys: Vec<Vec<u8>> = self.state[side].by_key.keys().cloned().collect();
+                for key in keys {
+                    if let Some(t) = self.key_time(&key) {
+                        self.state[side].by_time.entry(t).or_default().push(key);
+                    }
+                }
+            }
+        }
         Ok(())
     }
 }

@@ -555,3 +555,85 @@ fn a_temporal_filter_bounds_the_join_state() {
         );
     }));
 }
+
+/// A join of windows under EXPIRE AFTER drops the rows of windows older
+/// than the tick time minus the expiry, and ignores late rows for them (as
+/// aggregates do): the state stays bounded, recent windows stay exact.
+#[test]
+fn expire_after_drops_the_state_of_a_windowed_join() {
+    on_big_stack(Box::pin(async {
+        let (db, _) = open_virtual(T0).await;
+        for t in ["clicks", "views"] {
+            run(
+                &db,
+                &format!(
+                    "CREATE TABLE {t} (host STRING, id INT, ts TIMESTAMP TIME INDEX, \
+                     PRIMARY KEY (host, id))"
+                ),
+            )
+            .await;
+        }
+        run(
+            &db,
+            "CREATE FLOW pairs SINK TO pairs_sink EXPIRE AFTER '10 s' AS \
+             SELECT date_bin(INTERVAL '1 second', c.ts) AS w, count(*) AS n \
+             FROM clicks c JOIN views v ON c.host = v.host \
+             AND date_bin(INTERVAL '1 second', c.ts) = date_bin(INTERVAL '1 second', v.ts) \
+             GROUP BY date_bin(INTERVAL '1 second', c.ts)",
+        )
+        .await;
+        let state = |db: Arc<Database>| async move {
+            rows(
+                &db,
+                "SELECT state_size FROM information_schema.flows WHERE flow_name = 'pairs'",
+            )
+            .await
+            .parse::<u64>()
+            .expect("state_size")
+        };
+        let sink = "SELECT CAST(w AS BIGINT) AS ms, n FROM pairs_sink ORDER BY ms";
+        let fill = |at: i64| {
+            let c: Vec<String> = (0..200)
+                .map(|i| format!("('h{}', {i}, {at})", i % 10))
+                .collect();
+            let v: Vec<String> = (0..10).map(|i| format!("('h{i}', {i}, {at})")).collect();
+            (
+                format!("INSERT INTO clicks VALUES {}", c.join(", ")),
+                format!("INSERT INTO views VALUES {}", v.join(", ")),
+            )
+        };
+        let (c, v) = fill(T0);
+        run(&db, &c).await;
+        run(&db, &v).await;
+        run(&db, "ADMIN FLUSH_FLOW('pairs')").await;
+        assert_eq!(rows(&db, sink).await, format!("{T0}|200"));
+        let full = state(db.clone()).await;
+        // 20 s later the window of T0 is past its expiry: its rows go from
+        // the join's state, and a late view for it changes nothing.
+        db.advance_time_to(T0 + 20_000).await.unwrap();
+        run(&db, "ADMIN FLUSH_FLOW('pairs')").await;
+        let expired = state(db.clone()).await;
+        assert!(expired * 4 < full, "state {full} -> {expired} after expiry");
+        run(&db, &format!("INSERT INTO views VALUES ('h1', 99, {T0})")).await;
+        run(&db, "ADMIN FLUSH_FLOW('pairs')").await;
+        assert_eq!(
+            rows(&db, sink).await,
+            format!("{T0}|200"),
+            "late row ignored"
+        );
+        // A recent window joins exactly.
+        let (c, v) = fill(T0 + 20_000);
+        run(&db, &c).await;
+        run(&db, &v).await;
+        run(
+            &db,
+            &format!("INSERT INTO views VALUES ('h1', 98, {})", T0 + 20_000),
+        )
+        .await;
+        run(&db, "ADMIN FLUSH_FLOW('pairs')").await;
+        assert_eq!(
+            rows(&db, sink).await,
+            format!("{T0}|200\n{}|220", T0 + 20_000)
+        );
+    }));
+}
