@@ -44,6 +44,17 @@ async fn rows(db: &Database, sql: &str) -> String {
     lines.join("\n")
 }
 
+/// A flow's `state_size` from `information_schema.flows`.
+async fn state_size(db: &Database, flow: &str) -> u64 {
+    rows(
+        db,
+        &format!("SELECT state_size FROM information_schema.flows WHERE flow_name = '{flow}'"),
+    )
+    .await
+    .parse()
+    .expect("state_size")
+}
+
 async fn run(db: &Database, sql: &str) {
     db.execute(sql)
         .await
@@ -508,17 +519,8 @@ fn a_temporal_filter_bounds_the_join_state() {
         )
         .await;
         run(&db, "INSERT INTO d VALUES ('a', 'eu', 0), ('b', 'us', 0)").await;
-        let state = |db: Arc<Database>| async move {
-            rows(
-                &db,
-                "SELECT state_size FROM information_schema.flows WHERE flow_name = 'recent'",
-            )
-            .await
-            .parse::<u64>()
-            .expect("state_size")
-        };
         run(&db, "ADMIN FLUSH_FLOW('recent')").await;
-        let empty = state(db.clone()).await;
+        let empty = state_size(&db, "recent").await;
         for batch in 0..10 {
             let values: Vec<String> = (0..100)
                 .map(|i| {
@@ -535,7 +537,7 @@ fn a_temporal_filter_bounds_the_join_state() {
         run(&db, "ADMIN FLUSH_FLOW('recent')").await;
         let sink = "SELECT region, n, s FROM recent_sink ORDER BY region";
         assert_eq!(rows(&db, sink).await, "eu|500|24500.0\nus|500|25000.0");
-        let full = state(db.clone()).await;
+        let full = state_size(&db, "recent").await;
         assert!(
             full > empty + 1000 * 16,
             "1000 joined rows kept: {empty} -> {full}"
@@ -548,7 +550,7 @@ fn a_temporal_filter_bounds_the_join_state() {
             rows(&db, &format!("SELECT count(*) FROM ({query})")).await,
             "0"
         );
-        let after = state(db.clone()).await;
+        let after = state_size(&db, "recent").await;
         assert!(
             after < empty + 1000,
             "the state went back down: {empty} -> {full} -> {after}"
@@ -582,15 +584,6 @@ fn expire_after_drops_the_state_of_a_windowed_join() {
              GROUP BY date_bin(INTERVAL '1 second', c.ts)",
         )
         .await;
-        let state = |db: Arc<Database>| async move {
-            rows(
-                &db,
-                "SELECT state_size FROM information_schema.flows WHERE flow_name = 'pairs'",
-            )
-            .await
-            .parse::<u64>()
-            .expect("state_size")
-        };
         let sink = "SELECT CAST(w AS BIGINT) AS ms, n FROM pairs_sink ORDER BY ms";
         let fill = |at: i64| {
             let c: Vec<String> = (0..200)
@@ -607,12 +600,12 @@ fn expire_after_drops_the_state_of_a_windowed_join() {
         run(&db, &v).await;
         run(&db, "ADMIN FLUSH_FLOW('pairs')").await;
         assert_eq!(rows(&db, sink).await, format!("{T0}|200"));
-        let full = state(db.clone()).await;
+        let full = state_size(&db, "pairs").await;
         // 20 s later the window of T0 is past its expiry: its rows go from
         // the join's state, and a late view for it changes nothing.
         db.advance_time_to(T0 + 20_000).await.unwrap();
         run(&db, "ADMIN FLUSH_FLOW('pairs')").await;
-        let expired = state(db.clone()).await;
+        let expired = state_size(&db, "pairs").await;
         assert!(expired * 4 < full, "state {full} -> {expired} after expiry");
         run(&db, &format!("INSERT INTO views VALUES ('h1', 99, {T0})")).await;
         run(&db, "ADMIN FLUSH_FLOW('pairs')").await;
