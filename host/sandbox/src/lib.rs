@@ -35,6 +35,7 @@ use wasmtime::component::{Linker, ResourceAny};
 use wasmtime::{Config, Engine, Store};
 
 pub use sandflow_contract::{Batch, Column, DataType, Field, FlowError, SourceSchema, TickOutput};
+pub use wasi::{GuestLog, LOG_LINES, LOG_LINE_BYTES};
 
 use self::component::bindings::{FlowEngine, FlowEnginePre};
 use self::wasi::GuestState;
@@ -686,6 +687,12 @@ impl FlowInstance {
         }
         output.expand();
         Ok(output)
+    }
+
+    /// The lines the guest wrote to stdout and stderr since the last call,
+    /// at most [`LOG_LINES`] (the rest counted as dropped).
+    pub fn take_log(&self) -> GuestLog {
+        self.store.data().take_log()
     }
 
     /// Serialises the flow's state.

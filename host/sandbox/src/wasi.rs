@@ -1,32 +1,144 @@
 //! The store state of one guest: WASI with no capabilities, a memory limiter
-//! that remembers when it said no, and a bounded capture of the guest's stderr
-//! (where a Rust guest prints its panic message before trapping).
+//! that remembers when it said no, and the guest's stdout and stderr: the
+//! lines it writes, bounded, for the flow's log, and the last bytes of
+//! stderr (where a Rust guest prints its panic message before trapping).
 
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use wasmtime::component::{Linker, ResourceTable};
 use wasmtime::ResourceLimiter;
-use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
 use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxView, WasiView};
 
 use super::RuntimeError;
 
-/// The most stderr output kept from a guest (enough for a panic message).
-const STDERR_CAPACITY: usize = 4096;
+/// The most stderr output kept for a trap's message (enough for a panic).
+const STDERR_TAIL: usize = 4096;
+/// The most lines kept between two reads of a guest's log; more are counted
+/// as dropped.
+pub const LOG_LINES: usize = 256;
+/// The longest line kept (longer ones are cut, marked with `…`).
+pub const LOG_LINE_BYTES: usize = 1024;
+
+/// What a guest wrote to stdout and stderr since it was last read.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct GuestLog {
+    /// Whole lines, in order, at most [`LOG_LINES`].
+    pub lines: Vec<String>,
+    /// Lines written past the bound and not kept.
+    pub dropped: u64,
+}
+
+#[derive(Debug, Default)]
+struct LogBuf {
+    lines: VecDeque<String>,
+    dropped: u64,
+    /// The line being written (up to [`LOG_LINE_BYTES`]).
+    partial: Vec<u8>,
+    cut: bool,
+    /// The last bytes of stderr.
+    tail: VecDeque<u8>,
+}
+
+/// A guest's stdout or stderr: accepts every write (a guest that prints a
+/// lot must not fail for it), keeps bounded whole lines for the log and,
+/// for stderr, the last bytes for error messages.
+#[derive(Debug, Clone)]
+pub struct LogPipe {
+    buf: Arc<Mutex<LogBuf>>,
+    tail: bool,
+}
+
+impl LogPipe {
+    fn write_bytes(&self, bytes: &[u8]) {
+        let Ok(mut b) = self.buf.lock() else { return };
+        if self.tail {
+            b.tail.extend(bytes.iter().copied());
+            let extra = b.tail.len().saturating_sub(STDERR_TAIL);
+            b.tail.drain(..extra);
+        }
+        for &c in bytes {
+            if c == b'\n' {
+                let mut line = String::from_utf8_lossy(&b.partial).into_owned();
+                if b.cut {
+                    line.push('…');
+                }
+                b.partial.clear();
+                b.cut = false;
+                if b.lines.len() < LOG_LINES {
+                    b.lines.push_back(line);
+                } else {
+                    b.dropped += 1;
+                }
+            } else if b.partial.len() < LOG_LINE_BYTES {
+                b.partial.push(c);
+            } else {
+                b.cut = true;
+            }
+        }
+    }
+}
+
+impl IsTerminal for LogPipe {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for LogPipe {
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(self.clone())
+    }
+
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        // Only WASIp2 is linked: nothing writes through this one.
+        Box::new(wasmtime_wasi::p2::pipe::MemoryOutputPipe::new(0))
+    }
+}
+
+impl OutputStream for LogPipe {
+    fn write(&mut self, bytes: bytes::Bytes) -> Result<(), StreamError> {
+        self.write_bytes(&bytes);
+        Ok(())
+    }
+    fn flush(&mut self) -> Result<(), StreamError> {
+        Ok(())
+    }
+    fn check_write(&mut self) -> Result<usize, StreamError> {
+        Ok(64 * 1024)
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for LogPipe {
+    async fn ready(&mut self) {}
+}
 
 pub struct GuestState {
     wasi: WasiCtx,
     table: ResourceTable,
-    stderr: MemoryOutputPipe,
+    log: Arc<Mutex<LogBuf>>,
     pub limiter: MemoryLimiter,
 }
 
 impl GuestState {
     pub fn new(memory_limit: usize) -> GuestState {
-        let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
+        let log = Arc::new(Mutex::new(LogBuf::default()));
+        let stderr = LogPipe {
+            buf: log.clone(),
+            tail: true,
+        };
+        let stdout = LogPipe {
+            buf: log.clone(),
+            tail: false,
+        };
         let mut builder = WasiCtx::builder();
         builder
-            .stderr(stderr.clone())
+            .stderr(stderr)
+            .stdout(stdout)
             .wall_clock(FrozenClock)
             .monotonic_clock(FrozenClock)
             .secure_random(FixedRandom::new(0x5eed_f10e))
@@ -38,7 +150,7 @@ impl GuestState {
         GuestState {
             wasi: builder.build(),
             table: ResourceTable::new(),
-            stderr,
+            log,
             limiter: MemoryLimiter {
                 limit: memory_limit,
                 current: 0,
@@ -47,11 +159,26 @@ impl GuestState {
         }
     }
 
-    /// What the guest wrote to stderr, trimmed (e.g. a panic message).
+    /// The last bytes the guest wrote to stderr, trimmed (e.g. a panic
+    /// message).
     pub fn stderr_text(&self) -> String {
-        String::from_utf8_lossy(&self.stderr.contents())
-            .trim()
-            .to_string()
+        let Ok(b) = self.log.lock() else {
+            return String::new();
+        };
+        let bytes: Vec<u8> = b.tail.iter().copied().collect();
+        String::from_utf8_lossy(&bytes).trim().to_string()
+    }
+
+    /// The lines written since the last call (a line still being written
+    /// waits for its end).
+    pub fn take_log(&self) -> GuestLog {
+        let Ok(mut b) = self.log.lock() else {
+            return GuestLog::default();
+        };
+        GuestLog {
+            lines: b.lines.drain(..).collect(),
+            dropped: std::mem::take(&mut b.dropped),
+        }
     }
 }
 

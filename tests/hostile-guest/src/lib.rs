@@ -11,6 +11,8 @@
 //! - `alloc`: allocates without bound.
 //! - `recurse`: recurses without bound.
 //! - `panic`: panics with a message.
+//! - `chatty`: prints a line to stdout, a 5000-byte line and 2000 more lines
+//!   to stderr on every tick, then returns one valid row.
 //! - `huge-output`: returns more rows than `max-rows`.
 //! - `wrong-lengths`: rows count disagrees with the column's list lengths.
 //! - `bad-offsets`: string offsets out of range.
@@ -187,6 +189,14 @@ mod component {
                     one_row(now, r as i64)
                 }
                 "panic" => panic!("hostile guest panics on purpose"),
+                "chatty" => {
+                    println!("chatty says hello at tick {n}");
+                    eprintln!("{}", "x".repeat(5000));
+                    for i in 0..2000 {
+                        eprintln!("chatty tick {n} line {i}");
+                    }
+                    one_row(now, n)
+                }
                 "huge-output" => numbered_rows(now, 0, max_rows.saturating_add(1)),
                 "endless-output" => {
                     return Ok(TickOutput {

@@ -178,3 +178,72 @@ async fn every_hostile_flow_fails_alone_and_the_real_flows_stay_exact() {
     let got = rows(&db, "SELECT n FROM per_host_sink WHERE host = 'h0'").await;
     assert_eq!(got, vec![vec![n.to_string()]]);
 }
+
+/// A guest that prints without end: its lines reach
+/// `information_schema.flow_logs`, bounded per call, per line and per
+/// flow, with a line that counts what was not kept; the flow itself keeps
+/// running (before, writing more than 4 KiB to stderr trapped it), and a
+/// dropped flow's lines go with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chatty_guest_is_logged_within_bounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Database::open_with(dir.path(), settings()).await.unwrap();
+    db.execute(
+        "CREATE TABLE hostile_chatty (x BIGINT, ts TIMESTAMP TIME INDEX); \
+         CREATE FLOW evil_chatty SINK TO evil_chatty_sink AS SELECT x FROM hostile_chatty; \
+         INSERT INTO hostile_chatty VALUES (1, 0)",
+    )
+    .await
+    .unwrap();
+    for _ in 0..3 {
+        db.flush_flow("evil_chatty")
+            .await
+            .expect("a chatty flow runs");
+    }
+    let status = rows(
+        &db,
+        "SELECT status FROM information_schema.flows WHERE flow_name = 'evil_chatty'",
+    )
+    .await;
+    assert_eq!(status, vec![vec!["running"]]);
+    let lines: Vec<String> = rows(
+        &db,
+        "SELECT line FROM information_schema.flow_logs WHERE flow_name = 'evil_chatty'",
+    )
+    .await
+    .into_iter()
+    .map(|r| r[0].clone())
+    .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("chatty says hello at tick")),
+        "stdout is logged: {:?}",
+        &lines[..lines.len().min(3)]
+    );
+    assert!(
+        lines.iter().any(|l| l.starts_with("chatty tick")),
+        "stderr is logged"
+    );
+    assert!(
+        lines
+            .iter()
+            .all(|l| l.len() <= sandflow::runtime::LOG_LINE_BYTES + 4),
+        "a long line is cut"
+    );
+    assert!(
+        lines.iter().any(|l| l.contains("more lines were not kept")),
+        "what was not kept is counted"
+    );
+    assert!(
+        lines.len() <= sandflow::flow::logs::MAX_LINES,
+        "{}",
+        lines.len()
+    );
+    // DROP FLOW forgets the flow's lines.
+    db.execute("DROP FLOW evil_chatty").await.unwrap();
+    assert_eq!(
+        rows(&db, "SELECT count(*) FROM information_schema.flow_logs").await,
+        vec![vec!["0"]]
+    );
+}

@@ -413,6 +413,8 @@ pub struct FlowManager {
     /// Per flow name, the fence of its current run: a sink commit of any
     /// other run is refused.
     fences: Mutex<HashMap<String, Arc<AtomicU64>>>,
+    /// What the flows' guests write to stdout and stderr.
+    pub(crate) logs: Arc<super::logs::FlowLogs>,
 }
 
 /// A failed flow's request to be restarted at `at_ms` (the database's clock).
@@ -524,6 +526,7 @@ impl FlowManager {
                 .map_err(|e| flow_err(format!("cannot start the threads that run flows: {e}")))?,
         });
         Ok(FlowManager {
+            logs: Arc::new(super::logs::FlowLogs::new(clock.clone())),
             clock,
             driver,
             fences: Mutex::new(HashMap::new()),
@@ -1390,6 +1393,7 @@ impl FlowManager {
         unregister_metrics(core, name);
         self.halt(&handle);
         drop(handle);
+        self.logs.forget(name);
         let c = core.clone();
         let mut writes = vec![MetaWrite::Delete(format!("{DEF_PREFIX}{name}"))];
         writes.extend(run_keys(name).into_iter().map(MetaWrite::Delete));
@@ -1857,12 +1861,17 @@ impl FlowManager {
                 .await
                 .map_err(|e| flow_err(format!("flow setup task failed: {e}")))??;
                 let output = instance.output_schema().to_vec();
+                let log = Some((self.logs.clone(), def.name.clone()));
                 (
-                    Box::new(SandboxGuest(instance)),
+                    Box::new(SandboxGuest {
+                        instance,
+                        log: log.clone(),
+                    }),
                     Arc::new(SandboxWaker {
                         sandbox: guest_sandbox,
                         component,
                         limits,
+                        log,
                     }),
                     output,
                 )

@@ -19,6 +19,7 @@ pub mod arrow;
 pub mod compile;
 pub mod components;
 pub(crate) mod driver;
+pub mod logs;
 pub mod manager;
 pub mod options;
 pub(crate) mod ports;

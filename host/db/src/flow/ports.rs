@@ -172,23 +172,42 @@ impl ChangeLog for StoreLog {
 }
 
 /// A flow's engine in its sandbox.
-pub(crate) struct SandboxGuest(pub FlowInstance);
+pub(crate) struct SandboxGuest {
+    pub instance: FlowInstance,
+    /// Where the guest's stdout and stderr go, and the flow's name.
+    pub log: Option<(Arc<super::logs::FlowLogs>, String)>,
+}
+
+impl SandboxGuest {
+    /// Moves what the guest wrote into the flow's log.
+    fn drain_log(&self) {
+        if let Some((logs, flow)) = &self.log {
+            logs.record(flow, self.instance.take_log());
+        }
+    }
+}
 
 impl Guest for SandboxGuest {
     fn push(&mut self, source: u32, batch: Batch) -> Result<(), Failure> {
-        self.0.push(source, batch).map_err(failure_of)
+        let r = self.instance.push(source, batch).map_err(failure_of);
+        self.drain_log();
+        r
     }
 
     fn tick(&mut self, now: i64) -> Result<TickOutput, Failure> {
-        self.0.tick(now).map_err(failure_of)
+        let r = self.instance.tick(now).map_err(failure_of);
+        self.drain_log();
+        r
     }
 
     fn snapshot(&mut self) -> Result<Vec<u8>, Failure> {
-        self.0.snapshot().map_err(failure_of)
+        let r = self.instance.snapshot().map_err(failure_of);
+        self.drain_log();
+        r
     }
 
     fn state_size(&mut self) -> Result<u64, Failure> {
-        self.0.state_size().map_err(failure_of)
+        self.instance.state_size().map_err(failure_of)
     }
 }
 
@@ -330,6 +349,7 @@ pub(crate) struct SandboxWaker {
     pub sandbox: Arc<Sandbox>,
     pub component: Digest,
     pub limits: FlowLimits,
+    pub log: Option<(Arc<super::logs::FlowLogs>, String)>,
 }
 
 impl Waker for SandboxWaker {
@@ -338,7 +358,12 @@ impl Waker for SandboxWaker {
             .sandbox
             .restore_flow(&self.component, state, self.limits)
             .map_err(failure_of)?;
-        Ok(Box::new(SandboxGuest(instance)))
+        let guest = SandboxGuest {
+            instance,
+            log: self.log.clone(),
+        };
+        guest.drain_log();
+        Ok(Box::new(guest))
     }
 }
 

@@ -901,7 +901,13 @@ fn restore_guest(
                 .restore_flow(&engine, &state, limits)
                 .map_err(|e| cannot(e.to_string()))?;
             let output = instance.output_schema().to_vec();
-            Ok((Box::new(super::ports::SandboxGuest(instance)), output))
+            Ok((
+                Box::new(super::ports::SandboxGuest {
+                    instance,
+                    log: None,
+                }),
+                output,
+            ))
         }
     }
 }

@@ -38,6 +38,17 @@ pub const FLOW_STATISTICS_TABLE: &str = "flow_statistics";
 /// `information_schema.components`: every version of every user component
 /// the user may see.
 pub const COMPONENTS_TABLE: &str = "components";
+/// `information_schema.flow_logs`: what the flows' guests wrote to stdout
+/// and stderr (see [`super::logs`]).
+pub const FLOW_LOGS_TABLE: &str = "flow_logs";
+
+/// The system tables, by their names in `information_schema`.
+const SYSTEM_TABLES: [&str; 4] = [
+    FLOWS_TABLE,
+    FLOW_STATISTICS_TABLE,
+    COMPONENTS_TABLE,
+    FLOW_LOGS_TABLE,
+];
 
 /// The system table `name` names (`information_schema.flows` in any case,
 /// optionally prefixed by the catalog), if it names one.
@@ -57,7 +68,7 @@ fn system_table(name: &ObjectName) -> Option<String> {
         _ => None,
     };
     table
-        .filter(|t| *t == FLOWS_TABLE || *t == FLOW_STATISTICS_TABLE || *t == COMPONENTS_TABLE)
+        .filter(|t| SYSTEM_TABLES.contains(&t.as_str()))
         .cloned()
 }
 
@@ -385,11 +396,7 @@ pub struct SystemSchema {
 #[async_trait]
 impl SchemaProvider for SystemSchema {
     fn table_names(&self) -> Vec<String> {
-        vec![
-            FLOWS_TABLE.to_string(),
-            FLOW_STATISTICS_TABLE.to_string(),
-            COMPONENTS_TABLE.to_string(),
-        ]
+        SYSTEM_TABLES.iter().map(|t| t.to_string()).collect()
     }
 
     async fn table(
@@ -404,6 +411,11 @@ impl SchemaProvider for SystemSchema {
                     core: self.core.clone(),
                 }) as Arc<dyn TableProvider>))
             }
+            FLOW_LOGS_TABLE => {
+                return Ok(Some(Arc::new(FlowLogsTable {
+                    core: self.core.clone(),
+                }) as Arc<dyn TableProvider>))
+            }
             _ => return Ok(None),
         };
         Ok(Some(Arc::new(FlowsTable {
@@ -413,7 +425,7 @@ impl SchemaProvider for SystemSchema {
     }
 
     fn table_exist(&self, name: &str) -> bool {
-        name == FLOWS_TABLE || name == FLOW_STATISTICS_TABLE || name == COMPONENTS_TABLE
+        SYSTEM_TABLES.contains(&name)
     }
 }
 
@@ -496,6 +508,68 @@ impl TableProvider for ComponentsTable {
             .filter(|c| self.core.access.can_see_database(&who, &c.database))
             .collect();
         let batch = components_batch(&components)?;
+        let mem = MemTable::try_new(self.schema(), vec![vec![batch]])?;
+        mem.scan(state, projection, filters, limit).await
+    }
+}
+
+/// The columns of `information_schema.flow_logs`.
+pub fn flow_logs_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("flow_name", DataType::Utf8, false),
+        Field::new(
+            "time",
+            DataType::Timestamp(TimeUnit::Millisecond, None),
+            false,
+        ),
+        Field::new("line", DataType::Utf8, false),
+    ]))
+}
+
+/// `information_schema.flow_logs`, read at scan time: the lines of the
+/// flows the user may manage.
+#[derive(Debug)]
+struct FlowLogsTable {
+    core: Arc<Core>,
+}
+
+#[async_trait]
+impl TableProvider for FlowLogsTable {
+    fn schema(&self) -> SchemaRef {
+        flow_logs_schema()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::View
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
+        let who = crate::sql::visible::principal_of(state.config());
+        let flows = &self.core.flows;
+        let lines: Vec<_> = flows
+            .logs
+            .lines()
+            .into_iter()
+            .filter(|l| flows.check_flow_access(&self.core, &who, &l.flow).is_ok())
+            .collect();
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(StringArray::from_iter_values(
+                lines.iter().map(|l| l.flow.as_str()),
+            )),
+            Arc::new(TimestampMillisecondArray::from_iter_values(
+                lines.iter().map(|l| l.at_ms),
+            )),
+            Arc::new(StringArray::from_iter_values(
+                lines.iter().map(|l| l.line.as_str()),
+            )),
+        ];
+        let batch = RecordBatch::try_new(self.schema(), columns)?;
         let mem = MemTable::try_new(self.schema(), vec![vec![batch]])?;
         mem.scan(state, projection, filters, limit).await
     }
