@@ -7,7 +7,7 @@ export CARGO_TERM_COLOR ?= never
 
 DATA_DIR ?= ./sandflow-data
 
-.PHONY: setup build test lint deps unit run bench fmt clean-data
+.PHONY: setup build test lint deps unit run bench fmt clean-data examples
 
 ## Installs the toolchain pieces the build needs (idempotent).
 setup:
@@ -26,7 +26,11 @@ build: setup
 	$(CARGO) build --release --bin sandflow
 
 ## Formatting, lints, then every test: unit, engine, end-to-end.
-test: setup lint unit
+test: setup examples lint unit
+
+## The SDK's example components for wasm32-wasip2 (the end-to-end tests upload them).
+examples: setup
+	$(CARGO) build -p sandflow-example-topk --target wasm32-wasip2 --release
 
 lint: setup deps
 	$(CARGO) fmt --all -- --check

@@ -28,6 +28,7 @@ mod e2e_http;
 mod e2e_mysql;
 mod e2e_pg;
 mod e2e_restart;
+mod e2e_sdk;
 mod e2e_tls;
 mod engine_common;
 mod engine_flows;

@@ -1,0 +1,188 @@
+//! The Rust SDK's example component (`guest/sdk/examples/topk`, top-k per
+//! key) end to end on the real binary: uploaded over HTTP, a flow `USING
+//! COMPONENT` on it, inserts, upserts and deletes, its sink checked against
+//! the same top-k computed by SQL over the source, before and after a
+//! restart.
+//!
+//! The component is built by `make examples` (part of `make test`).
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use postgres::{Client, NoTls};
+use sandflow_tests::harness::{read_response, Server};
+
+/// Where `make examples` writes the top-k component: `$SANDFLOW_TOPK_WASM`,
+/// else under `$CARGO_TARGET_DIR`, else under the target directory of this
+/// test binary.
+fn topk_wasm() -> Vec<u8> {
+    let path = match std::env::var_os("SANDFLOW_TOPK_WASM") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            let target = match std::env::var_os("CARGO_TARGET_DIR") {
+                Some(dir) => PathBuf::from(dir),
+                None => {
+                    // target/<profile>/deps/<test binary>
+                    let exe = std::env::current_exe().expect("current_exe");
+                    exe.ancestors()
+                        .nth(3)
+                        .expect("the test binary lives in target/<profile>/deps")
+                        .to_path_buf()
+                }
+            };
+            target.join("wasm32-wasip2/release/sandflow_example_topk.wasm")
+        }
+    };
+    std::fs::read(&path).unwrap_or_else(|e| {
+        panic!(
+            "cannot read the top-k example component {}: {e}; build it with `make examples` \
+             (or set SANDFLOW_TOPK_WASM)",
+            path.display()
+        )
+    })
+}
+
+fn connect(s: &Server) -> Client {
+    Client::connect(
+        &format!(
+            "host=127.0.0.1 port={} user=sandflow dbname=public connect_timeout=10",
+            s.pg_port
+        ),
+        NoTls,
+    )
+    .expect("connect")
+}
+
+/// `PUT path` with a binary body; (status, JSON).
+fn put(s: &Server, path: &str, body: &[u8]) -> (u16, serde_json::Value) {
+    let mut stream = TcpStream::connect(("127.0.0.1", s.http_port)).expect("connect HTTP");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(120)))
+        .unwrap();
+    let head = format!(
+        "PUT {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nConnection: close\r\n\
+         Content-Type: application/wasm\r\nContent-Length: {}\r\n\r\n",
+        s.http_port,
+        body.len()
+    );
+    let _ = stream
+        .write_all(head.as_bytes())
+        .and_then(|_| stream.write_all(body));
+    let (status, text) = read_response(&mut stream).expect("HTTP response");
+    let json = serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"));
+    (status, json)
+}
+
+/// Text rows of a query, each row's columns joined by `|`.
+fn rows(c: &mut Client, sql: &str) -> Vec<String> {
+    c.simple_query(sql)
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .into_iter()
+        .filter_map(|m| match m {
+            postgres::SimpleQueryMessage::Row(r) => Some(
+                (0..r.len())
+                    .map(|i| r.get(i).unwrap_or("NULL").to_string())
+                    .collect::<Vec<_>>()
+                    .join("|"),
+            ),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The 3 largest values per host (the component's default k), by SQL.
+const TRUTH: &str = "SELECT host, rn, v FROM (SELECT host, v, row_number() OVER \
+                     (PARTITION BY host ORDER BY v DESC) AS rn FROM m WHERE v IS NOT NULL) t \
+                     WHERE rn <= 3 ORDER BY host, rn";
+
+fn assert_top(c: &mut Client, what: &str) -> Vec<String> {
+    c.batch_execute("ADMIN FLUSH_FLOW('top')").expect("flush");
+    let sink = rows(c, "SELECT host, rank, v FROM top_sink ORDER BY host, rank");
+    let truth = rows(c, TRUTH);
+    assert_eq!(sink, truth, "top-k sink after {what}");
+    truth
+}
+
+#[test]
+fn the_rust_sdk_top_k_example_is_exact_under_upserts_deletes_and_a_restart() {
+    let s = Server::start();
+    let wasm = topk_wasm();
+    let (status, json) = put(&s, "/v1/components/topk", &wasm);
+    assert_eq!(status, 200, "upload: {json}");
+    assert_eq!(json["version"], 1, "{json}");
+
+    let mut c = connect(&s);
+    c.batch_execute(
+        "CREATE TABLE m (host STRING, v DOUBLE, ts TIMESTAMP TIME INDEX, PRIMARY KEY (host))",
+    )
+    .unwrap();
+    // Options are the component's defaults: key = the first column (host),
+    // value = the first numeric column that is not the key (v), k = 3.
+    c.batch_execute(
+        "CREATE FLOW top SINK TO top_sink USING COMPONENT topk AS SELECT host, v FROM m",
+    )
+    .expect("CREATE FLOW ... USING COMPONENT topk");
+
+    // Hand-checked small case first.
+    c.batch_execute(
+        "INSERT INTO m VALUES ('a', 1.5, 1), ('a', 7, 2), ('a', 3, 3), ('a', 5, 4), \
+         ('b', 2, 1), ('b', 2, 2), ('c', NULL, 1)",
+    )
+    .unwrap();
+    let truth = assert_top(&mut c, "the first inserts");
+    assert_eq!(
+        truth,
+        vec!["a|1|7.0", "a|2|5.0", "a|3|3.0", "b|1|2.0", "b|2|2.0"]
+    );
+
+    // Upsert (same host and ts, new value), delete, values that tie.
+    c.batch_execute("INSERT INTO m VALUES ('a', 0.5, 2)")
+        .unwrap();
+    c.batch_execute("DELETE FROM m WHERE host = 'a' AND v = 5")
+        .unwrap();
+    c.batch_execute("INSERT INTO m VALUES ('b', 9, 3), ('c', 4, 2)")
+        .unwrap();
+    let truth = assert_top(&mut c, "an upsert and a delete");
+    assert_eq!(
+        truth,
+        vec!["a|1|3.0", "a|2|1.5", "a|3|0.5", "b|1|9.0", "b|2|2.0", "b|3|2.0", "c|1|4.0"]
+    );
+
+    // Many writes over a few hosts, with upserts and deletes in between.
+    for i in 0..60i64 {
+        let host = ["x", "y", "z"][(i % 3) as usize];
+        let v = (i * 37) % 23;
+        c.batch_execute(&format!(
+            "INSERT INTO m VALUES ('{host}', {v}, {})",
+            100 + i % 20
+        ))
+        .unwrap();
+        if i % 11 == 10 {
+            c.batch_execute(&format!("DELETE FROM m WHERE host = '{host}' AND v > 15"))
+                .unwrap();
+        }
+    }
+    assert_top(&mut c, "many upserts and deletes");
+    c.batch_execute("DELETE FROM m WHERE host = 'b'").unwrap();
+    assert_top(&mut c, "deleting a whole key");
+
+    // Restart: the flow goes on from its snapshot, exactly.
+    drop(c);
+    let dir = s.dir();
+    let mut s = s;
+    assert!(s.stop(), "unclean shutdown:\n{}", s.logs());
+    let s = Server::start_in(dir);
+    let mut c = connect(&s);
+    assert_top(&mut c, "the restart");
+    c.batch_execute("INSERT INTO m VALUES ('x', 100, 200), ('y', -1, 200), ('b', 1, 200)")
+        .unwrap();
+    c.batch_execute("DELETE FROM m WHERE host = 'z' AND v < 10")
+        .unwrap();
+    c.batch_execute("INSERT INTO m VALUES ('x', 50, 200)")
+        .unwrap();
+    let truth = assert_top(&mut c, "writes after the restart");
+    assert!(truth.iter().any(|r| r == "x|1|50.0"), "{truth:?}");
+    assert!(truth.iter().any(|r| r == "b|1|1.0"), "{truth:?}");
+}
