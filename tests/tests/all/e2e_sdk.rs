@@ -92,17 +92,28 @@ fn rows(c: &mut Client, sql: &str) -> Vec<String> {
         .collect()
 }
 
-/// The 3 largest values per host (the component's default k), by SQL.
-const TRUTH: &str = "SELECT host, rn, v FROM (SELECT host, v, row_number() OVER \
-                     (PARTITION BY host ORDER BY v DESC) AS rn FROM m WHERE v IS NOT NULL) t \
-                     WHERE rn <= 3 ORDER BY host, rn";
+/// The `k` largest values per host, by SQL.
+fn truth(k: u32) -> String {
+    format!(
+        "SELECT host, rn, v FROM (SELECT host, v, row_number() OVER \
+         (PARTITION BY host ORDER BY v DESC) AS rn FROM m WHERE v IS NOT NULL) t \
+         WHERE rn <= {k} ORDER BY host, rn"
+    )
+}
 
+/// Checks both flows: `top` (the component's defaults, k = 3) and `top2`
+/// (its options given in WITH: k = 2); returns the 3 largest per host.
 fn assert_top(c: &mut Client, what: &str) -> Vec<String> {
-    c.batch_execute("ADMIN FLUSH_FLOW('top')").expect("flush");
-    let sink = rows(c, "SELECT host, rank, v FROM top_sink ORDER BY host, rank");
-    let truth = rows(c, TRUTH);
-    assert_eq!(sink, truth, "top-k sink after {what}");
-    truth
+    for (flow, k) in [("top", 3), ("top2", 2)] {
+        c.batch_execute(&format!("ADMIN FLUSH_FLOW('{flow}')"))
+            .expect("flush");
+        let sink = rows(
+            c,
+            &format!("SELECT host, rank, v FROM {flow}_sink ORDER BY host, rank"),
+        );
+        assert_eq!(sink, rows(c, &truth(k)), "{flow} (k = {k}) after {what}");
+    }
+    rows(c, &truth(3))
 }
 
 #[test]
@@ -124,6 +135,12 @@ fn the_rust_sdk_top_k_example_is_exact_under_upserts_deletes_and_a_restart() {
         "CREATE FLOW top SINK TO top_sink USING COMPONENT topk AS SELECT host, v FROM m",
     )
     .expect("CREATE FLOW ... USING COMPONENT topk");
+    // The same component with its own options, which sandflow passes on.
+    c.batch_execute(
+        "CREATE FLOW top2 SINK TO top2_sink USING COMPONENT topk \
+         WITH (key = 'host', value = 'v', k = '2', memory_limit = '64MiB') AS SELECT host, v FROM m",
+    )
+    .expect("CREATE FLOW ... USING COMPONENT topk WITH (...)");
 
     // Hand-checked small case first.
     c.batch_execute(

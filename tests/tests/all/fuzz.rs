@@ -1582,7 +1582,7 @@ proptest! {
     ) {
         let _ = parse_interval(&text);
         let _ = parse_size(&text);
-        if let Ok(opts) = parse_options(&[(key.to_string(), text.clone())]) {
+        if let Ok(opts) = parse_options(&[(key.to_string(), text.clone())], false) {
             let _ = opts.backfill();
         }
         if let Ok(ms) = parse_interval(&text) {

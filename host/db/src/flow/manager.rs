@@ -1084,8 +1084,8 @@ impl FlowManager {
                 .fail();
             }
         }
-        let options =
-            parse_options(&stmt.options).map_err(|message| InvalidDataSnafu { message }.build())?;
+        let options = parse_options(&stmt.options, stmt.component.is_some())
+            .map_err(|message| InvalidDataSnafu { message }.build())?;
         let expire_after_ms = match &stmt.expire_after {
             Some(text) => Some(parse_interval(text).map_err(|m| {
                 SqlSnafu {
@@ -1769,8 +1769,8 @@ impl FlowManager {
         def: &FlowDef,
         recovery: Option<&Recovery>,
     ) -> Result<Prepared> {
-        let options =
-            parse_options(&def.options).map_err(|message| SqlSnafu { message }.build())?;
+        let options = parse_options(&def.options, def.component.is_some())
+            .map_err(|message| SqlSnafu { message }.build())?;
         let compiled = compile_flow(
             core,
             ctx,
@@ -1795,7 +1795,8 @@ impl FlowManager {
                 limits.cpu_per_call = limits.cpu_per_call.min(Duration::from_millis(max));
             }
         }
-        let mut guest_options = Vec::new();
+        // A component gets its own options (the engine takes none of them).
+        let mut guest_options = options.component.clone();
         if let Some(ms) = def.expire_after_ms {
             guest_options.push((
                 sandflow_contract::OPTION_EXPIRE_AFTER_MS.to_string(),
@@ -2729,7 +2730,7 @@ impl FlowManager {
             "",
         )?;
         let memory_of = |d: &FlowDef| {
-            parse_options(&d.options)
+            parse_options(&d.options, d.component.is_some())
                 .map(|o| limits(&self.settings.default_limits, &o).memory as u64)
                 .unwrap_or(self.settings.default_limits.memory as u64)
         };

@@ -36,6 +36,10 @@ pub struct FlowOptions {
     /// GreptimeDB's `experimental_enable_incremental_read`: accepted, and
     /// changes nothing (sandflow's flows always read incrementally).
     pub experimental_enable_incremental_read: Option<bool>,
+    /// A component flow's own options (`USING COMPONENT`): every key
+    /// sandflow does not know, in the order written, passed to the
+    /// component's `create` as they are.
+    pub component: Vec<(String, String)>,
 }
 
 impl FlowOptions {
@@ -58,7 +62,10 @@ fn parse_bool(key: &str, value: &str) -> Result<bool, String> {
 }
 
 /// Parses `WITH (k = 'v')` pairs; unknown keys are an error naming the known ones.
-pub fn parse_options(pairs: &[(String, String)]) -> Result<FlowOptions, String> {
+/// Parses a flow's `WITH (...)`. For a flow on a user component
+/// (`component`), keys sandflow does not know are the component's; for
+/// others they are an error.
+pub fn parse_options(pairs: &[(String, String)], component: bool) -> Result<FlowOptions, String> {
     let mut out = FlowOptions::default();
     for (key, value) in pairs {
         match key.as_str() {
@@ -79,6 +86,7 @@ pub fn parse_options(pairs: &[(String, String)]) -> Result<FlowOptions, String> 
                 out.output_rows_limit_per_tick = Some(parse_count(value)?)
             }
             "state_size_limit" => out.state_size_limit = Some(parse_size(value)? as u64),
+            _ if component => out.component.push((key.clone(), value.clone())),
             _ => {
                 return Err(format!(
                     "unknown flow option '{key}'; known options: {}",
@@ -166,16 +174,19 @@ mod tests {
 
     #[test]
     fn options() {
-        let o = parse_options(&[
-            ("backfill".into(), "FALSE".into()),
-            ("memory_limit".into(), "64MiB".into()),
-            ("cpu_limit_per_tick".into(), "100ms".into()),
-        ])
+        let o = parse_options(
+            &[
+                ("backfill".into(), "FALSE".into()),
+                ("memory_limit".into(), "64MiB".into()),
+                ("cpu_limit_per_tick".into(), "100ms".into()),
+            ],
+            false,
+        )
         .unwrap();
         assert_eq!(o.backfill, Some(false));
         assert_eq!(o.memory_limit, Some(64 << 20));
         assert_eq!(o.cpu_limit_per_tick, Some(Duration::from_millis(100)));
-        let e = parse_options(&[("nope".into(), "1".into())]).unwrap_err();
+        let e = parse_options(&[("nope".into(), "1".into())], false).unwrap_err();
         assert!(
             e.contains(
                 "backfill, memory_limit, cpu_limit_per_tick, output_rows_limit_per_tick, \
@@ -184,28 +195,41 @@ mod tests {
             ),
             "{e}"
         );
-        let o = parse_options(&[
-            ("output_rows_limit_per_tick".into(), "1_000".into()),
-            ("state_size_limit".into(), "1MiB".into()),
-        ])
+        let o = parse_options(
+            &[
+                ("output_rows_limit_per_tick".into(), "1_000".into()),
+                ("state_size_limit".into(), "1MiB".into()),
+            ],
+            false,
+        )
         .unwrap();
         assert_eq!(o.output_rows_limit_per_tick, Some(1000));
         assert_eq!(o.state_size_limit, Some(1 << 20));
-        assert!(parse_options(&[("output_rows_limit_per_tick".into(), "0".into())]).is_err());
-        assert!(parse_options(&[("output_rows_limit_per_tick".into(), "many".into())]).is_err());
-        assert!(parse_options(&[("backfill".into(), "maybe".into())]).is_err());
-        let o = parse_options(&[
-            ("defer_on_missing_source".into(), "TRUE".into()),
-            (
-                "experimental_enable_incremental_read".into(),
-                " false ".into(),
-            ),
-        ])
+        assert!(
+            parse_options(&[("output_rows_limit_per_tick".into(), "0".into())], false).is_err()
+        );
+        assert!(parse_options(
+            &[("output_rows_limit_per_tick".into(), "many".into())],
+            false
+        )
+        .is_err());
+        assert!(parse_options(&[("backfill".into(), "maybe".into())], false).is_err());
+        let o = parse_options(
+            &[
+                ("defer_on_missing_source".into(), "TRUE".into()),
+                (
+                    "experimental_enable_incremental_read".into(),
+                    " false ".into(),
+                ),
+            ],
+            false,
+        )
         .unwrap();
         assert!(o.defer_on_missing_source());
         assert_eq!(o.experimental_enable_incremental_read, Some(false));
         assert!(!FlowOptions::default().defer_on_missing_source());
-        let e = parse_options(&[("defer_on_missing_source".into(), "1".into())]).unwrap_err();
+        let e =
+            parse_options(&[("defer_on_missing_source".into(), "1".into())], false).unwrap_err();
         assert!(
             e.contains("defer_on_missing_source must be 'true' or 'false'"),
             "{e}"
