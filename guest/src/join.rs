@@ -41,6 +41,9 @@ use crate::types::{bad, internal, Column, DataType, FlowError, Storage};
 #[derive(Debug, Clone)]
 struct Slot {
     row: Vec<u8>,
+    /// The row's hash, and the next slot whose row has the same hash.
+    hash: u64,
+    next: u32,
     key: u32,
     /// Index of this slot in its key's list.
     pos: u32,
@@ -51,7 +54,9 @@ struct Slot {
 /// One side's rows by join key. See the module's documentation for its rule.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Arrangement {
-    by_row: FxHashMap<Vec<u8>, u32>,
+    /// Row hash → the first slot of the rows with that hash (chained by
+    /// `Slot::next`): each row's bytes are kept once, in its slot.
+    by_row: FxHashMap<u64, u32>,
     slots: Vec<Option<Slot>>,
     free: Vec<u32>,
     by_key: FxHashMap<Vec<u8>, u32>,
@@ -79,9 +84,23 @@ impl Arrangement {
         self.slots.get_mut(s as usize).and_then(|x| x.as_mut())
     }
 
+    /// The slot holding `row`, whose hash is `hash`.
+    fn find(&self, row: &[u8], hash: u64) -> Option<u32> {
+        let mut s = *self.by_row.get(&hash)?;
+        while s != NONE {
+            let slot = self.slot(s)?;
+            if slot.row == row {
+                return Some(s);
+            }
+            s = slot.next;
+        }
+        None
+    }
+
     /// Adds `diff` copies of `row` (whose key is `key`); a new row starts with `matches`.
     fn update(&mut self, row: &[u8], key: &[u8], diff: i64, matches: i64) {
-        if let Some(&s) = self.by_row.get(row) {
+        let hash = row_hash(row);
+        if let Some(s) = self.find(row, hash) {
             let gone = match self.slot_mut(s) {
                 Some(slot) => {
                     slot.mult = slot.mult.wrapping_add(diff);
@@ -121,8 +140,11 @@ impl Arrangement {
             Some((_, l)) => l,
             None => return,
         };
+        let next = self.by_row.get(&hash).copied().unwrap_or(NONE);
         let slot = Slot {
             row: row.to_vec(),
+            hash,
+            next,
             key: k,
             pos: list.len() as u32,
             mult: diff,
@@ -141,8 +163,8 @@ impl Arrangement {
             }
         };
         list.push(s);
-        self.by_row.insert(row.to_vec(), s);
-        self.bytes += 2 * row.len() + 64;
+        self.by_row.insert(hash, s);
+        self.bytes += row.len() + 80;
     }
 
     /// Drops every row of the keys whose time is before `threshold`.
@@ -172,8 +194,27 @@ impl Arrangement {
             return;
         };
         self.free.push(s);
-        self.by_row.remove(&slot.row);
-        self.bytes = self.bytes.saturating_sub(2 * slot.row.len() + 64);
+        // Unlink it from its hash chain.
+        if self.by_row.get(&slot.hash) == Some(&s) {
+            if slot.next == NONE {
+                self.by_row.remove(&slot.hash);
+            } else {
+                self.by_row.insert(slot.hash, slot.next);
+            }
+        } else {
+            let mut at = self.by_row.get(&slot.hash).copied().unwrap_or(NONE);
+            while at != NONE {
+                let Some(Some(prev)) = self.slots.get_mut(at as usize) else {
+                    break;
+                };
+                if prev.next == s {
+                    prev.next = slot.next;
+                    break;
+                }
+                at = prev.next;
+            }
+        }
+        self.bytes = self.bytes.saturating_sub(slot.row.len() + 80);
         let Some((key, list)) = self.keys.get_mut(slot.key as usize) else {
             return;
         };
@@ -228,13 +269,22 @@ impl Arrangement {
             let matches = r.i64()?;
             check_key(row, types, &all_nullable).map_err(corrupt)?;
             check_key(key, key_types, &all_nullable).map_err(corrupt)?;
-            if mult == 0 || a.by_row.contains_key(row) {
+            if mult == 0 || a.find(row, row_hash(row)).is_some() {
                 return Err(corrupt("a row is stored twice or with no copies".into()));
             }
             a.update(row, key, mult, matches);
         }
         Ok(a)
     }
+}
+
+/// No slot.
+const NONE: u32 = u32::MAX;
+
+/// The hash of an encoded row (fixed: no seed).
+fn row_hash(row: &[u8]) -> u64 {
+    use std::hash::BuildHasher;
+    crate::hash::FxBuild::default().hash_one(row)
 }
 
 /// Pushes the values of an encoded row (as [`encode_row`] writes them) to `out`.
@@ -454,8 +504,10 @@ impl JoinOp {
             .iter()
             .map(|e| e.eval(c))
             .collect::<Result<_, _>>()?;
-        // Each row's key, or None when a NULL keeps it from matching anything.
-        let mut keys: Vec<Option<Vec<u8>>> = Vec::with_capacity(c.rows);
+        // Each row's key (a range of `key_bytes`), or None when a NULL keeps it from
+        // matching anything.
+        let mut keys: Vec<Option<(usize, usize)>> = Vec::with_capacity(c.rows);
+        let mut key_bytes: Vec<u8> = Vec::new();
         let mut pair_rows: Vec<u32> = Vec::new();
         let mut pair_slots: Vec<u32> = Vec::new();
         let mut buf = Vec::new();
@@ -468,13 +520,14 @@ impl JoinOp {
                 keys.push(None);
                 continue;
             }
-            buf.clear();
-            encode_row(&mut buf, &key_cols, &self.key_types, i);
-            for &s in self.state[other].key_slots(&buf) {
+            let start = key_bytes.len();
+            encode_row(&mut key_bytes, &key_cols, &self.key_types, i);
+            let key = key_bytes.get(start..).unwrap_or(&[]);
+            for &s in self.state[other].key_slots(key) {
                 pair_rows.push(i as u32);
                 pair_slots.push(s);
             }
-            keys.push(Some(buf.clone()));
+            keys.push(Some((start, key_bytes.len())));
         }
         let diffs = c.diffs.each(c.rows);
         let mut matches = vec![0i64; c.rows];
@@ -608,8 +661,10 @@ impl JoinOp {
         }
         // Store the changes.
         let cols: Vec<Cow<'_, Column>> = c.cols.iter().map(Cow::Borrowed).collect();
-        for (i, key) in keys.iter().enumerate() {
-            let Some(key) = key else { continue };
+        for (i, range) in keys.iter().enumerate() {
+            let Some(key) = range.and_then(|(a, b)| key_bytes.get(a..b)) else {
+                continue;
+            };
             buf.clear();
             encode_row(&mut buf, &cols, &self.types[this], i);
             let d = diffs.get(i).copied().unwrap_or(0);
@@ -622,7 +677,7 @@ impl JoinOp {
                         .by_time
                         .entry(t)
                         .or_default()
-                        .push(key.clone());
+                        .push(key.to_vec());
                 }
             }
         }
