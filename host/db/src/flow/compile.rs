@@ -598,7 +598,7 @@ mod tests {
         for (sql, name) in [
             ("SELECT host, now() AS n FROM requests", "now()"),
             (
-                "SELECT host FROM requests WHERE ts > now() - INTERVAL '1 hour'",
+                "SELECT host FROM requests WHERE ts > now() - INTERVAL '1 hour' OR bytes > 1",
                 "now()",
             ),
             (
@@ -617,6 +617,16 @@ mod tests {
                 "{sql}: {e}"
             );
         }
+        // A temporal filter compiles: its comparison with now() is written
+        // for the engine, which evaluates it at the tick time.
+        let c = compile(
+            &ctx(),
+            "SELECT host FROM requests WHERE ts > now() - INTERVAL '1 hour' AND ts <= now()",
+        )
+        .await
+        .unwrap();
+        let plan = String::from_utf8_lossy(&c.plan).into_owned();
+        assert!(plan.contains(crate::sql::functions::FLOW_NOW_CMP), "{plan}");
         // Immutable functions of the row still compile.
         compile(
             &ctx(),
