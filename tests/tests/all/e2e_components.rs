@@ -2,7 +2,8 @@
 //! SQL, flows `USING COMPONENT` next to the same built-in flows (sinks
 //! equal), versions and rollback, restart without compiling again, and
 //! hostile uploads refused with a clear error while a neighbouring flow
-//! stays exact.
+//! stays exact, and an uploaded component that misbehaves when it runs
+//! failing only its own flows.
 
 use std::io::Write;
 use std::net::TcpStream;
@@ -568,4 +569,73 @@ async fn a_compilation_past_its_time_bound_fails_the_upload_not_the_database() {
         .unwrap()
         .to_string();
     assert!(text.contains("| 0 "), "{text}");
+}
+
+/// A hostile component that passes every upload check (the test suite's
+/// evil guest) and turns bad when its flows run: each attack fails only its
+/// own flow, with the reason in `information_schema.flows`, and a built-in
+/// flow next to them stays exact.
+#[test]
+fn an_uploaded_component_that_misbehaves_fails_only_its_own_flows() {
+    let s = Server::start();
+    let evil = std::fs::read(env!("HOSTILE_GUEST_WASM"))
+        .expect("the hostile guest is built by tests/build.rs");
+    let (status, json) = put(&s, "/v1/components/evil", &evil);
+    assert_eq!(status, 200, "upload: {json}");
+    let mut c = connect(&s);
+    c.batch_execute(
+        "CREATE TABLE src (k STRING, v BIGINT, ts TIMESTAMP TIME INDEX, PRIMARY KEY (k)); \
+         CREATE FLOW neighbour SINK TO s_n AS SELECT k, count(*) AS n, sum(v) AS total FROM src \
+         GROUP BY k",
+    )
+    .unwrap();
+    // (mode, words the flow's error must contain)
+    let attacks = [
+        ("loop", "CPU budget"),
+        ("alloc", "memory limit"),
+        ("recurse", "trapped"),
+        ("panic", "panics on purpose"),
+        ("huge_output", "broke the contract"),
+        ("endless_output", "output_rows_limit_per_tick"),
+        ("bad_utf8", "broke the contract"),
+    ];
+    for (i, (mode, words)) in attacks.iter().enumerate() {
+        c.batch_execute(&format!(
+            "CREATE TABLE hostile_{mode} (x BIGINT, ts TIMESTAMP TIME INDEX); \
+             INSERT INTO hostile_{mode} VALUES (1, 0); \
+             CREATE FLOW evil_{mode} SINK TO evil_{mode}_sink USING COMPONENT evil \
+               WITH (memory_limit = '32MiB', cpu_limit_per_tick = '300ms') \
+               AS SELECT x FROM hostile_{mode}"
+        ))
+        .unwrap_or_else(|e| panic!("{mode}: {}", message(&e)));
+        let err = c
+            .batch_execute(&format!("ADMIN FLUSH_FLOW('evil_{mode}')"))
+            .expect_err(&format!("{mode}: the hostile flow flushed"));
+        assert!(message(&err).contains(words), "{mode}: {}", message(&err));
+        assert_eq!(
+            rows(
+                &mut c,
+                &format!(
+                    "SELECT status FROM information_schema.flows WHERE flow_name = 'evil_{mode}'"
+                )
+            ),
+            vec!["failed"],
+            "{mode}"
+        );
+        c.batch_execute(&format!(
+            "INSERT INTO src VALUES ('k{}', {i}, {})",
+            i % 3,
+            1_700_000_000_000i64 + i as i64
+        ))
+        .unwrap();
+        c.batch_execute("ADMIN FLUSH_FLOW('neighbour')").unwrap();
+        assert_eq!(
+            rows(&mut c, "SELECT k, n, total FROM s_n ORDER BY k"),
+            rows(
+                &mut c,
+                "SELECT k, count(*), sum(v) FROM src GROUP BY k ORDER BY k"
+            ),
+            "neighbour after {mode}"
+        );
+    }
 }
