@@ -826,7 +826,7 @@ pub(crate) fn encode_row(
 }
 
 /// Decodes column `want` of an encoded key.
-fn decode_key(mut b: &[u8], types: &[DataType], want: usize) -> Out {
+pub(crate) fn decode_key(mut b: &[u8], types: &[DataType], want: usize) -> Out {
     for (ci, t) in types.iter().enumerate() {
         let Some((&tag, rest)) = b.split_first() else {
             return Out::Null;

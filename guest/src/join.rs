@@ -29,7 +29,7 @@ use std::borrow::Cow;
 
 use std::collections::BTreeMap;
 
-use crate::agg::{check_key, encode_row, to_ms};
+use crate::agg::{check_key, decode_key, encode_row, to_ms, Out};
 use crate::codec::{Reader, Writer};
 use crate::column::{broadcast, take_chunk, Chunk, ColBuilder, Diffs, S};
 use crate::expr::Expr;
@@ -687,31 +687,10 @@ impl JoinOp {
     /// The time (ms) of an encoded key's time key, when the join expires state.
     fn key_time(&self, key: &[u8]) -> Option<i64> {
         let (_, k, t) = self.expire?;
-        let mut b = key;
-        for (ci, kt) in self.key_types.iter().enumerate() {
-            let (&tag, rest) = b.split_first()?;
-            b = rest;
-            if tag == 0 {
-                if ci == k {
-                    return None;
-                }
-                continue;
-            }
-            let len = match kt.storage() {
-                Storage::Ints | Storage::Floats => 8,
-                Storage::Bytes => {
-                    let (l, rest) = b.split_first_chunk::<4>()?;
-                    b = rest;
-                    u32::from_le_bytes(*l) as usize
-                }
-            };
-            if ci == k {
-                let (x, _) = b.split_first_chunk::<8>()?;
-                return Some(to_ms(i64::from_le_bytes(*x), t));
-            }
-            b = b.get(len..)?;
+        match decode_key(key, &self.key_types, k) {
+            Out::I(x) => Some(to_ms(x, t)),
+            _ => None,
         }
-        None
     }
 
     /// `c` without the rows whose time key is before `threshold` (late changes of expired
