@@ -12,7 +12,7 @@ use std::time::Duration;
 use postgres::{Client, NoTls};
 use sandflow_tests::harness::{read_response, Options, Server};
 
-fn connect(s: &Server) -> Client {
+pub(super) fn connect(s: &Server) -> Client {
     Client::connect(
         &format!(
             "host=127.0.0.1 port={} user=sandflow dbname=public connect_timeout=10",
@@ -25,7 +25,7 @@ fn connect(s: &Server) -> Client {
 
 /// `PUT path` with a binary body; (status, JSON). The server may answer
 /// before reading the whole body (413), so a failed write is not an error.
-fn put(s: &Server, path: &str, body: &[u8]) -> (u16, serde_json::Value) {
+pub(super) fn put(s: &Server, path: &str, body: &[u8]) -> (u16, serde_json::Value) {
     put_as(s, path, body, None)
 }
 
@@ -82,15 +82,13 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn sha256_hex(s: &Server, bytes: &[u8]) -> String {
-    // The server's own answer for these bytes is what matters; computed here
-    // through the digest the sandbox uses.
-    let _ = s;
+/// The digest the server reports for `bytes` (the sandbox's SHA-256).
+fn sha256_hex(bytes: &[u8]) -> String {
     sandflow::runtime::Digest::of(bytes).to_string()
 }
 
 /// Text rows of a query, each row's columns joined by `|`.
-fn rows(c: &mut Client, sql: &str) -> Vec<String> {
+pub(super) fn rows(c: &mut Client, sql: &str) -> Vec<String> {
     c.simple_query(sql)
         .unwrap_or_else(|e| panic!("{sql}: {e}"))
         .into_iter()
@@ -143,7 +141,7 @@ fn the_engine_uploaded_as_a_component_runs_like_the_built_in_flow() {
     let (status, json) = put(&s, "/v1/components/eng?db=public", &engine);
     assert_eq!(status, 200, "{json}");
     assert_eq!(json["version"], 1, "{json}");
-    assert_eq!(json["digest"], sha256_hex(&s, &engine), "{json}");
+    assert_eq!(json["digest"], sha256_hex(&engine), "{json}");
     let mut c = connect(&s);
     let err = c
         .batch_execute(&format!("CREATE COMPONENT eng FROM '\\x{}'", hex(&v2)))
@@ -163,15 +161,15 @@ fn the_engine_uploaded_as_a_component_runs_like_the_built_in_flow() {
         vec![
             format!(
                 "eng|public|1|{}|{}|0.2.0|t",
-                sha256_hex(&s, &engine),
+                sha256_hex(&engine),
                 engine.len()
             ),
-            format!("eng|public|2|{}|{}|0.2.0|t", sha256_hex(&s, &v2), v2.len()),
+            format!("eng|public|2|{}|{}|0.2.0|t", sha256_hex(&v2), v2.len()),
         ]
     );
     assert_eq!(
         rows(&mut c, "SHOW COMPONENTS"),
-        vec![format!("eng|2|{}|{}", sha256_hex(&s, &v2), v2.len())]
+        vec![format!("eng|2|{}|{}", sha256_hex(&v2), v2.len())]
     );
 
     c.batch_execute(
@@ -193,7 +191,7 @@ fn the_engine_uploaded_as_a_component_runs_like_the_built_in_flow() {
         ),
         vec![
             "builtin|NULL|NULL".to_string(),
-            format!("user_flow|eng|{}", sha256_hex(&s, &v2)),
+            format!("user_flow|eng|{}", sha256_hex(&v2)),
         ]
     );
     let show = rows(&mut c, "SHOW CREATE FLOW user_flow").join("\n");
@@ -228,16 +226,16 @@ fn the_engine_uploaded_as_a_component_runs_like_the_built_in_flow() {
             "SELECT component_digest FROM information_schema.flows WHERE flow_name = 'user_flow'",
         )
     };
-    assert_eq!(digest_of_flow(&mut c), vec![sha256_hex(&s, &v2)]);
+    assert_eq!(digest_of_flow(&mut c), vec![sha256_hex(&v2)]);
     c.batch_execute("ALTER FLOW user_flow SET COMPONENT VERSION 1")
         .unwrap();
-    assert_eq!(digest_of_flow(&mut c), vec![sha256_hex(&s, &engine)]);
+    assert_eq!(digest_of_flow(&mut c), vec![sha256_hex(&engine)]);
     c.batch_execute("INSERT INTO src VALUES ('k9', 9, 1700000000100)")
         .unwrap();
     assert_sinks_equal(&mut c, "rollback to version 1");
     c.batch_execute("ALTER FLOW user_flow SET COMPONENT VERSION 3")
         .unwrap();
-    assert_eq!(digest_of_flow(&mut c), vec![sha256_hex(&s, &v3)]);
+    assert_eq!(digest_of_flow(&mut c), vec![sha256_hex(&v3)]);
     assert_sinks_equal(&mut c, "moving to version 3");
     let err = c
         .batch_execute("ALTER FLOW user_flow SET COMPONENT VERSION 9")
@@ -277,7 +275,7 @@ fn the_engine_uploaded_as_a_component_runs_like_the_built_in_flow() {
         .unwrap();
     c.batch_execute("DELETE FROM src WHERE k = 'k5'").unwrap();
     assert_sinks_equal(&mut c, "a restart");
-    assert_eq!(digest_of_flow(&mut c), vec![sha256_hex(&s, &v3)]);
+    assert_eq!(digest_of_flow(&mut c), vec![sha256_hex(&v3)]);
     assert_eq!(
         s.metric("sandflow_components_compiled_total"),
         None,
@@ -318,8 +316,8 @@ fn a_component_as_a_bytea_parameter_and_through_decode() {
             "SELECT version, digest FROM information_schema.components ORDER BY version"
         ),
         vec![
-            format!("1|{}", sha256_hex(&s, &engine)),
-            format!("2|{}", sha256_hex(&s, &v2)),
+            format!("1|{}", sha256_hex(&engine)),
+            format!("2|{}", sha256_hex(&v2)),
         ]
     );
 }

@@ -6,13 +6,13 @@
 //!
 //! The component is built by `make examples` (part of `make test`).
 
-use std::io::Write;
-use std::net::TcpStream;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use postgres::{Client, NoTls};
-use sandflow_tests::harness::{read_response, Server};
+use sandflow_tests::harness::Server;
+
+use super::e2e_components::{connect, put, rows};
 
 /// Where `make examples` writes the top-k component: `$SANDFLOW_TOPK_WASM`,
 /// else under `$CARGO_TARGET_DIR`, else under the target directory of this
@@ -42,54 +42,6 @@ fn topk_wasm() -> Vec<u8> {
             path.display()
         )
     })
-}
-
-fn connect(s: &Server) -> Client {
-    Client::connect(
-        &format!(
-            "host=127.0.0.1 port={} user=sandflow dbname=public connect_timeout=10",
-            s.pg_port
-        ),
-        NoTls,
-    )
-    .expect("connect")
-}
-
-/// `PUT path` with a binary body; (status, JSON).
-fn put(s: &Server, path: &str, body: &[u8]) -> (u16, serde_json::Value) {
-    let mut stream = TcpStream::connect(("127.0.0.1", s.http_port)).expect("connect HTTP");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(120)))
-        .unwrap();
-    let head = format!(
-        "PUT {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nConnection: close\r\n\
-         Content-Type: application/wasm\r\nContent-Length: {}\r\n\r\n",
-        s.http_port,
-        body.len()
-    );
-    let _ = stream
-        .write_all(head.as_bytes())
-        .and_then(|_| stream.write_all(body));
-    let (status, text) = read_response(&mut stream).expect("HTTP response");
-    let json = serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"));
-    (status, json)
-}
-
-/// Text rows of a query, each row's columns joined by `|`.
-fn rows(c: &mut Client, sql: &str) -> Vec<String> {
-    c.simple_query(sql)
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
-        .into_iter()
-        .filter_map(|m| match m {
-            postgres::SimpleQueryMessage::Row(r) => Some(
-                (0..r.len())
-                    .map(|i| r.get(i).unwrap_or("NULL").to_string())
-                    .collect::<Vec<_>>()
-                    .join("|"),
-            ),
-            _ => None,
-        })
-        .collect()
 }
 
 /// The `k` largest values per host, by SQL.
