@@ -208,7 +208,7 @@ async fn a_chatty_guest_is_logged_within_bounds() {
     assert_eq!(status, vec![vec!["running"]]);
     let lines: Vec<String> = rows(
         &db,
-        "SELECT line FROM information_schema.flow_logs WHERE flow_name = 'evil_chatty'",
+        "SELECT line FROM information_schema.flow_logs WHERE flow = 'evil_chatty'",
     )
     .await
     .into_iter()

@@ -513,10 +513,10 @@ impl TableProvider for ComponentsTable {
     }
 }
 
-/// The columns of `information_schema.flow_logs`.
+/// The columns of `information_schema.flow_logs`: flow, time, line.
 pub fn flow_logs_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
-        Field::new("flow_name", DataType::Utf8, false),
+        Field::new("flow", DataType::Utf8, false),
         Field::new(
             "time",
             DataType::Timestamp(TimeUnit::Millisecond, None),
