@@ -6,6 +6,8 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/sandflow-target
 export CARGO_TERM_COLOR ?= never
 
 DATA_DIR ?= ./sandflow-data
+# The Python example component's builder (pinned: its output is tested).
+COMPONENTIZE_PY ?= 0.25.1
 
 .PHONY: setup build test lint deps unit run bench fmt clean-data examples
 
@@ -20,6 +22,7 @@ setup:
 	@command -v openssl >/dev/null || { (apt-get update -qq || true) && apt-get install -y -qq openssl; }
 	@command -v curl >/dev/null || { (apt-get update -qq || true) && apt-get install -y -qq curl; }
 	@python3 -c 'import pymysql, mysql.connector' 2>/dev/null || python3 -m pip install -q pymysql mysql-connector-python
+	@componentize-py --version 2>/dev/null | grep -qx 'componentize-py $(COMPONENTIZE_PY)' || python3 -m pip install -q componentize-py==$(COMPONENTIZE_PY)
 
 ## Builds the server (release) with the guest component embedded.
 build: setup
@@ -28,9 +31,14 @@ build: setup
 ## Formatting, lints, then every test: unit, engine, end-to-end.
 test: setup examples lint unit
 
-## The SDK's example components for wasm32-wasip2 (the end-to-end tests upload them).
+## The SDK's example components (the end-to-end tests upload them): top-k in
+## Rust, and a per-key anomaly score in Python built with componentize-py
+## (--stub-wasi: it imports nothing but the contract).
 examples: setup
 	$(CARGO) build -p sandflow-example-topk --target wasm32-wasip2 --release
+	@mkdir -p $(CARGO_TARGET_DIR)/wasm32-wasip2/release
+	cd guest/sdk/examples/anomaly-py && componentize-py -d ../../../../wit -w flow-engine componentize \
+		--stub-wasi -p . anomaly -o $(CARGO_TARGET_DIR)/wasm32-wasip2/release/sandflow_example_anomaly.wasm
 
 lint: setup deps
 	$(CARGO) fmt --all -- --check

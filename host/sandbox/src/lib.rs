@@ -95,6 +95,39 @@ impl std::fmt::Display for Digest {
 pub const FLOW_PACKAGE: &str = "sandflow:flow@0.2.0";
 /// The interface a flow component must export.
 pub const FLOW_EXPORT: &str = "sandflow:flow/engine@0.2.0";
+
+/// The interface families a flow component may import (any version of each):
+/// the contract's types and the WASI a language runtime links for its
+/// standard output, clocks and random numbers. The sandbox backs them with a
+/// context that has no capabilities: output goes to the flow's log, clocks
+/// read 0, random numbers come from a fixed seed. Files (`wasi:filesystem`),
+/// sockets (`wasi:sockets`) and anything else are refused by name when a
+/// component is registered, even though a preopen-less context would give
+/// them nothing: an import the sandbox does not need is surface it does not
+/// have to defend.
+pub const ALLOWED_IMPORTS: [&str; 5] = [
+    "sandflow:flow/types",
+    "wasi:io/",
+    "wasi:cli/",
+    "wasi:clocks/",
+    "wasi:random/",
+];
+
+/// Whether a component may import the interface named `name` (e.g.
+/// `wasi:cli/stdout@0.2.6`).
+fn import_allowed(name: &str) -> bool {
+    ALLOWED_IMPORTS.iter().any(|prefix| {
+        name.strip_prefix(prefix).is_some_and(|rest| {
+            // "sandflow:flow/types" must be followed by its version (or
+            // nothing); the WASI families by an interface name.
+            if prefix.ends_with('/') {
+                !rest.is_empty()
+            } else {
+                rest.is_empty() || rest.starts_with('@')
+            }
+        })
+    })
+}
 /// The contract's version, as `information_schema.components` shows it.
 pub const FLOW_WORLD_VERSION: &str = "0.2.0";
 
@@ -350,6 +383,21 @@ impl Sandbox {
         &self,
         component: &wasmtime::component::Component,
     ) -> Result<FlowEnginePre<GuestState>, RuntimeError> {
+        let ty = component.component_type();
+        for (name, _) in ty.imports(&self.engine) {
+            if !import_allowed(name) {
+                return Err(RuntimeError::Setup {
+                    message: format!(
+                        "the component imports `{name}`, which a flow component may not use: it \
+                         may import only {FLOW_PACKAGE}'s types and the WASI interfaces that \
+                         language runtimes need ({}), which the sandbox stubs (no files, \
+                         sockets, real clocks or randomness); build it without that dependency \
+                         (componentize-py: --stub-wasi)",
+                        ALLOWED_IMPORTS.join(", ")
+                    ),
+                });
+            }
+        }
         let instance_pre =
             self.linker
                 .instantiate_pre(component)
@@ -721,5 +769,38 @@ impl FlowInstance {
     /// Bytes of linear memory the instance holds right now.
     pub fn memory_size(&self) -> usize {
         self.store.data().limiter.current
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::import_allowed;
+
+    #[test]
+    fn only_the_contract_and_the_stubbed_wasi_families_may_be_imported() {
+        for ok in [
+            "sandflow:flow/types@0.2.0",
+            "sandflow:flow/types",
+            "wasi:cli/stdout@0.2.6",
+            "wasi:io/streams@0.2.9",
+            "wasi:clocks/wall-clock@0.2.0",
+            "wasi:random/insecure-seed@0.2.6",
+        ] {
+            assert!(import_allowed(ok), "{ok}");
+        }
+        for refused in [
+            "wasi:filesystem/types@0.2.6",
+            "wasi:filesystem/preopens@0.2.9",
+            "wasi:sockets/tcp@0.2.6",
+            "wasi:http/outgoing-handler@0.2.0",
+            "wasi:cli",
+            "wasi:cli/",
+            "sandflow:flow/typesx@0.2.0",
+            "sandflow:flow/engine@0.2.0",
+            "evil:net/socket",
+            "",
+        ] {
+            assert!(!import_allowed(refused), "{refused}");
+        }
     }
 }

@@ -322,11 +322,10 @@ fn a_component_as_a_bytea_parameter_and_through_decode() {
     );
 }
 
-/// A component whose only content is an import of `evil:net/socket` (an
-/// instance with one function, `send`), an interface the sandbox does not
-/// provide.
-fn component_importing_unknown_interface() -> Vec<u8> {
-    let name = b"evil:net/socket";
+/// A component whose only content is an import of the interface `name` (an
+/// instance with one function, `send`).
+fn component_importing(name: &str) -> Vec<u8> {
+    let name = name.as_bytes();
     let mut out = vec![0x00, 0x61, 0x73, 0x6d, 0x0d, 0x00, 0x01, 0x00];
     // Type section: one instance type declaring a function type `func()`
     // and an export `send` of that type.
@@ -399,9 +398,23 @@ fn hostile_uploads_are_refused_while_a_neighbouring_flow_stays_exact() {
         ),
         (
             "an unknown import",
-            component_importing_unknown_interface(),
+            component_importing("evil:net/socket"),
             422,
             "evil:net/socket",
+        ),
+        // WASI that a preopen-less context would answer with nothing is
+        // still refused, by name.
+        (
+            "a filesystem import",
+            component_importing("wasi:filesystem/types@0.2.6"),
+            422,
+            "wasi:filesystem/types@0.2.6",
+        ),
+        (
+            "a socket import",
+            component_importing("wasi:sockets/tcp@0.2.6"),
+            422,
+            "wasi:sockets/tcp@0.2.6",
         ),
         (
             "another world",

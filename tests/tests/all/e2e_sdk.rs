@@ -1,10 +1,12 @@
-//! The Rust SDK's example component (`guest/sdk/examples/topk`, top-k per
-//! key) end to end on the real binary: uploaded over HTTP, a flow `USING
-//! COMPONENT` on it, inserts, upserts and deletes, its sink checked against
-//! the same top-k computed by SQL over the source, before and after a
-//! restart, and after a kill -9 during ingest.
+//! The SDK's example components end to end on the real binary:
+//! `guest/sdk/examples/topk` (top-k per key, Rust) and
+//! `guest/sdk/examples/anomaly-py` (an anomaly score per key, Python built
+//! with componentize-py). Each is uploaded over HTTP, a flow `USING COMPONENT`
+//! runs on it, rows are inserted, upserted and deleted, and its sink is
+//! checked against the same result computed over the source, before and
+//! after a restart, and after a kill -9 during ingest.
 //!
-//! The component is built by `make examples` (part of `make test`).
+//! The components are built by `make examples` (part of `make test`).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -14,11 +16,11 @@ use sandflow_tests::harness::Server;
 
 use super::e2e_components::{connect, put, rows};
 
-/// Where `make examples` writes the top-k component: `$SANDFLOW_TOPK_WASM`,
-/// else under `$CARGO_TARGET_DIR`, else under the target directory of this
-/// test binary.
-fn topk_wasm() -> Vec<u8> {
-    let path = match std::env::var_os("SANDFLOW_TOPK_WASM") {
+/// An example component that `make examples` (part of `make test`) built:
+/// `$<env>` if set, else `wasm32-wasip2/release/<file>` under
+/// `$CARGO_TARGET_DIR`, else under the target directory of this test binary.
+fn example_wasm(file: &str, env: &str) -> Vec<u8> {
+    let path = match std::env::var_os(env) {
         Some(p) => PathBuf::from(p),
         None => {
             let target = match std::env::var_os("CARGO_TARGET_DIR") {
@@ -32,16 +34,27 @@ fn topk_wasm() -> Vec<u8> {
                         .to_path_buf()
                 }
             };
-            target.join("wasm32-wasip2/release/sandflow_example_topk.wasm")
+            target.join("wasm32-wasip2/release").join(file)
         }
     };
     std::fs::read(&path).unwrap_or_else(|e| {
         panic!(
-            "cannot read the top-k example component {}: {e}; build it with `make examples` \
-             (or set SANDFLOW_TOPK_WASM)",
+            "cannot read the example component {}: {e}; build it with `make examples` \
+             (or set {env})",
             path.display()
         )
     })
+}
+
+/// The Rust SDK's top-k example (`guest/sdk/examples/topk`).
+fn topk_wasm() -> Vec<u8> {
+    example_wasm("sandflow_example_topk.wasm", "SANDFLOW_TOPK_WASM")
+}
+
+/// The Python example (`guest/sdk/examples/anomaly-py`), built with
+/// componentize-py.
+fn anomaly_wasm() -> Vec<u8> {
+    example_wasm("sandflow_example_anomaly.wasm", "SANDFLOW_ANOMALY_WASM")
 }
 
 /// The `k` largest values per host, by SQL.
@@ -156,8 +169,126 @@ fn the_rust_sdk_top_k_example_is_exact_under_upserts_deletes_and_a_restart() {
     assert!(truth.iter().any(|r| r == "b|1|1.0"), "{truth:?}");
 }
 
-/// kill -9 while rows stream into a component flow's source: after the
-/// restart the component's sink is exactly what an uninterrupted run would
+/// Checks the Python example's flow `anom` against the same statistics
+/// computed here over the source's current rows: per host, the count, mean,
+/// population standard deviation and the largest |v - mean| / stddev of its
+/// non-NULL values. Returns the number of hosts.
+fn assert_anomaly(c: &mut Client, what: &str) -> usize {
+    c.batch_execute("ADMIN FLUSH_FLOW('anom')").expect("flush");
+    let mut values: std::collections::BTreeMap<String, Vec<f64>> = Default::default();
+    for r in c
+        .query("SELECT host, v FROM m WHERE v IS NOT NULL", &[])
+        .expect("source")
+    {
+        values
+            .entry(r.get::<_, String>(0))
+            .or_default()
+            .push(r.get::<_, f64>(1));
+    }
+    let truth: Vec<(String, i64, f64, f64, f64)> = values
+        .into_iter()
+        .map(|(host, vs)| {
+            let n = vs.len() as f64;
+            let mean = vs.iter().sum::<f64>() / n;
+            let stddev = (vs.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n).sqrt();
+            let score = if stddev == 0.0 {
+                0.0
+            } else {
+                vs.iter().map(|v| (v - mean).abs()).fold(0.0, f64::max) / stddev
+            };
+            (host, vs.len() as i64, mean, stddev, score)
+        })
+        .collect();
+    let sink: Vec<(String, i64, f64, f64, f64)> = c
+        .query(
+            "SELECT host, n, mean, stddev, score FROM anom_sink ORDER BY host",
+            &[],
+        )
+        .expect("sink")
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+        .collect();
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0);
+    let same = sink.len() == truth.len()
+        && sink.iter().zip(&truth).all(|(s, t)| {
+            s.0 == t.0 && s.1 == t.1 && close(s.2, t.2) && close(s.3, t.3) && close(s.4, t.4)
+        });
+    assert!(same, "anomaly scores after {what}:\nsink:  {sink:?}\ntruth: {truth:?}");
+    truth.len()
+}
+
+/// The Python example, built with componentize-py: uploaded over HTTP, a
+/// flow on it with its default options, inserts, upserts and deletes, a
+/// restart; every sink state equals the statistics over the source.
+#[test]
+fn the_python_anomaly_example_is_exact_under_upserts_deletes_and_a_restart() {
+    let s = Server::start();
+    let (status, json) = put(&s, "/v1/components/anomaly", &anomaly_wasm());
+    assert_eq!(status, 200, "upload: {json}");
+    let mut c = connect(&s);
+    c.batch_execute(
+        "CREATE TABLE m (host STRING, v DOUBLE, ts TIMESTAMP TIME INDEX, PRIMARY KEY (host)); \
+         CREATE FLOW anom SINK TO anom_sink USING COMPONENT anomaly AS SELECT host, v FROM m",
+    )
+    .expect("CREATE FLOW ... USING COMPONENT anomaly");
+
+    // Hand-checked: a = {1, 2, 3, 10}: mean 4, stddev sqrt(12.5), the
+    // farthest value 10 is 6 / sqrt(12.5) = 1.697 stddevs out; b has one
+    // value (stddev 0, score 0); c's only value is NULL (no row).
+    c.batch_execute(
+        "INSERT INTO m VALUES ('a', 1, 1), ('a', 2, 2), ('a', 3, 3), ('a', 10, 4), \
+         ('b', 5, 1), ('c', NULL, 1)",
+    )
+    .unwrap();
+    assert_eq!(assert_anomaly(&mut c, "the first inserts"), 2);
+    assert_eq!(
+        rows(
+            &mut c,
+            "SELECT host, n, mean, round(score, 3) FROM anom_sink ORDER BY host"
+        ),
+        vec!["a|4|4.0|1.697", "b|1|5.0|0"]
+    );
+
+    // An upsert moves a's outlier back in; a delete empties b.
+    c.batch_execute("INSERT INTO m VALUES ('a', 2.5, 4)").unwrap();
+    c.batch_execute("DELETE FROM m WHERE host = 'b'").unwrap();
+    c.batch_execute("INSERT INTO m VALUES ('c', 7, 1)").unwrap();
+    assert_eq!(assert_anomaly(&mut c, "an upsert and deletes"), 2);
+    assert!(
+        rows(&mut c, "SELECT host FROM anom_sink WHERE host = 'b'").is_empty(),
+        "a key whose rows are all deleted leaves the sink"
+    );
+
+    for i in 0..60i64 {
+        let host = ["x", "y", "z"][(i % 3) as usize];
+        c.batch_execute(&format!(
+            "INSERT INTO m VALUES ('{host}', {}, {})",
+            (i * 37) % 23,
+            100 + i % 20
+        ))
+        .unwrap();
+        if i % 11 == 10 {
+            c.batch_execute(&format!("DELETE FROM m WHERE host = '{host}' AND v > 15"))
+                .unwrap();
+        }
+    }
+    assert_anomaly(&mut c, "many upserts and deletes");
+
+    drop(c);
+    let dir = s.dir();
+    let mut s = s;
+    assert!(s.stop(), "unclean shutdown:\n{}", s.logs());
+    let s = Server::start_in(dir);
+    let mut c = connect(&s);
+    assert_anomaly(&mut c, "the restart");
+    c.batch_execute("INSERT INTO m VALUES ('x', 1000, 200), ('w', 1, 200)")
+        .unwrap();
+    c.batch_execute("DELETE FROM m WHERE host = 'y'").unwrap();
+    assert_anomaly(&mut c, "writes after the restart");
+}
+
+/// kill -9 while rows stream into the sources of component flows (Rust and
+/// Python): after the restart each component's sink is exactly what an uninterrupted run would
 /// have written over the rows that were stored (nothing lost, nothing
 /// twice), like the built-in flow beside it.
 #[test]
@@ -168,10 +299,13 @@ fn a_component_flow_is_exact_after_kill9_during_ingest() {
     let mut s = Server::start();
     let (status, json) = put(&s, "/v1/components/topk", &topk_wasm());
     assert_eq!(status, 200, "upload: {json}");
+    let (status, json) = put(&s, "/v1/components/anomaly", &anomaly_wasm());
+    assert_eq!(status, 200, "upload: {json}");
     let mut c = connect(&s);
     c.batch_execute(
         "CREATE TABLE m (host STRING, v DOUBLE, ts TIMESTAMP TIME INDEX, PRIMARY KEY (host)); \
          CREATE FLOW top SINK TO top_sink USING COMPONENT topk AS SELECT host, v FROM m; \
+         CREATE FLOW anom SINK TO anom_sink USING COMPONENT anomaly AS SELECT host, v FROM m; \
          CREATE FLOW top2 SINK TO top2_sink USING COMPONENT topk WITH (k = '2') \
            AS SELECT host, v FROM m; \
          CREATE FLOW counts SINK TO counts_sink AS \
@@ -235,6 +369,7 @@ fn a_component_flow_is_exact_after_kill9_during_ingest() {
     let s = Server::start_in(s.dir());
     let mut c = connect(&s);
     assert_top(&mut c, "the kill -9 and restart");
+    assert_anomaly(&mut c, "the kill -9 and restart");
     c.batch_execute("ADMIN FLUSH_FLOW('counts')")
         .expect("flush");
     assert_eq!(
