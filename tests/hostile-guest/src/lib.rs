@@ -18,6 +18,8 @@
 //! - `bad-offsets`: string offsets out of range.
 //! - `bad-utf8`: a string column with invalid UTF-8.
 //! - `extra-columns`: more columns than the declared output schema.
+//! - `corrupt-snapshot`: ticks like `ok`, but its snapshots are junk and
+//!   `restore` panics on them (a component that breaks its own state).
 //!
 //! Only built for wasm32; natively the crate is empty.
 
@@ -122,6 +124,9 @@ mod component {
         (!mode.is_empty()).then_some(mode)
     }
 
+    /// How a `corrupt-snapshot` flow's snapshots start.
+    const CORRUPT: &[u8] = b"corrupt:";
+
     #[allow(unconditional_recursion)]
     fn recurse(depth: u64) -> u64 {
         let local = std::hint::black_box([depth; 4]);
@@ -168,7 +173,7 @@ mod component {
             let n = self.ticks.get() + 1;
             self.ticks.set(n);
             let output = match self.mode.as_str() {
-                "ok" => one_row(now, n),
+                "ok" | "corrupt-snapshot" => one_row(now, n),
                 "loop" => {
                     let mut x = n as u64;
                     loop {
@@ -239,10 +244,18 @@ mod component {
         }
 
         fn snapshot(&self) -> Result<Vec<u8>, FlowError> {
+            if self.mode == "corrupt-snapshot" {
+                let mut junk = CORRUPT.to_vec();
+                junk.extend(std::iter::repeat_n(0xff, 4096));
+                return Ok(junk);
+            }
             Ok(self.mode.as_bytes().to_vec())
         }
 
         fn restore(state: Vec<u8>) -> Result<exports::sandflow::flow::engine::Flow, FlowError> {
+            if state.starts_with(CORRUPT) {
+                panic!("hostile guest cannot read the snapshot it corrupted on purpose");
+            }
             Self::create(state, vec![], vec![])
         }
 

@@ -650,3 +650,71 @@ fn an_uploaded_component_that_misbehaves_fails_only_its_own_flows() {
         );
     }
 }
+
+/// A component that writes junk as its snapshot and cannot read it back:
+/// while the server runs nothing shows; after a restart only that flow
+/// fails, naming the snapshot and the component's own panic, its sink keeps
+/// what it had written, and a built-in flow next to it stays exact.
+#[test]
+fn a_component_that_corrupts_its_own_snapshot_fails_only_its_flow_at_restore() {
+    let s = Server::start();
+    let evil = std::fs::read(env!("HOSTILE_GUEST_WASM"))
+        .expect("the hostile guest is built by tests/build.rs");
+    let (status, json) = put(&s, "/v1/components/evil", &evil);
+    assert_eq!(status, 200, "upload: {json}");
+    let mut c = connect(&s);
+    c.batch_execute(
+        "CREATE TABLE src (k STRING, v BIGINT, ts TIMESTAMP TIME INDEX, PRIMARY KEY (k)); \
+         CREATE FLOW neighbour SINK TO s_n AS SELECT k, count(*) AS n, sum(v) AS total FROM src \
+         GROUP BY k; \
+         CREATE TABLE hostile_corrupt_snapshot (x BIGINT, ts TIMESTAMP TIME INDEX); \
+         INSERT INTO hostile_corrupt_snapshot VALUES (1, 0); \
+         CREATE FLOW evil SINK TO evil_sink USING COMPONENT evil \
+           AS SELECT x FROM hostile_corrupt_snapshot; \
+         INSERT INTO src VALUES ('a', 1, 1), ('b', 2, 2)",
+    )
+    .unwrap();
+    // Its first flush writes a row and (the first snapshot) its junk state.
+    c.batch_execute("ADMIN FLUSH_FLOW('evil'); ADMIN FLUSH_FLOW('neighbour')")
+        .expect("both flows run before the restart");
+    assert!(
+        !rows(&mut c, "SELECT * FROM evil_sink").is_empty(),
+        "the hostile flow wrote nothing"
+    );
+
+    drop(c);
+    let dir = s.dir();
+    let mut s = s;
+    assert!(s.stop(), "unclean shutdown:\n{}", s.logs());
+    let s = Server::start_in(dir);
+    let mut c = connect(&s);
+    let status = rows(
+        &mut c,
+        "SELECT status, last_error FROM information_schema.flows WHERE flow_name = 'evil'",
+    );
+    assert_eq!(status.len(), 1, "{status:?}");
+    assert!(status[0].starts_with("failed|"), "{status:?}");
+    for words in ["cannot restore", "corrupted on purpose", "CREATE OR REPLACE FLOW"] {
+        assert!(status[0].contains(words), "missing '{words}': {status:?}");
+    }
+    // (It ticks on its own while it runs, so what it had written is read
+    // after the restart, and must stay.)
+    let written = rows(&mut c, "SELECT * FROM evil_sink");
+    assert!(!written.is_empty(), "the failed flow's sink lost its rows");
+    c.batch_execute("INSERT INTO src VALUES ('a', 5, 3), ('c', 7, 1)")
+        .unwrap();
+    c.batch_execute("ADMIN FLUSH_FLOW('neighbour')").unwrap();
+    assert_eq!(
+        rows(&mut c, "SELECT k, n, total FROM s_n ORDER BY k"),
+        rows(
+            &mut c,
+            "SELECT k, count(*), sum(v) FROM src GROUP BY k ORDER BY k"
+        ),
+        "the neighbour after the restart"
+    );
+    assert_eq!(
+        rows(&mut c, "SELECT * FROM evil_sink"),
+        written,
+        "the failed flow wrote nothing after the restart"
+    );
+}
