@@ -68,9 +68,10 @@ unit: setup
 run: build
 	$(CARGO_TARGET_DIR)/release/sandflow start --data-dir $(DATA_DIR) --auth none
 
-## The reference workload through the guest in wasm and natively.
-bench: setup
-	$(CARGO) bench -p sandflow-tests --features dd --bench engine --bench recovery --bench flows_scale --bench pull_log --bench joins
+## The benchmarks: the reference workload in wasm and natively, recovery, many
+## flows, the change log, joins against differential-dataflow, user components.
+bench: setup examples
+	$(CARGO) bench -p sandflow-tests --features dd --bench engine --bench recovery --bench flows_scale --bench pull_log --bench joins --bench components
 
 fmt:
 	$(CARGO) fmt --all

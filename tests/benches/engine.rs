@@ -9,9 +9,9 @@
 use std::time::{Duration, Instant};
 
 use sandflow::runtime::{FlowLimits, RuntimeConfig};
-use sandflow_engine::types::{Batch, Column, DataType, Field, SourceSchema};
-use sandflow_tests::engine::plan;
+use sandflow_engine::types::Batch;
 use sandflow_tests::engine::Runtime;
+use sandflow_tests::engine::{plan, reference_batches, reference_sources};
 
 const ROWS: usize = 1_000_000;
 const BATCH: usize = 10_000;
@@ -25,30 +25,6 @@ fn runs() -> usize {
         .and_then(|v| v.parse().ok())
         .filter(|n| *n > 0)
         .unwrap_or(RUNS)
-}
-
-fn batches() -> Vec<Batch> {
-    (0..ROWS / BATCH)
-        .map(|b| {
-            let start = (b * BATCH) as i64;
-            let ks: Vec<i64> = (start..start + BATCH as i64).map(|i| i % KEYS).collect();
-            let vs: Vec<i64> = (start..start + BATCH as i64).collect();
-            let col = |ints| Column {
-                ints,
-                floats: vec![],
-                bytes: vec![],
-                offsets: vec![],
-                nulls: vec![],
-            };
-            // One time and one diff for the whole batch, as the host sends a write.
-            Batch {
-                rows: BATCH as u32,
-                columns: vec![col(ks), col(vs)],
-                times: vec![b as i64],
-                diffs: vec![1],
-            }
-        })
-        .collect()
 }
 
 /// Minor page faults of this process so far (Linux; 0 elsewhere).
@@ -91,18 +67,12 @@ fn median(mut xs: Vec<Duration>) -> Duration {
 }
 
 fn main() {
-    let sources = vec![SourceSchema {
-        name: "t".into(),
-        fields: vec![
-            Field::new("k", DataType::Int64, false),
-            Field::new("v", DataType::Int64, false),
-        ],
-    }];
+    let sources = reference_sources();
     let plan = plan(
         "SELECT k, count(*) AS c, sum(v) AS s FROM t GROUP BY k",
         &sources,
     );
-    let input = batches();
+    let input = reference_batches(ROWS, BATCH, KEYS);
     let read = |out: &Batch| -> (u32, i64) {
         // Read the delta back: every value of every column and every diff.
         let mut sum = 0i64;

@@ -73,6 +73,85 @@ impl Runtime {
     }
 }
 
+/// The reference workload's input (DESIGN.md, "Measuring"): `rows` rows of
+/// two Int64 columns `(k, v)` with `k = i % keys` and `v = i`, in batches of
+/// `batch` rows, each with one time (its number) and one diff (+1) for all
+/// its rows, the form the host's write path sends.
+pub fn reference_batches(rows: usize, batch: usize, keys: i64) -> Vec<Batch> {
+    (0..rows / batch)
+        .map(|b| {
+            let start = (b * batch) as i64;
+            let ks: Vec<i64> = (start..start + batch as i64).map(|i| i % keys).collect();
+            let vs: Vec<i64> = (start..start + batch as i64).collect();
+            let col = |ints| sandflow_engine::types::Column {
+                ints,
+                floats: vec![],
+                bytes: vec![],
+                offsets: vec![],
+                nulls: vec![],
+            };
+            Batch {
+                rows: batch as u32,
+                columns: vec![col(ks), col(vs)],
+                times: vec![b as i64],
+                diffs: vec![1],
+            }
+        })
+        .collect()
+}
+
+/// The reference workload's source: `t (k BIGINT, v BIGINT)`.
+pub fn reference_sources() -> Vec<SourceSchema> {
+    vec![SourceSchema {
+        name: "t".into(),
+        fields: vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("v", DataType::Int64, false),
+        ],
+    }]
+}
+
+/// An example component that `make examples` built (`guest/sdk/examples/`):
+/// the file named in `$<env>` if set, else `wasm32-wasip2/release/<file>`
+/// under `$CARGO_TARGET_DIR`, else under the target directory of the running
+/// test or bench binary (`target/<profile>/deps/<binary>`).
+pub fn example_component(file: &str, env: &str) -> Vec<u8> {
+    let path = match std::env::var_os(env) {
+        Some(p) => std::path::PathBuf::from(p),
+        None => {
+            let target = match std::env::var_os("CARGO_TARGET_DIR") {
+                Some(dir) => std::path::PathBuf::from(dir),
+                None => {
+                    let exe = std::env::current_exe().expect("current_exe");
+                    exe.ancestors()
+                        .nth(3)
+                        .expect("the binary lives in target/<profile>/deps")
+                        .to_path_buf()
+                }
+            };
+            target.join("wasm32-wasip2/release").join(file)
+        }
+    };
+    std::fs::read(&path).unwrap_or_else(|e| {
+        panic!(
+            "cannot read the example component {}: {e}; build it with `make examples` \
+             (or set {env})",
+            path.display()
+        )
+    })
+}
+
+/// The Rust SDK's top-k example (`guest/sdk/examples/topk`).
+pub fn topk_component() -> Vec<u8> {
+    example_component("sandflow_example_topk.wasm", "SANDFLOW_TOPK_WASM")
+}
+
+/// The Python anomaly example (`guest/sdk/examples/anomaly-py`), built with
+/// componentize-py.
+pub fn anomaly_component() -> Vec<u8> {
+    example_component("sandflow_example_anomaly.wasm", "SANDFLOW_ANOMALY_WASM")
+}
+
 /// One wasm runtime per test process (compiling the guest takes a moment).
 pub fn wasm_runtime() -> &'static Runtime {
     static RT: OnceLock<Runtime> = OnceLock::new();

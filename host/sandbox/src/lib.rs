@@ -530,11 +530,16 @@ fn budget_ticks(budget: Duration) -> u64 {
 fn make_engine(config: &RuntimeConfig) -> Result<Engine, RuntimeError> {
     let strategy = match config.pool {
         Some(slots) => {
+            // A slot per flow. A component of a language runtime has many
+            // core instances and tables and a few memories (componentize-py's
+            // CPython: about twenty instances and two memories), so each
+            // slot gets room for them; unused memory slots reserve only
+            // address space.
             let mut pool = wasmtime::PoolingAllocationConfig::default();
             pool.total_component_instances(slots)
-                .total_core_instances(slots.saturating_mul(4))
-                .total_memories(slots)
-                .total_tables(slots.saturating_mul(4))
+                .total_core_instances(slots.saturating_mul(32))
+                .total_memories(slots.saturating_mul(4))
+                .total_tables(slots.saturating_mul(32))
                 .total_stacks(slots)
                 .max_memory_size(config.max_memory_limit);
             wasmtime::InstanceAllocationStrategy::Pooling(pool)

@@ -694,7 +694,11 @@ fn a_component_that_corrupts_its_own_snapshot_fails_only_its_flow_at_restore() {
     );
     assert_eq!(status.len(), 1, "{status:?}");
     assert!(status[0].starts_with("failed|"), "{status:?}");
-    for words in ["cannot restore", "corrupted on purpose", "CREATE OR REPLACE FLOW"] {
+    for words in [
+        "cannot restore",
+        "corrupted on purpose",
+        "CREATE OR REPLACE FLOW",
+    ] {
         assert!(status[0].contains(words), "missing '{words}': {status:?}");
     }
     // (It ticks on its own while it runs, so what it had written is read

@@ -8,54 +8,13 @@
 //!
 //! The components are built by `make examples` (part of `make test`).
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use postgres::{Client, NoTls};
+use sandflow_tests::engine::{anomaly_component as anomaly_wasm, topk_component as topk_wasm};
 use sandflow_tests::harness::Server;
 
 use super::e2e_components::{connect, put, rows};
-
-/// An example component that `make examples` (part of `make test`) built:
-/// `$<env>` if set, else `wasm32-wasip2/release/<file>` under
-/// `$CARGO_TARGET_DIR`, else under the target directory of this test binary.
-fn example_wasm(file: &str, env: &str) -> Vec<u8> {
-    let path = match std::env::var_os(env) {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let target = match std::env::var_os("CARGO_TARGET_DIR") {
-                Some(dir) => PathBuf::from(dir),
-                None => {
-                    // target/<profile>/deps/<test binary>
-                    let exe = std::env::current_exe().expect("current_exe");
-                    exe.ancestors()
-                        .nth(3)
-                        .expect("the test binary lives in target/<profile>/deps")
-                        .to_path_buf()
-                }
-            };
-            target.join("wasm32-wasip2/release").join(file)
-        }
-    };
-    std::fs::read(&path).unwrap_or_else(|e| {
-        panic!(
-            "cannot read the example component {}: {e}; build it with `make examples` \
-             (or set {env})",
-            path.display()
-        )
-    })
-}
-
-/// The Rust SDK's top-k example (`guest/sdk/examples/topk`).
-fn topk_wasm() -> Vec<u8> {
-    example_wasm("sandflow_example_topk.wasm", "SANDFLOW_TOPK_WASM")
-}
-
-/// The Python example (`guest/sdk/examples/anomaly-py`), built with
-/// componentize-py.
-fn anomaly_wasm() -> Vec<u8> {
-    example_wasm("sandflow_example_anomaly.wasm", "SANDFLOW_ANOMALY_WASM")
-}
 
 /// The `k` largest values per host, by SQL.
 fn truth(k: u32) -> String {
@@ -213,7 +172,10 @@ fn assert_anomaly(c: &mut Client, what: &str) -> usize {
         && sink.iter().zip(&truth).all(|(s, t)| {
             s.0 == t.0 && s.1 == t.1 && close(s.2, t.2) && close(s.3, t.3) && close(s.4, t.4)
         });
-    assert!(same, "anomaly scores after {what}:\nsink:  {sink:?}\ntruth: {truth:?}");
+    assert!(
+        same,
+        "anomaly scores after {what}:\nsink:  {sink:?}\ntruth: {truth:?}"
+    );
     truth.len()
 }
 
@@ -250,7 +212,8 @@ fn the_python_anomaly_example_is_exact_under_upserts_deletes_and_a_restart() {
     );
 
     // An upsert moves a's outlier back in; a delete empties b.
-    c.batch_execute("INSERT INTO m VALUES ('a', 2.5, 4)").unwrap();
+    c.batch_execute("INSERT INTO m VALUES ('a', 2.5, 4)")
+        .unwrap();
     c.batch_execute("DELETE FROM m WHERE host = 'b'").unwrap();
     c.batch_execute("INSERT INTO m VALUES ('c', 7, 1)").unwrap();
     assert_eq!(assert_anomaly(&mut c, "an upsert and deletes"), 2);
