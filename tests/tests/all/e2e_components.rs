@@ -722,3 +722,121 @@ fn a_component_that_corrupts_its_own_snapshot_fails_only_its_flow_at_restore() {
         "the failed flow wrote nothing after the restart"
     );
 }
+
+/// The engine's own component uploaded as a user component runs four kinds
+/// of flow (an aggregate, a filter, a join with an upserted dimension table,
+/// a time-bucketed aggregate) beside the same built-in flows over one random
+/// stream of inserts, upserts and deletes: after every flush each pair of
+/// sinks is equal, and equal to its query.
+#[test]
+fn the_engine_as_a_user_component_equals_the_built_in_on_a_random_stream() {
+    use rand::rngs::StdRng;
+    use rand::{RngExt, SeedableRng};
+
+    const FLOWS: [(&str, &str, &str); 4] = [
+        (
+            "agg",
+            "SELECT k, count(*) AS n, sum(v) AS total, min(v) AS lo, max(v) AS hi FROM src \
+             GROUP BY k",
+            "k, n, total, lo, hi",
+        ),
+        (
+            "filtered",
+            "SELECT k, v, ts FROM src WHERE v % 3 = 0",
+            "k, v, ts",
+        ),
+        (
+            "joined",
+            "SELECT d.region, count(*) AS n, sum(s.v) AS total FROM src s JOIN dim d \
+             ON s.k = d.k GROUP BY d.region",
+            "region, n, total",
+        ),
+        (
+            "binned",
+            "SELECT k, date_bin(INTERVAL '10 seconds', ts) AS w, count(*) AS n, sum(v) AS total \
+             FROM src GROUP BY k, w",
+            "k, w, n, total",
+        ),
+    ];
+    let seed: u64 = std::env::var("SANDFLOW_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    let mut rng = StdRng::seed_from_u64(seed);
+
+    let s = Server::start();
+    let (status, json) = put(&s, "/v1/components/eng", sandflow::engine::component());
+    assert_eq!(status, 200, "upload: {json}");
+    let mut c = connect(&s);
+    c.batch_execute(
+        "CREATE TABLE src (k STRING, v BIGINT, ts TIMESTAMP TIME INDEX, PRIMARY KEY (k)); \
+         CREATE TABLE dim (k STRING PRIMARY KEY, region STRING, ts TIMESTAMP TIME INDEX DEFAULT 0)",
+    )
+    .unwrap();
+    for (name, query, _) in FLOWS {
+        c.batch_execute(&format!(
+            "CREATE FLOW b_{name} SINK TO sb_{name} AS {query}; \
+             CREATE FLOW u_{name} SINK TO su_{name} USING COMPONENT eng AS {query}"
+        ))
+        .unwrap_or_else(|e| panic!("{name}: {}", message(&e)));
+    }
+    let check = |c: &mut Client, step: usize| {
+        for (name, query, cols) in FLOWS {
+            c.batch_execute(&format!(
+                "ADMIN FLUSH_FLOW('b_{name}'); ADMIN FLUSH_FLOW('u_{name}')"
+            ))
+            .expect("flush");
+            let truth = rows(
+                c,
+                &format!("SELECT {cols} FROM ({query}) q ORDER BY {cols}"),
+            );
+            assert!(
+                step < 200 || !truth.is_empty(),
+                "{name} has no rows at step {step}: the stream tests nothing (seed {seed})"
+            );
+            for sink in [format!("sb_{name}"), format!("su_{name}")] {
+                assert_eq!(
+                    rows(c, &format!("SELECT {cols} FROM {sink} ORDER BY {cols}")),
+                    truth,
+                    "{sink} after step {step} (seed {seed})"
+                );
+            }
+        }
+    };
+    let key = |rng: &mut StdRng| format!("k{}", rng.random_range(0..8));
+    for step in 0..240usize {
+        let sql = match rng.random_range(0..100) {
+            0..55 => {
+                // One to four rows; a (k, ts) already stored is replaced.
+                let n = rng.random_range(1..5);
+                let values: Vec<String> = (0..n)
+                    .map(|_| {
+                        format!(
+                            "('{}', {}, {})",
+                            key(&mut rng),
+                            rng.random_range(-50..200),
+                            rng.random_range(0..40) * 1000
+                        )
+                    })
+                    .collect();
+                format!("INSERT INTO src VALUES {}", values.join(", "))
+            }
+            55..75 => format!(
+                "DELETE FROM src WHERE k = '{}' AND v < {}",
+                key(&mut rng),
+                rng.random_range(-50..200)
+            ),
+            75..92 => format!(
+                "INSERT INTO dim (k, region) VALUES ('{}', 'r{}')",
+                key(&mut rng),
+                rng.random_range(0..3)
+            ),
+            _ => format!("DELETE FROM dim WHERE k = '{}'", key(&mut rng)),
+        };
+        c.batch_execute(&sql)
+            .unwrap_or_else(|e| panic!("{sql}: {}", message(&e)));
+        if step % 40 == 39 {
+            check(&mut c, step);
+        }
+    }
+}
