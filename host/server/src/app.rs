@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use tokio::sync::watch;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 use tracing_subscriber::EnvFilter;
 
 use crate::config::{Cli, Command, Config};
@@ -26,6 +26,7 @@ pub fn main() -> ExitCode {
             run_tests(&args)
         }
         Command::Record(args) => record(&args),
+        Command::CompileComponent(args) => compile_component(&args),
         Command::Replay(args) => {
             if std::env::var_os("RUST_LOG").is_some() {
                 init_tracing();
@@ -388,6 +389,25 @@ pub async fn start(
     flows.sleep_after = config.flow.sleep_after;
     flows.threads = config.flow.threads;
     flows.max_component_size = config.flow.max_component_size;
+    // Uploads compile in a child process of this binary, bounded in memory
+    // and killed at the compile timeout.
+    match std::env::current_exe() {
+        Ok(program) => {
+            flows.component_compiler = sandflow::flow::ComponentCompiler::Process {
+                program,
+                args: vec![
+                    "compile-component".into(),
+                    "--memory-limit".into(),
+                    config.flow.component_compile_memory.to_string(),
+                ],
+            }
+        }
+        Err(e) => warn!(
+            error = %e,
+            "cannot find this program's path: uploaded components compile in this process, \
+             bounded in time but not in memory"
+        ),
+    }
     let db = Database::open_with(&config.data_dir, flows)
         .await
         .map_err(|e| format!("cannot open database in {}: {e}", config.data_dir.display()))?;
@@ -538,4 +558,55 @@ async fn close_database(db: Arc<Database>) {
     }
     drop(db);
     info!("database closed");
+}
+
+/// `sandflow compile-component`: bounds its own address space, reads a
+/// component on standard input and compiles it as the server's sandbox
+/// would (same wasmtime, same settings), writing the compiled form to
+/// standard output. Exit status 2 with the reason on standard error when the
+/// component is refused; an allocation past the bound aborts the process,
+/// which the server reports as a failed upload.
+fn compile_component(args: &crate::config::CompileComponentArgs) -> ExitCode {
+    use std::io::{Read, Write};
+
+    if let Some(limit) = args.memory_limit {
+        let bound = rustix::process::Rlimit {
+            current: Some(limit),
+            maximum: Some(limit),
+        };
+        if let Err(e) = rustix::process::setrlimit(rustix::process::Resource::As, bound) {
+            eprintln!("cannot bound the compiler's memory to {limit} bytes: {e}");
+            return ExitCode::from(1);
+        }
+    }
+    let mut bytes = Vec::new();
+    if let Err(e) = std::io::stdin().lock().read_to_end(&mut bytes) {
+        eprintln!("cannot read the component from standard input: {e}");
+        return ExitCode::from(1);
+    }
+    let config = sandflow::runtime::RuntimeConfig {
+        epochs: sandflow::runtime::Epochs::Manual,
+        ..Default::default()
+    };
+    let sandbox = match sandflow::runtime::Sandbox::new(config) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(1);
+        }
+    };
+    match sandbox.compile_untrusted(&bytes) {
+        Ok((_, compiled)) => {
+            let mut out = std::io::stdout().lock();
+            if let Err(e) = out.write_all(&compiled).and_then(|()| out.flush()) {
+                eprintln!("cannot write the compiled component: {e}");
+                return ExitCode::from(1);
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(2)
+        }
+    }
 }

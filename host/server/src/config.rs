@@ -35,6 +35,7 @@
 //! max_flows = 10000             # flows the server runs at most
 //! sleep_after = "60s"           # an idle flow's sandbox is released after this ("0": never)
 //! max_component_size = "64MiB"  # largest user component (CREATE COMPONENT, PUT /v1/components)
+//! component_compile_memory = "4GiB"  # address space of the process that compiles an upload
 //! ```
 
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -164,6 +165,21 @@ pub enum Command {
     /// sink it gives as CSV. Exits 0 only if the sink equals the recording's
     /// end (and the --expect-sink file, if given), value for value.
     Replay(ReplayArgs),
+    /// Internal: compiles one uploaded component read from standard input
+    /// and writes its compiled form to standard output (exit 0), or why it
+    /// is refused to standard error (exit 2). The server runs it as a child
+    /// process so that a compile bomb costs only that process.
+    #[command(hide = true)]
+    CompileComponent(CompileComponentArgs),
+}
+
+/// `sandflow compile-component`.
+#[derive(Debug, Clone, Args)]
+pub struct CompileComponentArgs {
+    /// The process's address-space bound in bytes (RLIMIT_AS), set before
+    /// it reads anything.
+    #[arg(long, value_name = "BYTES")]
+    pub memory_limit: Option<u64>,
 }
 
 /// `sandflow record`.
@@ -366,6 +382,12 @@ pub struct StartArgs {
     #[arg(long, value_name = "SIZE", env = "SANDFLOW_MAX_COMPONENT_SIZE")]
     pub max_component_size: Option<String>,
 
+    /// Bound on the memory (address space) of the process that compiles an
+    /// uploaded component, e.g. "2GiB": a component whose compilation needs
+    /// more is refused; the server is not touched. [default: 4GiB]
+    #[arg(long, value_name = "SIZE", env = "SANDFLOW_COMPONENT_COMPILE_MEMORY")]
+    pub component_compile_memory: Option<String>,
+
     /// How long a flow with nothing to do keeps its sandbox; then it sleeps
     /// (state kept as a snapshot, memory released) until input arrives; "0"
     /// never sleeps. [default: 60s]
@@ -462,7 +484,12 @@ pub struct FlowConfig {
     pub threads: usize,
     /// Largest user component in bytes.
     pub max_component_size: usize,
+    /// Address-space bound of the process that compiles an upload.
+    pub component_compile_memory: usize,
 }
+
+/// Default of `component_compile_memory`: 4 GiB.
+pub const DEFAULT_COMPONENT_COMPILE_MEMORY: usize = 4 << 30;
 
 impl Default for FlowConfig {
     fn default() -> Self {
@@ -479,6 +506,7 @@ impl Default for FlowConfig {
             sleep_after: Some(sandflow::flow::DEFAULT_SLEEP_AFTER),
             threads: sandflow::flow::default_threads(),
             max_component_size: sandflow::flow::DEFAULT_MAX_COMPONENT_SIZE,
+            component_compile_memory: DEFAULT_COMPONENT_COMPILE_MEMORY,
         }
     }
 }
@@ -605,6 +633,7 @@ pub struct FileFlowConfig {
     pub max_flows: Option<toml::Value>,
     pub sleep_after: Option<String>,
     pub max_component_size: Option<String>,
+    pub component_compile_memory: Option<String>,
 }
 
 impl FileConfig {
@@ -699,6 +728,20 @@ impl Config {
                 }
             })?,
             None => defaults.max_component_size,
+        };
+        let component_compile_memory = match args
+            .component_compile_memory
+            .as_deref()
+            .or(file.flow.component_compile_memory.as_deref())
+        {
+            Some(s) => sandflow::flow::options::parse_size(s).map_err(|message| {
+                ConfigError::InvalidSize {
+                    what: "flow.component_compile_memory".into(),
+                    value: s.to_string(),
+                    message,
+                }
+            })?,
+            None => defaults.component_compile_memory,
         };
         let cpu_limit_per_tick = match args
             .flow_cpu_limit_per_tick
@@ -981,6 +1024,7 @@ impl Config {
                 sleep_after,
                 threads: defaults.threads,
                 max_component_size,
+                component_compile_memory,
             },
         })
     }

@@ -840,3 +840,56 @@ fn the_engine_as_a_user_component_equals_the_built_in_on_a_random_stream() {
         }
     }
 }
+
+/// Uploads compile in a child process whose address space is bounded by
+/// `--component-compile-memory`: a compilation past it fails the upload
+/// with a message that says so, and the server, its flows and its catalog
+/// are untouched.
+#[test]
+fn a_compilation_past_its_memory_bound_fails_the_upload_not_the_server() {
+    let s = Server::start_with(
+        sandflow_tests::harness::temp_data_dir(),
+        Options {
+            args: vec!["--component-compile-memory".into(), "64MiB".into()],
+            ..Default::default()
+        },
+    );
+    let mut c = connect(&s);
+    c.batch_execute(
+        "CREATE TABLE src (k STRING, v BIGINT, ts TIMESTAMP TIME INDEX, PRIMARY KEY (k)); \
+         CREATE FLOW neighbour SINK TO s_n AS SELECT k, count(*) AS n, sum(v) AS total FROM src \
+         GROUP BY k; \
+         INSERT INTO src VALUES ('a', 1, 1)",
+    )
+    .unwrap();
+    let (status, json) = put(&s, "/v1/components/eng", sandflow::engine::component());
+    assert_eq!(status, 422, "{json}");
+    let error = json["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("compiling the component failed") && error.contains("memory"),
+        "{error}"
+    );
+    let err = c
+        .batch_execute(&format!(
+            "CREATE COMPONENT eng FROM '\\x{}'",
+            hex(sandflow::engine::component())
+        ))
+        .expect_err("over the compile memory bound");
+    assert_eq!(sqlstate(&err), "42P13", "{err:?}");
+    assert!(
+        message(&err).contains("compiling the component failed"),
+        "{err:?}"
+    );
+
+    assert!(
+        rows(&mut c, "SELECT * FROM information_schema.components").is_empty(),
+        "nothing was stored"
+    );
+    c.batch_execute("INSERT INTO src VALUES ('b', 2, 2), ('a', 3, 3)")
+        .unwrap();
+    c.batch_execute("ADMIN FLUSH_FLOW('neighbour')").unwrap();
+    assert_eq!(
+        rows(&mut c, "SELECT k, n, total FROM s_n ORDER BY k"),
+        vec!["a|2|4", "b|1|2"]
+    );
+}

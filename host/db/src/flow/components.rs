@@ -22,6 +22,8 @@
 //!   the sandbox's compatibility hash (8 bytes, little-endian), the compiled
 //!   form.
 
+use std::path::Path;
+use std::process::Stdio;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -29,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 use tracing::{info, warn};
 
-use super::manager::{FlowComponent, FlowManager};
+use super::manager::{ComponentCompiler, FlowComponent, FlowManager};
 use crate::auth::{Principal, Privilege};
 use crate::catalog::display_name;
 use crate::database::Core;
@@ -313,10 +315,13 @@ impl FlowManager {
         })
     }
 
-    /// Compiles an upload on a thread of its own, waiting at most the
-    /// compile timeout; returns the compiled form. A compilation past its
-    /// time fails the upload; its thread finishes on its own and counts
-    /// against [`MAX_COMPILING`] until then.
+    /// Compiles an upload where [`FlowSettings::component_compiler`] says,
+    /// waiting at most the compile timeout, registers it in the sandbox and
+    /// returns the compiled form. A compilation past its time fails the
+    /// upload; at most [`MAX_COMPILING`] run at once (a thread past its
+    /// time counts until it finishes on its own; a process is killed).
+    ///
+    /// [`FlowSettings::component_compiler`]: super::FlowSettings::component_compiler
     async fn compile_bounded(
         &self,
         core: &Core,
@@ -333,6 +338,13 @@ impl FlowManager {
                 ),
             }
             .fail();
+        }
+        if let ComponentCompiler::Process { program, args } = &self.settings().component_compiler {
+            let result = self.compile_in_process(sandbox, program, args, bytes).await;
+            running.fetch_sub(1, Ordering::SeqCst);
+            let compiled = result?;
+            compiled_counter(core).inc();
+            return Ok(compiled);
         }
         let (tx, rx) = tokio::sync::oneshot::channel();
         let sb = sandbox.clone();
@@ -377,6 +389,116 @@ impl FlowManager {
         })?;
         compiled_counter(core).inc();
         Ok(compiled)
+    }
+
+    /// Compiles an upload in a child process (see
+    /// [`ComponentCompiler::Process`]), killed at the compile timeout, and
+    /// registers the compiled form it returns.
+    async fn compile_in_process(
+        &self,
+        sandbox: &Arc<Sandbox>,
+        program: &Path,
+        args: &[String],
+        bytes: Arc<Vec<u8>>,
+    ) -> Result<Vec<u8>> {
+        use tokio::io::AsyncWriteExt;
+
+        let limit = self.settings().component_compile_timeout;
+        let mut child = tokio::process::Command::new(program)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| {
+                InternalSnafu {
+                    message: format!(
+                        "cannot start the component compiler {}: {e}",
+                        program.display()
+                    ),
+                }
+                .build()
+            })?;
+        let Some(mut stdin) = child.stdin.take() else {
+            return InternalSnafu {
+                message: "the component compiler has no standard input",
+            }
+            .fail();
+        };
+        let input = bytes.clone();
+        // The child may end before reading everything (a refusal): a failed
+        // write is not the error to report, its exit status is.
+        let feeder = tokio::spawn(async move {
+            let _ = stdin.write_all(&input).await;
+        });
+        let waited = tokio::time::timeout(limit, child.wait_with_output()).await;
+        feeder.abort();
+        let out = match waited {
+            // Dropping the child's future killed it (kill_on_drop).
+            Err(_) => {
+                return InvalidComponentSnafu {
+                    message: format!(
+                        "compiling the component took longer than {limit:?} and was given up; \
+                         a flow component must compile within that time"
+                    ),
+                }
+                .fail()
+            }
+            Ok(Err(e)) => {
+                return InternalSnafu {
+                    message: format!("cannot wait for the component compiler: {e}"),
+                }
+                .fail()
+            }
+            Ok(Ok(out)) => out,
+        };
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let said = stderr.trim();
+        // The end of what it said: a refusal is short, a crash may not be.
+        let said = &said[said.floor_char_boundary(said.len().saturating_sub(2000))..];
+        match out.status.code() {
+            Some(0) => {}
+            Some(2) => {
+                return InvalidComponentSnafu {
+                    message: format!("component refused: {said}"),
+                }
+                .fail()
+            }
+            _ => {
+                warn!(status = %out.status, stderr = %said, "the component compiler failed");
+                return InvalidComponentSnafu {
+                    message: format!(
+                        "compiling the component failed ({}): {said}; a compilation that needs \
+                         more memory than the compiler's bound ends so",
+                        out.status
+                    ),
+                }
+                .fail();
+            }
+        }
+        let compiled = out.stdout;
+        let digest = Digest::of(&bytes);
+        let sb = sandbox.clone();
+        blocking(move || {
+            // SAFETY: `compiled` is what `Sandbox::compile_untrusted` of this
+            // same sandflow returned for these bytes in the child process
+            // (the contract of `ComponentCompiler::Process`); wasmtime checks
+            // that it was made for this engine's version and settings, and
+            // `register_compiled` checks its imports and exports again.
+            unsafe { sb.register_compiled(digest, &compiled) }
+                .map(|()| compiled)
+                .map_err(|e| {
+                    InternalSnafu {
+                        message: format!(
+                            "the component compiler's output does not load: {e}; it must be \
+                             this same sandflow"
+                        ),
+                    }
+                    .build()
+                })
+        })
+        .await
     }
 
     /// Registers the component `digest` in the sandbox from its stored

@@ -98,8 +98,33 @@ pub struct FlowSettings {
     /// /v1/components/{name}`) in bytes.
     pub max_component_size: usize,
     /// How long compiling an uploaded component may take; past it the
-    /// upload fails (the compilation's thread is left to finish on its own).
+    /// upload fails (the compilation's thread is left to finish on its own,
+    /// a compiler process is killed).
     pub component_compile_timeout: Duration,
+    /// Where uploaded components are compiled.
+    pub component_compiler: ComponentCompiler,
+}
+
+/// Where an uploaded component is compiled (see
+/// [`FlowSettings::component_compiler`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ComponentCompiler {
+    /// On a thread of this process, bounded in time only: a compile bomb
+    /// can take this process's memory. For embedders and tests.
+    #[default]
+    InProcess,
+    /// In a child process, `program args...`, which reads the component's
+    /// bytes on standard input and writes its compiled form on standard
+    /// output (exit status 0), or why it is refused on standard error (exit
+    /// status 2). It is killed at the compile timeout; whatever else ends it
+    /// (an allocation past its own memory bound, a crash) fails only the
+    /// upload. The server runs itself: `sandflow compile-component
+    /// --memory-limit BYTES`.
+    ///
+    /// The program must be built from this same sandflow (wasmtime version
+    /// and engine settings): this process loads the compiled form as
+    /// machine code, after checking that wasmtime accepts it for its engine.
+    Process { program: PathBuf, args: Vec<String> },
 }
 
 /// Default of [`FlowSettings::max_component_size`]: 64 MiB.
@@ -147,6 +172,7 @@ impl Default for FlowSettings {
             untrusted_guest: None,
             max_component_size: DEFAULT_MAX_COMPONENT_SIZE,
             component_compile_timeout: DEFAULT_COMPONENT_COMPILE_TIMEOUT,
+            component_compiler: ComponentCompiler::InProcess,
         }
     }
 }

@@ -32,8 +32,8 @@ pub use compile::{FLOW_MAX_EXPRESSION_DEPTH, FLOW_MAX_PLAN_DEPTH};
 #[doc(hidden)]
 pub use manager::UntrustedGuest;
 pub use manager::{
-    default_threads, FlowComponent, FlowDef, FlowEngine, FlowInfo, FlowManager, FlowSettings,
-    DEFAULT_COMPONENT_COMPILE_TIMEOUT, DEFAULT_MAX_COMPONENT_SIZE, DEFAULT_MAX_FLOWS,
+    default_threads, ComponentCompiler, FlowComponent, FlowDef, FlowEngine, FlowInfo, FlowManager,
+    FlowSettings, DEFAULT_COMPONENT_COMPILE_TIMEOUT, DEFAULT_MAX_COMPONENT_SIZE, DEFAULT_MAX_FLOWS,
     DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_BACKOFF, DEFAULT_SLEEP_AFTER, DEFAULT_TICK_INTERVAL,
     MAX_RESTART_BACKOFF,
 };
