@@ -385,6 +385,20 @@ impl Sandbox {
     ) -> Result<FlowEnginePre<GuestState>, RuntimeError> {
         let ty = component.component_type();
         for (name, _) in ty.imports(&self.engine) {
+            if let Some(version) = name
+                .strip_prefix("sandflow:flow/")
+                .and_then(|rest| rest.split_once('@'))
+                .map(|(_, version)| version)
+                .filter(|v| *v != FLOW_WORLD_VERSION)
+            {
+                return Err(RuntimeError::Setup {
+                    message: format!(
+                        "the component imports `{name}`: it was built against version {version} \
+                         of sandflow's flow contract, and this server speaks {FLOW_PACKAGE} \
+                         (wit/flow.wit); rebuild it against that version"
+                    ),
+                });
+            }
             if !import_allowed(name) {
                 return Err(RuntimeError::Setup {
                     message: format!(

@@ -18,6 +18,8 @@
 //! - `bad-offsets`: string offsets out of range.
 //! - `bad-utf8`: a string column with invalid UTF-8.
 //! - `extra-columns`: more columns than the declared output schema.
+//! - `create-loop`: spins forever in `create` (the only mode that
+//!   misbehaves before a tick).
 //! - `corrupt-snapshot`: ticks like `ok`, but its snapshots are junk and
 //!   `restore` panics on them (a component that breaks its own state).
 //!
@@ -144,6 +146,13 @@ mod component {
                     "plan must be a mode name or name a hostile_<mode> table".into(),
                 )
             })?;
+            if mode == "create-loop" {
+                // Spins where the host first calls in, before any tick.
+                let mut n = 0u64;
+                loop {
+                    n = std::hint::black_box(n.wrapping_add(1));
+                }
+            }
             Ok(exports::sandflow::flow::engine::Flow::new(Evil {
                 mode,
                 ticks: Cell::new(0),

@@ -347,6 +347,53 @@ fn component_importing(name: &str) -> Vec<u8> {
     out
 }
 
+/// The hostile guest (a valid flow component) with every name of the
+/// contract moved to another version: what a component built against an
+/// older `wit/flow.wit` looks like.
+fn component_of_contract_version(version: &str) -> Vec<u8> {
+    let mut bytes = std::fs::read(env!("HOSTILE_GUEST_WASM"))
+        .expect("the hostile guest is built by tests/build.rs");
+    for interface in ["engine", "types"] {
+        let from = format!("sandflow:flow/{interface}@0.2.0");
+        let to = format!("sandflow:flow/{interface}@{version}");
+        assert_eq!(
+            from.len(),
+            to.len(),
+            "same-length names keep the binary valid"
+        );
+        let mut at = 0;
+        while let Some(i) = bytes[at..]
+            .windows(from.len())
+            .position(|w| w == from.as_bytes())
+        {
+            bytes[at + i..at + i + to.len()].copy_from_slice(to.as_bytes());
+            at += i + to.len();
+        }
+    }
+    bytes
+}
+
+/// `PUT` of a body that claims 1 GiB and sends its first 64 KiB: the server
+/// answers from the header, without waiting for (or storing) the rest.
+fn put_claiming_one_gib(s: &Server) -> (u16, serde_json::Value) {
+    let mut stream = TcpStream::connect(("127.0.0.1", s.http_port)).expect("connect HTTP");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let head = format!(
+        "PUT /v1/components/huge HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nConnection: close\r\n\
+         Content-Type: application/wasm\r\nContent-Length: {}\r\n\r\n",
+        s.http_port,
+        1u64 << 30
+    );
+    let _ = stream
+        .write_all(head.as_bytes())
+        .and_then(|_| stream.write_all(&[0u8; 64 << 10]));
+    let (status, text) = read_response(&mut stream).expect("HTTP response");
+    let json = serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"));
+    (status, json)
+}
+
 #[test]
 fn hostile_uploads_are_refused_while_a_neighbouring_flow_stays_exact() {
     let s = Server::start_with(
@@ -423,6 +470,12 @@ fn hostile_uploads_are_refused_while_a_neighbouring_flow_stays_exact() {
             "sandflow:flow/engine@0.2.0",
         ),
         (
+            "another contract version",
+            component_of_contract_version("0.1.0"),
+            422,
+            "version 0.1.0 of sandflow's flow contract",
+        ),
+        (
             "truncated engine",
             sandflow::engine::component()[..1000].to_vec(),
             422,
@@ -442,6 +495,16 @@ fn hostile_uploads_are_refused_while_a_neighbouring_flow_stays_exact() {
         assert!(error.contains(needle), "{what}: {error}");
         write_and_check(&mut c, what);
     }
+    let (got, json) = put_claiming_one_gib(&s);
+    assert_eq!(got, 413, "1 GiB: {json}");
+    assert!(
+        json["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("--max-component-size"),
+        "1 GiB: {json}"
+    );
+    write_and_check(&mut c, "1 GiB");
     // The same refusals through SQL, with SQLSTATEs.
     for (what, bytes, _, needle) in &cases {
         let err = c
@@ -583,9 +646,10 @@ async fn a_compilation_past_its_time_bound_fails_the_upload_not_the_database() {
 }
 
 /// A hostile component that passes every upload check (the test suite's
-/// evil guest) and turns bad when its flows run: each attack fails only its
-/// own flow, with the reason in `information_schema.flows`, and a built-in
-/// flow next to them stays exact.
+/// evil guest) and turns bad when its flows run: a loop in `create` fails
+/// the CREATE FLOW; each attack at a tick fails only its own flow, with the
+/// reason in `information_schema.flows`; a built-in flow next to them stays
+/// exact.
 #[test]
 fn an_uploaded_component_that_misbehaves_fails_only_its_own_flows() {
     let s = Server::start();
@@ -610,6 +674,24 @@ fn an_uploaded_component_that_misbehaves_fails_only_its_own_flows() {
         ("endless_output", "output_rows_limit_per_tick"),
         ("bad_utf8", "broke the contract"),
     ];
+    // A loop in `create` fails the CREATE FLOW itself, within the setup
+    // budget, and leaves nothing behind.
+    let err = c
+        .batch_execute(
+            "CREATE TABLE hostile_create_loop (x BIGINT, ts TIMESTAMP TIME INDEX); \
+             CREATE FLOW evil_create SINK TO evil_create_sink USING COMPONENT evil \
+               AS SELECT x FROM hostile_create_loop",
+        )
+        .expect_err("a component that loops in create");
+    assert!(message(&err).contains("CPU budget"), "{}", message(&err));
+    assert!(
+        rows(
+            &mut c,
+            "SELECT flow_name FROM information_schema.flows WHERE flow_name = 'evil_create'"
+        )
+        .is_empty(),
+        "a flow whose create failed is not kept"
+    );
     for (i, (mode, words)) in attacks.iter().enumerate() {
         c.batch_execute(&format!(
             "CREATE TABLE hostile_{mode} (x BIGINT, ts TIMESTAMP TIME INDEX); \
