@@ -69,9 +69,12 @@ run: build
 	$(CARGO_TARGET_DIR)/release/sandflow start --data-dir $(DATA_DIR) --auth none
 
 ## The benchmarks: the reference workload in wasm and natively, recovery, many
-## flows, the change log, joins against differential-dataflow, user components.
-bench: setup examples
+## flows, the change log, joins against differential-dataflow, user components,
+## then the whole path (the release server) against PostgreSQL 15.
+bench: setup examples build
+	@test -x /usr/lib/postgresql/15/bin/initdb || { (apt-get update -qq || true) && apt-get install -y -qq postgresql-15; }
 	$(CARGO) bench -p sandflow-tests --features dd --bench engine --bench recovery --bench flows_scale --bench pull_log --bench joins --bench components
+	python3 tests/benches/whole_path.py --sandflow $(CARGO_TARGET_DIR)/release/sandflow
 
 fmt:
 	$(CARGO) fmt --all
