@@ -118,8 +118,32 @@ def usage(root):
     return cpu, written
 
 
-class Sandflow:
+class System:
+    """What the two servers share of the client code."""
+
+    name = ""
+
+    def rollup_rows(self, c, src, name):
+        return c.execute(
+            f"SELECT k, minute, n, total, lo, hi FROM {name}_sink ORDER BY k, minute"
+        ).fetchall()
+
+    def truth(self, c, src):
+        return c.execute(
+            "SELECT k, minute, n, total, lo, hi FROM (" + self.rollup.format(src=src)
+            + ") q ORDER BY k, minute"
+        ).fetchall()
+
+    def sink_count(self, c, name, k, minute):
+        r = c.execute(
+            f"SELECT n FROM {name}_sink WHERE k = '{k}' AND minute = '{minute}'"
+        ).fetchone()
+        return r[0] if r else 0
+
+
+class Sandflow(System):
     name = "sandflow"
+    rollup = ROLLUP_SANDFLOW
 
     def __init__(self, binary, tick=None):
         self.dir = tempfile.mkdtemp(prefix="sandflow-bench-")
@@ -166,22 +190,7 @@ class Sandflow:
 
     def rollup_rows(self, c, src, name):
         c.execute(f"ADMIN FLUSH_FLOW('{name}')")
-        return c.execute(
-            f"SELECT k, minute, n, total, lo, hi FROM {name}_sink ORDER BY k, minute"
-        ).fetchall()
-
-    def truth(self, c, src):
-        return c.execute(
-            "SELECT k, minute, n, total, lo, hi FROM ("
-            + ROLLUP_SANDFLOW.format(src=src)
-            + ") q ORDER BY k, minute"
-        ).fetchall()
-
-    def sink_count(self, c, name, k, minute):
-        r = c.execute(
-            f"SELECT n FROM {name}_sink WHERE k = '{k}' AND minute = '{minute}'"
-        ).fetchone()
-        return r[0] if r else 0
+        return super().rollup_rows(c, src, name)
 
     def drop_flow(self, c, name):
         c.execute(f"DROP FLOW IF EXISTS {name}")
@@ -197,8 +206,9 @@ class Sandflow:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-class Postgres:
+class Postgres(System):
     name = "PostgreSQL"
+    rollup = ROLLUP_PG
 
     def __init__(self):
         self.dir = tempfile.mkdtemp(prefix="pg-bench-")
@@ -271,23 +281,6 @@ class Postgres:
             f"FOR EACH STATEMENT EXECUTE FUNCTION {name}_fn()"
         )
 
-    def rollup_rows(self, c, src, name):
-        return c.execute(
-            f"SELECT k, minute, n, total, lo, hi FROM {name}_sink ORDER BY k, minute"
-        ).fetchall()
-
-    def truth(self, c, src):
-        return c.execute(
-            "SELECT k, minute, n, total, lo, hi FROM (" + ROLLUP_PG.format(src=src)
-            + ") q ORDER BY k, minute"
-        ).fetchall()
-
-    def sink_count(self, c, name, k, minute):
-        r = c.execute(
-            f"SELECT n FROM {name}_sink WHERE k = '{k}' AND minute = '{minute}'"
-        ).fetchone()
-        return r[0] if r else 0
-
     def drop_flow(self, c, name):
         c.execute(f"DROP TABLE IF EXISTS {name}_sink")
         c.execute(f"DROP FUNCTION IF EXISTS {name}_fn() CASCADE")
@@ -301,6 +294,12 @@ class Postgres:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def load(system, c, table, n):
+    """Inserts rows 0..n into `table` in statements of BATCH rows."""
+    for start in range(0, n, BATCH):
+        system.insert(c, table, [row_of(i) for i in range(start, min(n, start + BATCH))])
+
+
 def ingest(system, rows, table="m", rollup=None):
     """Creates `table` (and the rollup), inserts `rows` rows in statements of
     BATCH rows; returns (rows/s, CPU µs per row, bytes per row)."""
@@ -312,8 +311,7 @@ def ingest(system, rows, table="m", rollup=None):
             system.attach_rollup(c, table, rollup)
         cpu0, w0 = usage(system.pid)
         started = time.perf_counter()
-        for start in range(0, rows, BATCH):
-            system.insert(c, table, [row_of(i) for i in range(start, min(rows, start + BATCH))])
+        load(system, c, table, rows)
         elapsed = time.perf_counter() - started
         cpu1, w1 = usage(system.pid)
     return rows / elapsed, (cpu1 - cpu0) / rows * 1e6, (w1 - w0) / rows
@@ -413,8 +411,7 @@ def main():
                 continue
             with pg.connect() as c:
                 pg.create_source(c, "mv_src")
-                for start in range(0, n, BATCH):
-                    pg.insert(c, "mv_src", [row_of(i) for i in range(start, min(n, start + BATCH))])
+                load(pg, c, "mv_src", n)
                 c.execute("DROP MATERIALIZED VIEW IF EXISTS mv")
                 c.execute("CREATE MATERIALIZED VIEW mv AS " + ROLLUP_PG.format(src="mv_src"))
                 started = time.perf_counter()
@@ -425,8 +422,7 @@ def main():
             with sf.connect() as c:
                 sf.drop_flow(c, "inc")
                 sf.create_source(c, "inc_src")
-                for start in range(0, n, BATCH):
-                    sf.insert(c, "inc_src", [row_of(i) for i in range(start, min(n, start + BATCH))])
+                load(sf, c, "inc_src", n)
                 sf.attach_rollup(c, "inc_src", "inc")
                 c.execute("ADMIN FLUSH_FLOW('inc')")
             change = freshness(sf, "inc", "inc_src", n=50)[0]
@@ -471,8 +467,7 @@ def main():
                 for j in range(flows):
                     sf.attach_rollup(c, "many", f"f{j}")
                 started = time.perf_counter()
-                for start in range(0, n, BATCH):
-                    sf.insert(c, "many", [row_of(i) for i in range(start, min(n, start + BATCH))])
+                load(sf, c, "many", n)
                 for j in range(flows):
                     c.execute(f"ADMIN FLUSH_FLOW('f{j}')")
                 rate = n / (time.perf_counter() - started)

@@ -114,6 +114,24 @@ fn message(e: &postgres::Error) -> String {
         .unwrap_or_else(|| e.to_string())
 }
 
+/// A built-in flow beside the hostile ones: `neighbour` over `src`.
+const NEIGHBOUR: &str = "CREATE TABLE src (k STRING, v BIGINT, ts TIMESTAMP TIME INDEX, \
+                         PRIMARY KEY (k)); CREATE FLOW neighbour SINK TO s_n AS SELECT k, \
+                         count(*) AS n, sum(v) AS total FROM src GROUP BY k";
+
+/// Flushes `neighbour` and checks its sink against its query.
+fn assert_neighbour(c: &mut Client, what: &str) {
+    c.batch_execute("ADMIN FLUSH_FLOW('neighbour')").unwrap();
+    assert_eq!(
+        rows(c, "SELECT k, n, total FROM s_n ORDER BY k"),
+        rows(
+            c,
+            "SELECT k, count(*), sum(v) FROM src GROUP BY k ORDER BY k"
+        ),
+        "neighbour after {what}"
+    );
+}
+
 const QUERY: &str = "SELECT k, count(*) AS n, sum(v) AS total, max(v) AS top FROM src GROUP BY k";
 
 fn flush_both(c: &mut Client) {
@@ -404,12 +422,7 @@ fn hostile_uploads_are_refused_while_a_neighbouring_flow_stays_exact() {
         },
     );
     let mut c = connect(&s);
-    c.batch_execute(
-        "CREATE TABLE src (k STRING, v BIGINT, ts TIMESTAMP TIME INDEX, PRIMARY KEY (k)); \
-         CREATE FLOW neighbour SINK TO s_n AS SELECT k, count(*) AS n, sum(v) AS total FROM src \
-         GROUP BY k",
-    )
-    .unwrap();
+    c.batch_execute(NEIGHBOUR).unwrap();
     let mut written = 0i64;
     let mut write_and_check = |c: &mut Client, what: &str| {
         written += 1;
@@ -419,15 +432,7 @@ fn hostile_uploads_are_refused_while_a_neighbouring_flow_stays_exact() {
             1_700_000_000_000i64 + written
         ))
         .unwrap();
-        c.batch_execute("ADMIN FLUSH_FLOW('neighbour')").unwrap();
-        assert_eq!(
-            rows(c, "SELECT k, n, total FROM s_n ORDER BY k"),
-            rows(
-                c,
-                "SELECT k, count(*), sum(v) FROM src GROUP BY k ORDER BY k"
-            ),
-            "neighbour after {what}"
-        );
+        assert_neighbour(c, what);
     };
 
     let cases: Vec<(&str, Vec<u8>, u16, &str)> = vec![
@@ -658,12 +663,7 @@ fn an_uploaded_component_that_misbehaves_fails_only_its_own_flows() {
     let (status, json) = put(&s, "/v1/components/evil", &evil);
     assert_eq!(status, 200, "upload: {json}");
     let mut c = connect(&s);
-    c.batch_execute(
-        "CREATE TABLE src (k STRING, v BIGINT, ts TIMESTAMP TIME INDEX, PRIMARY KEY (k)); \
-         CREATE FLOW neighbour SINK TO s_n AS SELECT k, count(*) AS n, sum(v) AS total FROM src \
-         GROUP BY k",
-    )
-    .unwrap();
+    c.batch_execute(NEIGHBOUR).unwrap();
     // (mode, words the flow's error must contain)
     let attacks = [
         ("loop", "CPU budget"),
@@ -721,15 +721,7 @@ fn an_uploaded_component_that_misbehaves_fails_only_its_own_flows() {
             1_700_000_000_000i64 + i as i64
         ))
         .unwrap();
-        c.batch_execute("ADMIN FLUSH_FLOW('neighbour')").unwrap();
-        assert_eq!(
-            rows(&mut c, "SELECT k, n, total FROM s_n ORDER BY k"),
-            rows(
-                &mut c,
-                "SELECT k, count(*), sum(v) FROM src GROUP BY k ORDER BY k"
-            ),
-            "neighbour after {mode}"
-        );
+        assert_neighbour(&mut c, mode);
     }
 }
 
@@ -745,11 +737,9 @@ fn a_component_that_corrupts_its_own_snapshot_fails_only_its_flow_at_restore() {
     let (status, json) = put(&s, "/v1/components/evil", &evil);
     assert_eq!(status, 200, "upload: {json}");
     let mut c = connect(&s);
+    c.batch_execute(NEIGHBOUR).unwrap();
     c.batch_execute(
-        "CREATE TABLE src (k STRING, v BIGINT, ts TIMESTAMP TIME INDEX, PRIMARY KEY (k)); \
-         CREATE FLOW neighbour SINK TO s_n AS SELECT k, count(*) AS n, sum(v) AS total FROM src \
-         GROUP BY k; \
-         CREATE TABLE hostile_corrupt_snapshot (x BIGINT, ts TIMESTAMP TIME INDEX); \
+        "CREATE TABLE hostile_corrupt_snapshot (x BIGINT, ts TIMESTAMP TIME INDEX); \
          INSERT INTO hostile_corrupt_snapshot VALUES (1, 0); \
          CREATE FLOW evil SINK TO evil_sink USING COMPONENT evil \
            AS SELECT x FROM hostile_corrupt_snapshot; \
@@ -789,15 +779,7 @@ fn a_component_that_corrupts_its_own_snapshot_fails_only_its_flow_at_restore() {
     assert!(!written.is_empty(), "the failed flow's sink lost its rows");
     c.batch_execute("INSERT INTO src VALUES ('a', 5, 3), ('c', 7, 1)")
         .unwrap();
-    c.batch_execute("ADMIN FLUSH_FLOW('neighbour')").unwrap();
-    assert_eq!(
-        rows(&mut c, "SELECT k, n, total FROM s_n ORDER BY k"),
-        rows(
-            &mut c,
-            "SELECT k, count(*), sum(v) FROM src GROUP BY k ORDER BY k"
-        ),
-        "the neighbour after the restart"
-    );
+    assert_neighbour(&mut c, "the restart");
     assert_eq!(
         rows(&mut c, "SELECT * FROM evil_sink"),
         written,
@@ -937,13 +919,8 @@ fn a_compilation_past_its_memory_bound_fails_the_upload_not_the_server() {
         },
     );
     let mut c = connect(&s);
-    c.batch_execute(
-        "CREATE TABLE src (k STRING, v BIGINT, ts TIMESTAMP TIME INDEX, PRIMARY KEY (k)); \
-         CREATE FLOW neighbour SINK TO s_n AS SELECT k, count(*) AS n, sum(v) AS total FROM src \
-         GROUP BY k; \
-         INSERT INTO src VALUES ('a', 1, 1)",
-    )
-    .unwrap();
+    c.batch_execute(&format!("{NEIGHBOUR}; INSERT INTO src VALUES ('a', 1, 1)"))
+        .unwrap();
     let (status, json) = put(&s, "/v1/components/eng", sandflow::engine::component());
     assert_eq!(status, 422, "{json}");
     let error = json["error"].as_str().unwrap_or_default();

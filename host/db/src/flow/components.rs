@@ -102,6 +102,17 @@ fn blob_key(digest: &Digest) -> String {
     format!("{BLOB_PREFIX}{digest}")
 }
 
+/// The refusal of a compilation past its time.
+fn too_slow<T>(limit: std::time::Duration) -> Result<T> {
+    InvalidComponentSnafu {
+        message: format!(
+            "compiling the component took longer than {limit:?} and was given up; a flow \
+             component must compile within that time"
+        ),
+    }
+    .fail()
+}
+
 fn compiled_key(digest: &Digest) -> String {
     format!("{COMPILED_PREFIX}{digest}")
 }
@@ -364,15 +375,7 @@ impl FlowManager {
         }
         let limit = self.settings().component_compile_timeout;
         let result = match tokio::time::timeout(limit, rx).await {
-            Err(_) => {
-                return InvalidComponentSnafu {
-                    message: format!(
-                        "compiling the component took longer than {limit:?} and was given up; \
-                         a flow component must compile within that time"
-                    ),
-                }
-                .fail()
-            }
+            Err(_) => return too_slow(limit),
             Ok(Err(_)) => {
                 return InternalSnafu {
                     message: "the component's compilation thread ended without an answer",
@@ -436,15 +439,7 @@ impl FlowManager {
         feeder.abort();
         let out = match waited {
             // Dropping the child's future killed it (kill_on_drop).
-            Err(_) => {
-                return InvalidComponentSnafu {
-                    message: format!(
-                        "compiling the component took longer than {limit:?} and was given up; \
-                         a flow component must compile within that time"
-                    ),
-                }
-                .fail()
-            }
+            Err(_) => return too_slow(limit),
             Ok(Err(e)) => {
                 return InternalSnafu {
                     message: format!("cannot wait for the component compiler: {e}"),
