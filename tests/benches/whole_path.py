@@ -186,7 +186,12 @@ class Sandflow(System):
         c.execute(f"INSERT INTO {table} VALUES {values(rows)}")
 
     def attach_rollup(self, c, src, name):
-        c.execute(f"CREATE FLOW {name} SINK TO {name}_sink AS " + ROLLUP_SANDFLOW.format(src=src))
+        # min and max keep every value of a group (a retraction may remove the
+        # extreme one): past the default 256 MiB at 1,000,000 rows.
+        c.execute(
+            f"CREATE FLOW {name} SINK TO {name}_sink WITH (memory_limit = '2GiB') AS "
+            + ROLLUP_SANDFLOW.format(src=src)
+        )
 
     def rollup_rows(self, c, src, name):
         c.execute(f"ADMIN FLUSH_FLOW('{name}')")
