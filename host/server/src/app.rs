@@ -47,7 +47,11 @@ pub fn main() -> ExitCode {
                 Ok(rt) => rt,
                 Err(code) => return code,
             };
-            match runtime.block_on(start(config, shutdown_signal())) {
+            let shutdown = {
+                let _inside = runtime.enter();
+                shutdown_signal()
+            };
+            match runtime.block_on(start(config, shutdown)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(message) => {
                     error!("{message}");
@@ -334,31 +338,45 @@ fn init_tracing() {
         .try_init();
 }
 
-/// Resolves when SIGINT or SIGTERM arrives.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
+/// Resolves when SIGINT or SIGTERM arrives. Call it inside the runtime: the
+/// handlers are installed by the call, not when the future is first polled,
+/// so that a signal that comes while the server is still starting (its
+/// listeners may already answer) is kept for the graceful shutdown instead of
+/// ending the process by the default action.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let wait = |name: &'static str, kind: SignalKind| {
+            let installed = signal(kind);
+            async move {
+                match installed {
+                    Ok(mut s) => {
+                        s.recv().await;
+                    }
+                    Err(e) => {
+                        error!("cannot listen for {name}: {e}");
+                        std::future::pending::<()>().await;
+                    }
+                }
+            }
+        };
+        let int = wait("SIGINT", SignalKind::interrupt());
+        let term = wait("SIGTERM", SignalKind::terminate());
+        async move {
+            tokio::select! {
+                _ = int => info!("SIGINT received"),
+                _ = term => info!("SIGTERM received"),
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    async {
         if let Err(e) = tokio::signal::ctrl_c().await {
-            error!("cannot listen for SIGINT: {e}");
+            error!("cannot listen for Ctrl-C: {e}");
             std::future::pending::<()>().await;
         }
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                error!("cannot listen for SIGTERM: {e}");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => info!("SIGINT received"),
-        _ = term => info!("SIGTERM received"),
+        info!("Ctrl-C received");
     }
 }
 
