@@ -452,6 +452,20 @@ fn quotas_refuse_what_goes_past_them() {
     let e = carol("CREATE FLOW f2 SINK TO s2 WITH (memory_limit = '16MiB') AS SELECT k, count(*) AS c FROM a GROUP BY k")
         .unwrap_err();
     assert!(e.contains("max_flows") && e.contains("1 in use"), "{e}");
+    // A flow on a user component counts against the same quotas.
+    let (status, json) = super::e2e_components::put_as(
+        &s,
+        "/v1/components/topk?db=tq",
+        &sandflow_tests::engine::topk_component(),
+        Some("carol:c"),
+    );
+    assert_eq!(status, 200, "carol uploads to her database: {json}");
+    let e = carol(
+        "CREATE FLOW f3 SINK TO s3 USING COMPONENT topk WITH (memory_limit = '16MiB') \
+         AS SELECT k, v FROM a",
+    )
+    .unwrap_err();
+    assert!(e.contains("max_flows") && e.contains("1 in use"), "{e}");
     // Three tables: a, b and the sink s1.
     let e = carol("CREATE TABLE c (ts TIMESTAMP TIME INDEX, v DOUBLE)").unwrap_err();
     assert!(e.contains("max_tables") && e.contains("3 in use"), "{e}");

@@ -30,7 +30,7 @@ pub(super) fn put(s: &Server, path: &str, body: &[u8]) -> (u16, serde_json::Valu
 }
 
 /// [`put`] with HTTP Basic credentials `user:password`.
-fn put_as(
+pub(super) fn put_as(
     s: &Server,
     path: &str,
     body: &[u8],
