@@ -233,6 +233,13 @@ impl Server {
         self.log.lock().unwrap().join("\n")
     }
 
+    /// Stops the server with SIGTERM, asserting a clean exit, and starts it
+    /// again on the same data directory, with the default options.
+    pub fn restart(mut self) -> Server {
+        assert!(self.stop(), "unclean shutdown:\n{}", self.logs());
+        Server::start_in(self.dir())
+    }
+
     /// SIGTERM, then wait (SIGKILL after 30 s). Returns whether it exited
     /// cleanly (status 0) within the time.
     pub fn stop(&mut self) -> bool {

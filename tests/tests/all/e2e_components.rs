@@ -151,7 +151,7 @@ fn assert_sinks_equal(c: &mut Client, what: &str) -> Vec<String> {
 
 #[test]
 fn the_engine_uploaded_as_a_component_runs_like_the_built_in_flow() {
-    let mut s = Server::start();
+    let s = Server::start();
     let engine = sandflow::engine::component().to_vec();
     let v2 = engine_variant("v2");
 
@@ -285,9 +285,7 @@ fn the_engine_uploaded_as_a_component_runs_like_the_built_in_flow() {
 
     // Restart: the flow runs version 3 from its stored compiled form.
     drop(c);
-    let dir = s.dir();
-    assert!(s.stop(), "unclean shutdown:\n{}", s.logs());
-    let s = Server::start_in(dir);
+    let s = s.restart();
     let mut c = connect(&s);
     c.batch_execute("INSERT INTO src VALUES ('k10', 10, 1700000000200), ('k1', 7, 1700000000300)")
         .unwrap();
@@ -755,10 +753,7 @@ fn a_component_that_corrupts_its_own_snapshot_fails_only_its_flow_at_restore() {
     );
 
     drop(c);
-    let dir = s.dir();
-    let mut s = s;
-    assert!(s.stop(), "unclean shutdown:\n{}", s.logs());
-    let s = Server::start_in(dir);
+    let s = s.restart();
     let mut c = connect(&s);
     let status = rows(
         &mut c,

@@ -756,7 +756,7 @@ fn ticks_write_results_without_flush() {
 // exactly once (no double back-fill).
 #[test]
 fn flows_survive_restarts() {
-    let mut s = Server::start();
+    let s = Server::start();
     s.sql(REQUESTS);
     const AGG: &str = "SELECT status, date_bin(INTERVAL '1 minute', ts) AS minute, \
                        count(*) AS hits, sum(bytes) AS total FROM requests GROUP BY status, minute";
@@ -797,9 +797,7 @@ fn flows_survive_restarts() {
     );
     s.sql("DELETE FROM requests WHERE host = 'c'");
 
-    let dir = s.dir();
-    assert!(s.stop(), "unclean shutdown:\n{}", s.logs());
-    let s = Server::start_in(dir);
+    let s = s.restart();
     assert_eq!(lines(&s.sql("SHOW FLOWS")), vec!["errors", "traffic"]);
     assert_eq!(s.sql("SHOW CREATE FLOW traffic"), show_traffic);
     assert_eq!(s.sql("SHOW CREATE FLOW errors"), show_errors);

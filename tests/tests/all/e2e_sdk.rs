@@ -111,10 +111,7 @@ fn the_rust_sdk_top_k_example_is_exact_under_upserts_deletes_and_a_restart() {
 
     // Restart: the flow goes on from its snapshot, exactly.
     drop(c);
-    let dir = s.dir();
-    let mut s = s;
-    assert!(s.stop(), "unclean shutdown:\n{}", s.logs());
-    let s = Server::start_in(dir);
+    let s = s.restart();
     let mut c = connect(&s);
     assert_top(&mut c, "the restart");
     c.batch_execute("INSERT INTO m VALUES ('x', 100, 200), ('y', -1, 200), ('b', 1, 200)")
@@ -238,10 +235,7 @@ fn the_python_anomaly_example_is_exact_under_upserts_deletes_and_a_restart() {
     assert_anomaly(&mut c, "many upserts and deletes");
 
     drop(c);
-    let dir = s.dir();
-    let mut s = s;
-    assert!(s.stop(), "unclean shutdown:\n{}", s.logs());
-    let s = Server::start_in(dir);
+    let s = s.restart();
     let mut c = connect(&s);
     assert_anomaly(&mut c, "the restart");
     c.batch_execute("INSERT INTO m VALUES ('x', 1000, 200), ('w', 1, 200)")
