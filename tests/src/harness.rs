@@ -82,6 +82,18 @@ impl Server {
         Self::start_with(dir, Options::default())
     }
 
+    /// A server on a fresh data directory with these extra flags (e.g.
+    /// `["--flow-tick-interval", "100ms"]`) and otherwise default options.
+    pub fn start_with_args(args: &[&str]) -> Server {
+        Self::start_with(
+            temp_data_dir(),
+            Options {
+                args: args.iter().map(|a| a.to_string()).collect(),
+                ..Options::default()
+            },
+        )
+    }
+
     pub fn start_with(dir: Arc<tempfile::TempDir>, opts: Options) -> Server {
         let data_dir = dir.path().join("data");
         let mut cmd = Command::new(server_bin());

@@ -412,13 +412,7 @@ fn put_claiming_one_gib(s: &Server) -> (u16, serde_json::Value) {
 
 #[test]
 fn hostile_uploads_are_refused_while_a_neighbouring_flow_stays_exact() {
-    let s = Server::start_with(
-        sandflow_tests::harness::temp_data_dir(),
-        Options {
-            args: vec!["--max-component-size".into(), "1MiB".into()],
-            ..Default::default()
-        },
-    );
+    let s = Server::start_with_args(&["--max-component-size", "1MiB"]);
     let mut c = connect(&s);
     c.batch_execute(NEIGHBOUR).unwrap();
     let mut written = 0i64;
@@ -906,13 +900,7 @@ fn the_engine_as_a_user_component_equals_the_built_in_on_a_random_stream() {
 /// are untouched.
 #[test]
 fn a_compilation_past_its_memory_bound_fails_the_upload_not_the_server() {
-    let s = Server::start_with(
-        sandflow_tests::harness::temp_data_dir(),
-        Options {
-            args: vec!["--component-compile-memory".into(), "64MiB".into()],
-            ..Default::default()
-        },
-    );
+    let s = Server::start_with_args(&["--component-compile-memory", "64MiB"]);
     let mut c = connect(&s);
     c.batch_execute(&format!("{NEIGHBOUR}; INSERT INTO src VALUES ('a', 1, 1)"))
         .unwrap();

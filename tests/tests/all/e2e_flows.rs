@@ -15,7 +15,7 @@
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use sandflow_tests::harness::{lines, temp_data_dir, Options, Server};
+use sandflow_tests::harness::{lines, Server};
 
 const REQUESTS: &str = "CREATE TABLE requests (host STRING, status INT, bytes DOUBLE, \
                         ts TIMESTAMP TIME INDEX, PRIMARY KEY (host, status))";
@@ -717,13 +717,7 @@ fn show_information_schema_and_drop() {
 // without any FLUSH_FLOW, for inserts and for deletes.
 #[test]
 fn ticks_write_results_without_flush() {
-    let s = Server::start_with(
-        temp_data_dir(),
-        Options {
-            args: vec!["--flow-tick-interval".into(), "100ms".into()],
-            ..Default::default()
-        },
-    );
+    let s = Server::start_with_args(&["--flow-tick-interval", "100ms"]);
     s.sql(REQUESTS);
     s.sql(
         "CREATE FLOW auto SINK TO auto_sink AS \

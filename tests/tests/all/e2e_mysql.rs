@@ -227,18 +227,7 @@ fn a_taken_default_mysql_port_turns_the_door_off_but_an_asked_one_fails() {
 fn a_client_that_never_logs_in_is_dropped() {
     use std::io::Read;
     use std::time::{Duration, Instant};
-    let s = Server::start_with(
-        sandflow_tests::harness::temp_data_dir(),
-        sandflow_tests::harness::Options {
-            args: vec![
-                "--max-connections".into(),
-                "1".into(),
-                "--startup-timeout".into(),
-                "1s".into(),
-            ],
-            ..Default::default()
-        },
-    );
+    let s = Server::start_with_args(&["--max-connections", "1", "--startup-timeout", "1s"]);
     let mut silent = std::net::TcpStream::connect(("127.0.0.1", s.mysql_port)).unwrap();
     silent
         .set_read_timeout(Some(Duration::from_secs(30)))

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use sandflow_tests::harness::{lines, poll_until, temp_data_dir, Options, Server};
+use sandflow_tests::harness::{lines, poll_until, temp_data_dir, Server};
 use sandflow_tests::pgraw::{error_codes, first_value, Raw};
 
 const CREATE: &str = "CREATE TABLE cpu (host STRING, region STRING, usage DOUBLE, \
@@ -413,18 +413,7 @@ fn a_query_whose_client_left_stops() {
 /// is dropped after --startup-timeout.
 #[test]
 fn connection_cap_and_startup_timeout() {
-    let s = Server::start_with(
-        temp_data_dir(),
-        Options {
-            args: vec![
-                "--max-connections".into(),
-                "3".into(),
-                "--startup-timeout".into(),
-                "1s".into(),
-            ],
-            ..Default::default()
-        },
-    );
+    let s = Server::start_with_args(&["--max-connections", "3", "--startup-timeout", "1s"]);
     let held: Vec<postgres::Client> = (0..3).map(|_| client(&s)).collect();
     let e = postgres::Client::connect(
         &format!(
