@@ -11,9 +11,16 @@
 //!    catches up and its output is dropped. At most `parts_per_step` parts are
 //!    read per step unless the step is a flush or a stop; with more left, the
 //!    outcome says to run again at once.
-//! 2. Ticks when input is pending and a tick interval has passed since the
-//!    last tick (at once if the flow was idle), when the guest asked for a
-//!    wake-up, and always for a flush or a stop: drains the guest's output at
+//! 2. Ticks when input is pending and the flow's gap has passed since its
+//!    last tick, when the guest asked for a wake-up, and always for a flush
+//!    or a stop. The gap adapts to load: [`TICK_COST_FACTOR`] times what the
+//!    recent ticks cost in the clock's time (reading, ticking, committing),
+//!    at least a twentieth of the tick interval ([`TICKS_PER_INTERVAL`]), at
+//!    most the interval. A flow that has been idle ticks at once; one with
+//!    cheap ticks ticks again after the twentieth; a busy one batches its
+//!    input, spending at most about a quarter of its time ticking, and its
+//!    sink lags by at most the interval. Under a virtual clock ticks cost no
+//!    time, so the gap is the twentieth. The tick drains the guest's output at
 //!    the tick time (at most `output_rows_per_tick` rows), checks its state
 //!    size, and commits the output with the positions (and, every
 //!    `snapshot_interval` or when forced, the state) through the sink port.
@@ -30,6 +37,18 @@ use sandflow_contract::Batch;
 
 use crate::clock::Clock;
 use crate::ports::{ChangeLog, Commit, Failure, Guest, Position, SinkCommitter, Waker};
+
+/// A flow with new input ticks again this many times what its recent ticks
+/// cost (in the clock's time) after its last tick started, at most a tick
+/// interval after: ticking takes at most about 1 / factor of a flow's time,
+/// and the wait grows with the load.
+pub const TICK_COST_FACTOR: f64 = 4.0;
+
+/// The shortest gap between two ticks is the tick interval divided by this
+/// (10 ms at the default 200 ms): every tick with output is a durable
+/// commit, so a flow adds at most this many commits per interval however
+/// cheap its ticks are.
+pub const TICKS_PER_INTERVAL: i64 = 20;
 
 /// What drives a runner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,7 +82,8 @@ pub struct Outcome {
 pub struct RunnerConfig {
     /// The flow's name (for messages).
     pub name: String,
-    /// At most one tick per interval under continuous input (ms).
+    /// The longest a flow with pending input waits after its last tick
+    /// (ms): the bound of the adaptive gap under load.
     pub tick_interval_ms: i64,
     /// How often a tick also commits a snapshot (ms).
     pub snapshot_interval_ms: i64,
@@ -155,6 +175,8 @@ pub struct Runner {
     /// The first tick of a runner without a snapshot snapshots.
     needs_snapshot: bool,
     last_tick: Option<i64>,
+    /// What recent ticks cost in the clock's time (ms, smoothed).
+    tick_cost_ms: f64,
     last_snapshot: Option<i64>,
     last_activity: i64,
     guest_wakeup: Option<i64>,
@@ -206,6 +228,7 @@ impl Runner {
             pending: false,
             needs_snapshot: !recovery.from_snapshot,
             last_tick: None,
+            tick_cost_ms: 0.0,
             last_snapshot: None,
             last_activity: now,
             guest_wakeup: None,
@@ -304,13 +327,14 @@ impl Runner {
                 return Ok(());
             }
         }
-        let tick_due = self.pending
-            && self
-                .last_tick
-                .is_none_or(|t| now >= t + self.cfg.tick_interval_ms);
+        let gap = self.gap();
+        let tick_due = self.pending && self.last_tick.is_none_or(|t| now >= t + gap);
         let wakeup_due = self.guest_wakeup.is_some_and(|w| now >= w);
         if everything || tick_due || wakeup_due {
             let written = self.tick(now, event == Event::Stop)?;
+            // The step's cost: reading, pushing, ticking and committing.
+            let cost = (self.clock.now_ms() - now).max(0) as f64;
+            self.tick_cost_ms = (self.tick_cost_ms + cost) / 2.0;
             if event == Event::Flush {
                 let _ = written;
                 out.flushed = Some(Ok(self.status.rows_written - self.rows_at_flush));
@@ -494,16 +518,24 @@ impl Runner {
         Ok(written)
     }
 
+    /// How long a flow with new input waits after its last tick (ms): see
+    /// the module docs.
+    pub fn gap(&self) -> i64 {
+        let interval = self.cfg.tick_interval_ms.max(0);
+        let adaptive = (TICK_COST_FACTOR * self.tick_cost_ms).ceil() as i64;
+        adaptive.clamp(interval / TICKS_PER_INTERVAL, interval)
+    }
+
     fn next_wake(&self, now: i64) -> Option<i64> {
-        let interval = self.cfg.tick_interval_ms;
+        let gap = self.gap();
         let mut at: Option<i64> = None;
         let mut earliest = |t: i64| at = Some(at.map_or(t, |a| a.min(t)));
         if self.pending {
-            earliest(self.last_tick.map_or(now, |t| t + interval).max(now));
+            earliest(self.last_tick.map_or(now, |t| t + gap).max(now));
         }
         if let Some(w) = self.guest_wakeup {
-            // A wake-up never comes sooner than a tick interval after a tick.
-            let after_tick = self.last_tick.map_or(now, |t| t + interval);
+            // A wake-up never comes sooner than the gap after a tick.
+            let after_tick = self.last_tick.map_or(now, |t| t + gap);
             earliest(w.max(after_tick).max(now));
         }
         if let (Some(after), Slot::Awake(_)) = (self.cfg.sleep_after_ms, &self.guest) {
@@ -657,6 +689,8 @@ mod tests {
         journal: bool,
         /// Ask for a snapshot at the next tick (as a recording's start does).
         want_snapshot: bool,
+        /// A commit moves this clock by this many ms (what it costs).
+        clock: Option<(Arc<VirtualClock>, u64)>,
     }
 
     impl SinkCommitter for Sink {
@@ -685,6 +719,9 @@ mod tests {
             s.written = c.positions.to_vec();
             if c.snapshot.is_some() {
                 s.want_snapshot = false;
+            }
+            if let Some((clock, cost)) = &s.clock {
+                clock.advance(std::time::Duration::from_millis(*cost));
             }
             Ok(n)
         }
@@ -734,37 +771,71 @@ mod tests {
     }
 
     #[test]
-    fn ticks_at_most_once_per_interval_and_flush_sees_everything() {
+    fn the_gap_between_ticks_follows_their_cost_up_to_the_interval_and_flush_sees_everything() {
         let clock = Arc::new(VirtualClock::new(1_000));
         let log = Log(Arc::new(Mutex::new(vec![vec![(1, vec![5])]])));
         let sink = Sink::default();
+        sink.0.lock().unwrap().clock = Some((clock.clone(), 10));
         let mut r = runner(&clock, &log, &sink, fresh(1));
+        let more = |seq: u64, v: i64| log.0.lock().unwrap()[0].push((seq, vec![v]));
+        let value = || sink.0.lock().unwrap().value;
+        let ms = std::time::Duration::from_millis;
         // The first input ticks at once (and snapshots: no snapshot yet).
+        // Its commit takes 10 ms: the smoothed cost is 5 ms, the gap 20 ms.
         let out = r.step(Event::Input);
-        assert_eq!(sink.0.lock().unwrap().value, Some(5));
+        assert_eq!(value(), Some(5));
         assert_eq!(
             sink.0.lock().unwrap().commits,
             vec![(1_000, vec![Position::after_commit(1)], true)]
         );
         assert_eq!(out.wake_at, Some(6_000), "asleep after sleep_after");
-        // More input 10 ms later: the tick waits for the interval.
-        log.0.lock().unwrap()[0].push((2, vec![2]));
-        clock.advance(std::time::Duration::from_millis(10));
+        assert_eq!(r.gap(), 20);
+        // More input 15 ms after that tick: it waits for the gap.
+        more(2, 2);
+        clock.set(1_015).unwrap();
         let out = r.step(Event::Input);
-        assert_eq!(out.wake_at, Some(1_100));
-        assert_eq!(sink.0.lock().unwrap().value, Some(5));
-        clock.set(1_100).unwrap();
+        assert_eq!(out.wake_at, Some(1_020));
+        assert_eq!(value(), Some(5));
+        clock.set(1_020).unwrap();
         r.step(Event::Timer);
-        assert_eq!(sink.0.lock().unwrap().value, Some(7));
-        // A flush processes what was committed, whatever the interval.
-        log.0.lock().unwrap()[0].push((3, vec![1]));
+        assert_eq!(value(), Some(7));
+        assert_eq!(r.gap(), 30, "cost (5 + 10) / 2, times 4");
+        // Cheap ticks shrink the gap: input after it ticks at once.
+        sink.0.lock().unwrap().clock = Some((clock.clone(), 0));
+        more(3, 1);
+        clock.set(1_100).unwrap();
+        r.step(Event::Input);
+        assert_eq!(value(), Some(8));
+        assert_eq!(r.gap(), 15);
+        for (i, seq) in [(0, 30), (1, 31)] {
+            more(seq, 0);
+            clock.set(1_120 + i * 20).unwrap();
+            r.step(Event::Input);
+        }
+        assert_eq!(r.gap(), 5, "never below a twentieth of the interval");
+        more(32, 0);
+        clock.set(1_143).unwrap();
+        assert_eq!(r.step(Event::Input).wake_at, Some(1_145));
+        // Costly ticks grow it, up to the tick interval (100 ms).
+        sink.0.lock().unwrap().clock = Some((clock.clone(), 60));
+        more(40, 1);
+        clock.set(1_200).unwrap();
+        r.step(Event::Input);
+        assert_eq!(value(), Some(9));
+        assert_eq!(r.gap(), 100);
+        more(50, 1);
+        clock.advance(ms(10));
+        let out = r.step(Event::Input);
+        assert_eq!(out.wake_at, Some(1_300), "the interval bounds the gap");
+        assert_eq!(value(), Some(9));
+        // A flush processes what was committed, whatever the gap.
         let out = r.step(Event::Flush);
         assert_eq!(
             out.flushed,
-            Some(Ok(5)),
-            "rows since the start: +5, -5 +7, -7 +8"
+            Some(Ok(9)),
+            "rows since the start: +5, -5 +7, -7 +8, -8 +9, -9 +10"
         );
-        assert_eq!(sink.0.lock().unwrap().value, Some(8));
+        assert_eq!(value(), Some(10));
     }
 
     #[test]

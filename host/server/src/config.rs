@@ -25,7 +25,7 @@
 //! require = false               # true: plaintext connections are refused
 //!
 //! [flow]
-//! tick_interval = "200ms"      # how often a flow with new input is ticked (at most)
+//! tick_interval = "200ms"      # the longest a flow with new input waits to tick (cheap ticks come sooner)
 //! memory_limit = "256MiB"       # default per flow, WITH (memory_limit = ...) overrides
 //! cpu_limit_per_tick = "10s"    # default per flow, WITH (cpu_limit_per_tick = ...) overrides
 //! output_rows_limit_per_tick = 10000000  # default per flow (WITH overrides)
@@ -330,7 +330,7 @@ pub struct StartArgs {
     #[arg(long, value_name = "DURATION", env = "SANDFLOW_HTTP_TIMEOUT")]
     pub http_timeout: Option<String>,
 
-    /// How often, at most, a flow with new input is ticked, e.g. "100ms", "1s". [default: 200ms]
+    /// The longest a flow with new input waits to tick under load, e.g. "100ms", "1s"; an idle flow ticks at once, a busy one after 4x its ticks' cost, at least a twentieth of this. [default: 200ms]
     #[arg(long, value_name = "DURATION", env = "SANDFLOW_FLOW_TICK_INTERVAL")]
     pub flow_tick_interval: Option<String>,
 

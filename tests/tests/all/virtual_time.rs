@@ -89,8 +89,9 @@ async fn scenario() -> (Vec<String>, String) {
     )
     .await;
 
-    // Ticks: an idle flow ticks at once; under more input, not before a
-    // tick interval (200 ms) after its last tick.
+    // Ticks: an idle flow ticks at once; under more input, not before its
+    // gap after its last tick. Ticks cost no virtual time, so the gap is its
+    // least, a twentieth of the tick interval: 10 ms.
     db.advance_time_to(T0).await.unwrap();
     run(
         &db,
@@ -98,17 +99,13 @@ async fn scenario() -> (Vec<String>, String) {
     )
     .await;
     assert_eq!(rows(&db, TOTALS).await, "a|1\nb|1", "ticked at once");
-    db.advance_time_to(T0 + 50).await.unwrap();
+    db.advance_time_to(T0 + 5).await.unwrap();
     run(&db, &format!("INSERT INTO req VALUES ('a', 2, {T0})")).await;
-    assert_eq!(
-        rows(&db, TOTALS).await,
-        "a|1\nb|1",
-        "not before the interval"
-    );
-    db.advance_time_to(T0 + 199).await.unwrap();
-    assert_eq!(rows(&db, TOTALS).await, "a|1\nb|1", "not at 199 ms");
-    db.advance_time_to(T0 + 200).await.unwrap();
-    assert_eq!(rows(&db, TOTALS).await, "a|2\nb|1", "exactly at 200 ms");
+    assert_eq!(rows(&db, TOTALS).await, "a|1\nb|1", "not before the gap");
+    db.advance_time_to(T0 + 9).await.unwrap();
+    assert_eq!(rows(&db, TOTALS).await, "a|1\nb|1", "not at 9 ms");
+    db.advance_time_to(T0 + 10).await.unwrap();
+    assert_eq!(rows(&db, TOTALS).await, "a|2\nb|1", "exactly at 10 ms");
     seen.push(rows(&db, PER_SEC).await);
     assert_eq!(seen[0], format!("a|{T0}|2\nb|{T0}|1"));
 
@@ -123,13 +120,9 @@ async fn scenario() -> (Vec<String>, String) {
     );
     db.advance_time_to(T0 + 10_001).await.unwrap();
     run(&db, &format!("INSERT INTO req VALUES ('a', 3, {T0})")).await;
-    // The flows ticked at T0 + 10 s: the next tick is 200 ms later.
-    assert_eq!(
-        rows(&db, TOTALS).await,
-        "a|2\nb|2",
-        "not before the interval"
-    );
-    db.advance_time_to(T0 + 10_200).await.unwrap();
+    // The flows ticked at T0 + 10 s: the next tick is 10 ms later.
+    assert_eq!(rows(&db, TOTALS).await, "a|2\nb|2", "not before the gap");
+    db.advance_time_to(T0 + 10_010).await.unwrap();
     assert_eq!(
         rows(&db, PER_SEC).await,
         format!("a|{T0}|2\nb|{T0}|2"),
@@ -323,9 +316,10 @@ async fn two_databases_can_share_one_sandbox() {
     );
 }
 
-/// `EVAL INTERVAL` bounds how long a flow's sink lags while input is
-/// pending: with a server tick interval of 10 s, a flow with `EVAL INTERVAL
-/// '2s'` writes 2 s after its last tick, the one without waits 10 s.
+/// `EVAL INTERVAL` takes the place of the server's tick interval when it is
+/// shorter: with a server tick interval of 10 s, a flow with `EVAL INTERVAL
+/// '2s'` ticks again (in virtual time, where ticks cost nothing) a twentieth
+/// of 2 s after its last tick, the one without a twentieth of 10 s after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eval_interval_bounds_the_tick_interval() {
     use sandflow::flow::FlowSettings;
@@ -362,14 +356,16 @@ async fn eval_interval_bounds_the_tick_interval() {
     assert_eq!(rows(&db, "SELECT n FROM fast_out").await, "1");
     assert_eq!(rows(&db, "SELECT n FROM slow_out").await, "1");
     // More input right after: both wait for their next tick.
-    db.advance_time_to(T0 + 100).await.unwrap();
+    db.advance_time_to(T0 + 50).await.unwrap();
     run(&db, "INSERT INTO t VALUES (2, 0)").await;
-    db.advance_time_to(T0 + 1_999).await.unwrap();
+    db.advance_time_to(T0 + 99).await.unwrap();
     assert_eq!(rows(&db, "SELECT n FROM fast_out").await, "1");
-    db.advance_time_to(T0 + 2_000).await.unwrap();
+    db.advance_time_to(T0 + 100).await.unwrap();
     assert_eq!(rows(&db, "SELECT n FROM fast_out").await, "2");
     assert_eq!(rows(&db, "SELECT n FROM slow_out").await, "1");
-    db.advance_time_to(T0 + 10_000).await.unwrap();
+    db.advance_time_to(T0 + 499).await.unwrap();
+    assert_eq!(rows(&db, "SELECT n FROM slow_out").await, "1");
+    db.advance_time_to(T0 + 500).await.unwrap();
     assert_eq!(rows(&db, "SELECT n FROM slow_out").await, "2");
 }
 

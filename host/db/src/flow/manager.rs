@@ -59,7 +59,8 @@ const NEXT_ID_KEY: &str = "flow/next_id";
 /// Server-wide settings of flows.
 #[derive(Debug, Clone)]
 pub struct FlowSettings {
-    /// How often a flow with pending input is ticked (at least 10 ms).
+    /// The longest a flow with pending input waits to tick (at least 10 ms);
+    /// cheap ticks come sooner (see `sandflow_flows::runner`).
     pub tick_interval: Duration,
     /// Limits of a flow that sets none in `WITH (...)`.
     pub default_limits: FlowLimits,
@@ -221,8 +222,7 @@ pub struct FlowDef {
     pub database: String,
     pub expire_after_ms: Option<i64>,
     /// `EVAL INTERVAL`: the longest the sink may lag its sources while input
-    /// is pending. The flow ticks at least this often then (more often when
-    /// the server's tick interval is shorter).
+    /// is pending, when shorter than the server's tick interval.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eval_interval_ms: Option<i64>,
     pub comment: Option<String>,
@@ -2444,7 +2444,7 @@ fn parse_eval_interval(text: &str) -> Result<i64> {
         return SqlSnafu {
             message: format!(
                 "EVAL INTERVAL '{text}' is shorter than 1 second; GreptimeDB counts it in whole \
-                 seconds, so write e.g. '1s' or '1m' (a flow with pending input ticks every \
+                 seconds, so write e.g. '1s' or '1m' (a flow with pending input ticks within \
                  tick_interval anyway, 200ms by default)"
             ),
         }
