@@ -81,6 +81,15 @@ enum RowOp {
     Staged(StagedTable),
 }
 
+impl RowOp {
+    fn table(&self) -> &Arc<Table> {
+        match self {
+            RowOp::Upsert(t, _) | RowOp::Delete(t, _) => t,
+            RowOp::Staged(s) => &s.table,
+        }
+    }
+}
+
 /// A set of writes committed as ONE storage transaction: row upserts and
 /// deletes on any number of tables plus metadata entries (e.g. a flow's
 /// state blob and its source positions).
@@ -233,6 +242,8 @@ pub struct Store {
     kv: Box<dyn KvStorage>,
     /// Held across a commit and the wake-up of its readers.
     state: Mutex<CommitState>,
+    /// Write sets waiting for the commit lock (see [`Store::commit`]).
+    queue: Mutex<Vec<Arc<Ticket>>>,
 }
 
 /// One (key, value, diff) change collected while applying a write.
@@ -280,6 +291,7 @@ impl Store {
                 readers: HashMap::new(),
                 logs: HashSet::new(),
             }),
+            queue: Mutex::new(Vec::new()),
         })
     }
 
@@ -323,10 +335,17 @@ impl Store {
 
     /// Commits a write set atomically and durably, then wakes the readers of
     /// the tables it changed.
-    pub fn commit(&self, set: WriteSet) -> Result<CommitInfo> {
+    ///
+    /// Group commit: write sets that arrive while another commit holds the
+    /// lock wait in a queue; the next thread to take the lock commits every
+    /// queued set in one storage transaction, one fsync for all, each with
+    /// its own sequence number, checks and result. A set that changes the
+    /// catalog's tables (CREATE, DROP, ALTER's rewrite) commits alone. Each
+    /// caller returns only once its own set is durable (or refused).
+    pub fn commit(&self, mut set: WriteSet) -> Result<CommitInfo> {
         // Validate and normalise every batch before touching storage.
         let mut ops = Vec::with_capacity(set.rows.len());
-        for op in set.rows {
+        for op in std::mem::take(&mut set.rows) {
             ops.push(match op {
                 RowOp::Upsert(t, b) => {
                     let b = conform_batch(&t, &b, false)?;
@@ -339,123 +358,116 @@ impl Store {
                 staged @ RowOp::Staged(_) => staged,
             });
         }
+        set.rows = ops;
+        let ticket = Arc::new(Ticket(Mutex::new(TicketState::Queued(set))));
+        self.queue
+            .lock()
+            .map_err(|_| poisoned())?
+            .push(ticket.clone());
         let mut state = self.state.lock().map_err(|_| poisoned())?;
-        for fence in &set.fences {
-            fence()?;
+        if let Some(done) = ticket.take_result() {
+            // A commit that held the lock took this set along.
+            return done;
         }
-        for op in &ops {
-            let t = match op {
-                RowOp::Upsert(t, _) | RowOp::Delete(t, _) => t,
-                RowOp::Staged(s) => &s.table,
+        let queued = std::mem::take(&mut *self.queue.lock().map_err(|_| poisoned())?);
+        let mut rest = &queued[..];
+        while !rest.is_empty() {
+            let alone = rest[0].changes_tables();
+            let n = match alone {
+                true => 1,
+                false => rest
+                    .iter()
+                    .position(|t| t.changes_tables())
+                    .unwrap_or(rest.len()),
             };
-            let current = state.layouts.get(&t.id()).copied().unwrap_or(0);
-            let relaid = set
-                .relayout
-                .is_some_and(|(id, v, _)| id == t.id() && v == t.info.version);
-            if t.info.version < current && !relaid {
-                return crate::error::ConflictSnafu {
-                    message: format!(
-                        "table '{}' was altered (ALTER TABLE) while this statement ran; \
-                         nothing was written; run the statement again",
-                        t.qualified_name()
-                    ),
+            let (group, after) = rest.split_at(n);
+            let sets: Vec<WriteSet> = group.iter().map(|t| t.take_set()).collect();
+            let results = self.commit_group(&mut state, &sets);
+            for (t, r) in group.iter().zip(results) {
+                t.finish(r);
+            }
+            rest = after;
+        }
+        drop(state);
+        ticket.take_result().unwrap_or_else(|| {
+            crate::error::InternalSnafu {
+                message: "a commit lost its write set; restart sandflow".to_string(),
+            }
+            .fail()
+        })
+    }
+
+    /// Commits `sets` in one transaction, in order, each with its own
+    /// sequence number; a set whose checks fail is refused alone. If writing
+    /// one of them fails, each is committed again on its own, so that only
+    /// the failing one fails.
+    fn commit_group(&self, state: &mut CommitState, sets: &[WriteSet]) -> Vec<Result<CommitInfo>> {
+        let mut results: Vec<Option<Result<CommitInfo>>> = (0..sets.len()).map(|_| None).collect();
+        let mut txn = match self.kv.begin_write() {
+            Ok(txn) => txn,
+            Err(e) => return sets.iter().map(|_| Err(e.duplicate())).collect(),
+        };
+        let mut seq = state.last_seq;
+        let mut applied: Vec<(usize, Applied)> = Vec::new();
+        for (i, set) in sets.iter().enumerate() {
+            if let Err(e) = check_set(state, set) {
+                results[i] = Some(Err(e));
+                continue;
+            }
+            match apply_set(txn.as_mut(), state, set, seq + 1) {
+                Ok(a) => {
+                    seq += 1;
+                    applied.push((i, a));
                 }
-                .fail();
+                Err(e) if sets.len() == 1 => return vec![Err(e)],
+                Err(_) => {
+                    // Part of that set may be in the transaction: drop it
+                    // and commit each set on its own.
+                    drop(txn);
+                    return sets
+                        .iter()
+                        .map(|s| self.commit_group(state, std::slice::from_ref(s)).remove(0))
+                        .collect();
+                }
             }
         }
-        if let Some((id, _, read_seq)) = set.relayout {
-            if state.written.get(&id).is_some_and(|&w| w > read_seq) {
-                return crate::error::ConflictSnafu {
-                    message: "the table was written while ALTER TABLE read it; run it again"
-                        .to_string(),
-                }
-                .fail();
-            }
+        if applied.is_empty() {
+            return settled(results);
         }
-        let seq = state.last_seq + 1;
-        let mut txn = self.kv.begin_write()?;
-        let mut rows = 0u64;
-        // Per table, in op order: the changes to log (only if read).
-        let mut changes: Vec<(Arc<Table>, Changes)> = Vec::new();
-        for (op_index, op) in ops.iter().enumerate() {
-            let table = match op {
-                RowOp::Upsert(t, _) | RowOp::Delete(t, _) => t,
-                RowOp::Staged(s) => &s.table,
-            };
-            let watched = log::has_readers(&state.readers, table.id());
-            let mut out: Changes = Vec::new();
-            txn.space(Space::Table(table.id()), &mut |space| {
-                let out = watched.then_some(&mut out);
-                rows += match op {
-                    RowOp::Delete(t, batch) => delete_rows(t, batch, space, out)?,
-                    RowOp::Upsert(t, batch) => {
-                        upsert_rows(t, batch, seq, op_index as u32, space, out)?
-                    }
-                    RowOp::Staged(s) => apply_staged(s, seq, op_index as u32, space, out)?,
-                };
+        let committed = txn
+            .space(Space::Meta, &mut |space| {
+                space.put(COMMIT_SEQ_KEY, &seq.to_be_bytes())?;
                 Ok(())
-            })?;
-            if watched && !out.is_empty() {
-                match changes.iter_mut().find(|(t, _)| t.id() == table.id()) {
-                    Some((_, c)) => c.append(&mut out),
-                    None => changes.push((table.clone(), out)),
-                }
+            })
+            .and_then(|()| txn.commit());
+        if let Err(e) = committed {
+            for (i, _) in &applied {
+                results[*i] = Some(Err(e.duplicate()));
             }
+            return settled(results);
         }
-        for (table, entries) in &changes {
-            let bytes = encode_log(entries);
-            txn.space(Space::Log(table.id()), &mut |space| {
-                space.put(&seq.to_be_bytes(), &bytes)?;
-                Ok(())
-            })?;
-        }
-        let mut dropped = Vec::new();
-        txn.space(Space::Meta, &mut |space| {
-            space.put(COMMIT_SEQ_KEY, &seq.to_be_bytes())?;
-            for w in &set.meta {
-                match w {
-                    MetaWrite::Put(k, v) => {
-                        space.put(k.as_bytes(), v)?;
-                    }
-                    MetaWrite::Delete(k) => {
-                        space.delete(k.as_bytes())?;
-                    }
-                    MetaWrite::CreateTable(_) | MetaWrite::DropTable(_) => {}
-                }
-            }
-            Ok(())
-        })?;
-        for w in &set.meta {
-            match w {
-                MetaWrite::CreateTable(id) => txn.space(Space::Table(*id), &mut |_| Ok(()))?,
-                MetaWrite::DropTable(id) => {
-                    txn.drop_space(Space::Table(*id))?;
-                    txn.drop_space(Space::Log(*id))?;
-                    dropped.push(*id);
-                }
-                _ => {}
-            }
-        }
-        txn.commit()?;
         state.last_seq = seq;
-        for op in &ops {
-            let t = match op {
-                RowOp::Upsert(t, _) | RowOp::Delete(t, _) => t,
-                RowOp::Staged(s) => &s.table,
-            };
-            state.written.insert(t.id(), seq);
+        for (i, a) in applied {
+            let set = &sets[i];
+            for t in set.rows.iter().map(RowOp::table) {
+                state.written.insert(t.id(), a.seq);
+            }
+            if let Some((id, version, _)) = set.relayout {
+                state.layouts.insert(id, version);
+            }
+            // Durable: wake the readers.
+            for table in &a.logged {
+                log::wake(&mut state.readers, *table, a.seq);
+            }
+            for id in a.dropped {
+                close_readers(state, id);
+            }
+            results[i] = Some(Ok(CommitInfo {
+                seq: a.seq,
+                rows: a.rows,
+            }));
         }
-        if let Some((id, version, _)) = set.relayout {
-            state.layouts.insert(id, version);
-        }
-        // Durable: wake the readers.
-        for (table, _) in &changes {
-            log::wake(&mut state.readers, table.id(), seq);
-        }
-        for id in dropped {
-            close_readers(&mut state, id);
-        }
-        Ok(CommitInfo { seq, rows })
+        settled(results)
     }
 
     /// Deletes, in one transaction, every row for which `predicate` is true
@@ -739,6 +751,199 @@ fn read_seq(txn: &dyn KvReadTxn) -> Result<u64> {
             Ok(u64::from_be_bytes(bytes))
         }
     }
+}
+
+/// A write set waiting for a group commit (see [`Store::commit`]).
+struct Ticket(Mutex<TicketState>);
+
+enum TicketState {
+    Queued(WriteSet),
+    Committing,
+    Done(Result<CommitInfo>),
+}
+
+impl Ticket {
+    fn lock(&self) -> std::sync::MutexGuard<'_, TicketState> {
+        // The state is only ever replaced whole: a panic elsewhere leaves it
+        // consistent.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the set changes which tables exist or their layout: such a
+    /// set commits alone.
+    fn changes_tables(&self) -> bool {
+        match &*self.lock() {
+            TicketState::Queued(set) => {
+                set.relayout.is_some()
+                    || set
+                        .meta
+                        .iter()
+                        .any(|m| matches!(m, MetaWrite::CreateTable(_) | MetaWrite::DropTable(_)))
+            }
+            _ => false,
+        }
+    }
+
+    fn take_set(&self) -> WriteSet {
+        match std::mem::replace(&mut *self.lock(), TicketState::Committing) {
+            TicketState::Queued(set) => set,
+            // Only the thread holding the commit lock takes sets, once each.
+            _ => WriteSet::default(),
+        }
+    }
+
+    fn finish(&self, result: Result<CommitInfo>) {
+        *self.lock() = TicketState::Done(result);
+    }
+
+    fn take_result(&self) -> Option<Result<CommitInfo>> {
+        let mut state = self.lock();
+        match &*state {
+            TicketState::Done(_) => match std::mem::replace(&mut *state, TicketState::Committing) {
+                TicketState::Done(r) => Some(r),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+}
+
+/// Every set of a group has a result by the end of [`Store::commit_group`].
+fn settled(results: Vec<Option<Result<CommitInfo>>>) -> Vec<Result<CommitInfo>> {
+    results
+        .into_iter()
+        .map(|r| {
+            r.unwrap_or_else(|| {
+                crate::error::InternalSnafu {
+                    message: "a write set of a group commit got no result; nothing of it was \
+                              written"
+                        .to_string(),
+                }
+                .fail()
+            })
+        })
+        .collect()
+}
+
+/// What applying one write set put into a transaction.
+struct Applied {
+    seq: u64,
+    rows: u64,
+    /// Tables whose change log got an entry.
+    logged: Vec<TableId>,
+    dropped: Vec<TableId>,
+}
+
+/// The checks a set passes under the commit lock before anything of it is
+/// written: its fences, and that no ALTER TABLE changed its tables' layout.
+fn check_set(state: &CommitState, set: &WriteSet) -> Result<()> {
+    for fence in &set.fences {
+        fence()?;
+    }
+    for t in set.rows.iter().map(RowOp::table) {
+        let current = state.layouts.get(&t.id()).copied().unwrap_or(0);
+        let relaid = set
+            .relayout
+            .is_some_and(|(id, v, _)| id == t.id() && v == t.info.version);
+        if t.info.version < current && !relaid {
+            return crate::error::ConflictSnafu {
+                message: format!(
+                    "table '{}' was altered (ALTER TABLE) while this statement ran; \
+                     nothing was written; run the statement again",
+                    t.qualified_name()
+                ),
+            }
+            .fail();
+        }
+    }
+    if let Some((id, _, read_seq)) = set.relayout {
+        if state.written.get(&id).is_some_and(|&w| w > read_seq) {
+            return crate::error::ConflictSnafu {
+                message: "the table was written while ALTER TABLE read it; run it again"
+                    .to_string(),
+            }
+            .fail();
+        }
+    }
+    Ok(())
+}
+
+/// Writes one set's rows, change-log entries and metadata into `txn` as
+/// commit `seq`.
+fn apply_set(
+    txn: &mut dyn KvWriteTxn,
+    state: &CommitState,
+    set: &WriteSet,
+    seq: u64,
+) -> Result<Applied> {
+    let mut rows = 0u64;
+    // Per table, in op order: the changes to log (only if read).
+    let mut changes: Vec<(Arc<Table>, Changes)> = Vec::new();
+    for (op_index, op) in set.rows.iter().enumerate() {
+        let table = op.table();
+        let watched = log::has_readers(&state.readers, table.id());
+        let mut out: Changes = Vec::new();
+        txn.space(Space::Table(table.id()), &mut |space| {
+            let out = watched.then_some(&mut out);
+            rows += match op {
+                RowOp::Delete(t, batch) => delete_rows(t, batch, space, out)?,
+                RowOp::Upsert(t, batch) => upsert_rows(t, batch, seq, op_index as u32, space, out)?,
+                RowOp::Staged(s) => apply_staged(s, seq, op_index as u32, space, out)?,
+            };
+            Ok(())
+        })?;
+        if watched && !out.is_empty() {
+            match changes.iter_mut().find(|(t, _)| t.id() == table.id()) {
+                Some((_, c)) => c.append(&mut out),
+                None => changes.push((table.clone(), out)),
+            }
+        }
+    }
+    for (table, entries) in &changes {
+        let bytes = encode_log(entries);
+        txn.space(Space::Log(table.id()), &mut |space| {
+            space.put(&seq.to_be_bytes(), &bytes)?;
+            Ok(())
+        })?;
+    }
+    if set
+        .meta
+        .iter()
+        .any(|w| matches!(w, MetaWrite::Put(..) | MetaWrite::Delete(_)))
+    {
+        txn.space(Space::Meta, &mut |space| {
+            for w in &set.meta {
+                match w {
+                    MetaWrite::Put(k, v) => {
+                        space.put(k.as_bytes(), v)?;
+                    }
+                    MetaWrite::Delete(k) => {
+                        space.delete(k.as_bytes())?;
+                    }
+                    MetaWrite::CreateTable(_) | MetaWrite::DropTable(_) => {}
+                }
+            }
+            Ok(())
+        })?;
+    }
+    let mut dropped = Vec::new();
+    for w in &set.meta {
+        match w {
+            MetaWrite::CreateTable(id) => txn.space(Space::Table(*id), &mut |_| Ok(()))?,
+            MetaWrite::DropTable(id) => {
+                txn.drop_space(Space::Table(*id))?;
+                txn.drop_space(Space::Log(*id))?;
+                dropped.push(*id);
+            }
+            _ => {}
+        }
+    }
+    Ok(Applied {
+        seq,
+        rows,
+        logged: changes.iter().map(|(t, _)| t.id()).collect(),
+        dropped,
+    })
 }
 
 /// Records `seq` as the last commit and commits `txn` (for writes that carry
@@ -1067,4 +1272,206 @@ pub fn conform_batch(table: &Table, batch: &RecordBatch, keys_only: bool) -> Res
         }
         .build()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kv::{KvReadTxn, KvSpace, KvStorage, KvWriteTxn, Space};
+    use super::*;
+    use crate::schema::{ColumnSchema, ColumnType, TableInfo, TableSchema};
+    use datafusion::arrow::array::{Int64Array, TimestampMillisecondArray};
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// redb in memory, counting durable commits; the first one is slow, so
+    /// that the commits started meanwhile queue up behind it.
+    struct Counting {
+        inner: redb::RedbStorage,
+        commits: Arc<AtomicU64>,
+        slow_first: bool,
+    }
+
+    struct CountingTxn {
+        inner: Box<dyn KvWriteTxn>,
+        commits: Arc<AtomicU64>,
+        slow: bool,
+    }
+
+    impl KvStorage for Counting {
+        fn begin_write(&self) -> Result<Box<dyn KvWriteTxn>> {
+            let slow = self.slow_first && self.commits.load(Ordering::SeqCst) == 1;
+            Ok(Box::new(CountingTxn {
+                inner: self.inner.begin_write()?,
+                commits: self.commits.clone(),
+                slow,
+            }))
+        }
+        fn begin_read(&self) -> Result<Box<dyn KvReadTxn>> {
+            self.inner.begin_read()
+        }
+    }
+
+    impl KvWriteTxn for CountingTxn {
+        fn space(
+            &mut self,
+            space: Space,
+            f: &mut dyn FnMut(&mut dyn KvSpace) -> Result<()>,
+        ) -> Result<()> {
+            self.inner.space(space, f)
+        }
+        fn drop_space(&mut self, space: Space) -> Result<()> {
+            self.inner.drop_space(space)
+        }
+        fn commit(self: Box<Self>) -> Result<()> {
+            if self.slow {
+                std::thread::sleep(std::time::Duration::from_millis(300));
+            }
+            self.commits.fetch_add(1, Ordering::SeqCst);
+            self.inner.commit()
+        }
+    }
+
+    fn table(id: u64) -> Arc<Table> {
+        let schema = TableSchema::new(
+            vec![
+                ColumnSchema::new("k", ColumnType::Int64, false),
+                ColumnSchema::new("ts", ColumnType::TimestampMillisecond, false),
+            ],
+            "ts",
+            &["k"],
+            false,
+        )
+        .unwrap();
+        Table::new(TableInfo {
+            id,
+            database: "public".into(),
+            name: format!("t{id}"),
+            schema,
+            options: Default::default(),
+            version: 0,
+        })
+    }
+
+    fn rows(t: &Arc<Table>, keys: std::ops::Range<i64>) -> RecordBatch {
+        let n = keys.clone().count();
+        RecordBatch::try_new(
+            t.arrow_schema.clone(),
+            vec![
+                Arc::new(Int64Array::from_iter_values(keys)),
+                Arc::new(TimestampMillisecondArray::from(vec![0; n])),
+            ],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn concurrent_commits_share_a_storage_commit_and_each_keeps_its_own_result() {
+        let commits = Arc::new(AtomicU64::new(0));
+        let store = Arc::new(
+            Store::with_engine(Box::new(Counting {
+                inner: redb::RedbStorage::in_memory().unwrap(),
+                commits: commits.clone(),
+                slow_first: true,
+            }))
+            .unwrap(),
+        );
+        let t = table(7);
+        store
+            .commit_meta(vec![MetaWrite::CreateTable(t.id())])
+            .unwrap();
+        let mut follow = store
+            .follow(std::slice::from_ref(&t), None, false, &mut |_| {
+                Box::new(|_| {})
+            })
+            .unwrap();
+        let start = Position::after_commit(follow.seq);
+        assert_eq!(commits.load(Ordering::SeqCst), 1);
+
+        // 16 writers at once; writer 5's fence refuses its set.
+        let writers = 16i64;
+        let barrier = Arc::new(std::sync::Barrier::new(writers as usize));
+        let handles: Vec<_> = (0..writers)
+            .map(|w| {
+                let (store, t, barrier) = (store.clone(), t.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    let mut set = WriteSet::new();
+                    set.upsert(t.clone(), rows(&t, w * 100..w * 100 + 10));
+                    set.put_meta(format!("app/{w}"), b"x".to_vec());
+                    if w == 5 {
+                        set.fence(Arc::new(|| {
+                            crate::error::ConflictSnafu {
+                                message: "stale".to_string(),
+                            }
+                            .fail()
+                        }));
+                    }
+                    if w > 0 {
+                        // Writer 0 goes first and holds the lock for 300 ms.
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                    }
+                    barrier.wait();
+                    (w, store.commit(set))
+                })
+            })
+            .collect();
+        let mut seqs = Vec::new();
+        for h in handles {
+            let (w, r) = h.join().unwrap();
+            match w {
+                5 => assert!(
+                    matches!(&r, Err(crate::error::Error::Conflict { .. })),
+                    "{r:?}"
+                ),
+                _ => {
+                    let info = r.unwrap();
+                    assert_eq!(info.rows, 10);
+                    seqs.push(info.seq);
+                }
+            }
+        }
+        seqs.sort_unstable();
+        let first = seqs[0];
+        assert_eq!(
+            seqs,
+            (first..first + 15).collect::<Vec<_>>(),
+            "one sequence number per committed set"
+        );
+        let storage_commits = commits.load(Ordering::SeqCst) - 1;
+        assert!(
+            storage_commits < 8,
+            "15 sets took {storage_commits} storage commits"
+        );
+        assert_eq!(store.last_seq().unwrap(), first + 14);
+
+        // The refused set wrote nothing; each other one is in the table, in
+        // the metadata and in the change log as its own entry.
+        let mut logged = Vec::new();
+        let mut at = start;
+        while let Some(part) = store.read_log_part(&t, at).unwrap() {
+            let keys = part
+                .change
+                .batch
+                .column(0)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap();
+            logged.push((part.end.seq, keys.values().to_vec()));
+            at = part.end;
+        }
+        assert_eq!(logged.len(), 15);
+        for (seq, keys) in &logged {
+            assert_eq!(keys.len(), 10, "commit {seq}");
+            assert_ne!(keys[0], 500);
+        }
+        let scanned: usize = store
+            .scan(&t)
+            .unwrap()
+            .batches
+            .iter()
+            .map(|b| b.num_rows())
+            .sum();
+        assert_eq!(scanned, 150);
+        assert!(store.get_meta("app/5").unwrap().is_none());
+        assert!(store.get_meta("app/6").unwrap().is_some());
+        drop(follow.readers.pop());
+    }
 }
