@@ -17,11 +17,15 @@ systems and their ratio, the machine's load at the start and the end.
    checked equal to the query over the source (the run fails if not).
 3. Freshness: single-row inserts, the rollup polled from a second connection
    until the row shows; p50/p99/max, at a 10 ms tick and at the default tick
-   (PostgreSQL: the trigger is synchronous).
+   (PostgreSQL: the trigger is synchronous); then the same at the default
+   tick while a third connection writes single rows back to back.
+   Concurrent writers: 32 connections each inserting single rows for a few
+   seconds; rows/s and per-insert latency p50/p99/max.
 4. Recompute against incremental: PostgreSQL's REFRESH MATERIALIZED VIEW of the
    rollup at 10 k, 100 k and ROWS rows, beside sandflow's insert-to-visible
    time of one change at the same sizes.
-5. sandflow alone: line protocol (bodies of 5,000 lines), COPY FROM STDIN, and
+5. sandflow alone: line protocol (bodies of 5,000 lines), COPY FROM STDIN,
+   back-fill (CREATE FLOW over the ROWS rows of the source, to flushed), and
    ingest with 1, 10 and 100 flows on the same source.
 
 Usage: whole_path.py --sandflow PATH [--rows N] [--runs N]
@@ -38,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from datetime import datetime, timedelta, timezone
 
@@ -337,12 +342,14 @@ def check_rollup(system, table, rollup):
     return len(got)
 
 
-def freshness(system, rollup, table, n=300):
-    """Insert-to-visible latency of single-row inserts (ms): p50, p99, max."""
+def freshness(system, rollup, table, n=300, base=10_000_000):
+    """Insert-to-visible latency of single-row inserts (ms): p50, p99, max.
+    Rows `base`.. must be new to `table` (an upsert of the same row would not
+    change the count)."""
     lat = []
     with system.connect() as w, system.connect() as r:
         for j in range(n):
-            i = 10_000_000 + j
+            i = base + j
             k, t, v = row_of(i)
             minute = t[:16] + ":00"
             before = system.sink_count(r, rollup, k, minute)
@@ -356,6 +363,66 @@ def freshness(system, rollup, table, n=300):
             lat.append((time.perf_counter() - started) * 1e3)
     lat.sort()
     return lat[len(lat) // 2], lat[int(len(lat) * 0.99) - 1], lat[-1]
+
+
+def freshness_under_writes(system, rollup, table, n=200):
+    """`freshness` while another connection inserts single rows (on other
+    keys) back to back; also returns that writer's rows/s."""
+    stop = threading.Event()
+    written = [0]
+
+    def writer():
+        with system.connect() as w:
+            i = 20_000_000
+            while not stop.is_set():
+                _, t, v = row_of(i)
+                system.insert(w, table, [(f"w{i % KEYS}", t, v)])
+                written[0] += 1
+                i += 1
+
+    th = threading.Thread(target=writer)
+    started = time.perf_counter()
+    th.start()
+    try:
+        f = freshness(system, rollup, table, n, base=11_000_000)
+    finally:
+        stop.set()
+        th.join()
+    return f + (written[0] / (time.perf_counter() - started),)
+
+
+def concurrent_writers(system, table, writers=32, seconds=5.0):
+    """`writers` connections insert single rows for `seconds`: (rows/s, latency
+    p50, p99, max in ms)."""
+    with system.connect() as c:
+        system.create_source(c, table)
+    conns = [system.connect() for _ in range(writers)]
+    barrier = threading.Barrier(writers)
+    lat = [[] for _ in range(writers)]
+
+    def run(t):
+        c = conns[t]
+        barrier.wait()
+        deadline = time.perf_counter() + seconds
+        i = 30_000_000 + t * 1_000_000
+        while time.perf_counter() < deadline:
+            started = time.perf_counter()
+            system.insert(c, table, [row_of(i)])
+            lat[t].append((time.perf_counter() - started) * 1e3)
+            i += 1
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(writers)]
+    started = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    elapsed = time.perf_counter() - started
+    for c in conns:
+        c.close()
+    all_lat = sorted(x for l in lat for x in l)
+    return (len(all_lat) / elapsed, all_lat[len(all_lat) // 2],
+            all_lat[int(len(all_lat) * 0.99) - 1], all_lat[-1])
 
 
 def fmt_ratio(a, b):
@@ -399,6 +466,18 @@ def main():
         # Freshness at the default tick (this server), PostgreSQL's trigger.
         f_pg = freshness(pg, "r", "m")
         f_def = freshness(sf, "r", "m")
+        fw_pg = freshness_under_writes(pg, "r", "m")
+        fw_def = freshness_under_writes(sf, "r", "m")
+        cw = {}
+        for system in (sf, pg):
+            cw[system.name] = concurrent_writers(system, "cw")
+        # Back-fill: a new flow over the ROWS rows already in the source.
+        with sf.connect() as c:
+            started = time.perf_counter()
+            sf.attach_rollup(c, "m", "bf")
+            c.execute("ADMIN FLUSH_FLOW('bf')")
+            backfill = rows / (time.perf_counter() - started)
+            sf.drop_flow(c, "bf")
         sf.stop()
         sf = Sandflow(a.sandflow, tick="10ms")
         with sf.connect() as c:
@@ -408,6 +487,15 @@ def main():
         for label, f in [("sandflow, 10 ms tick", f_10), ("sandflow, default tick", f_def),
                          ("PostgreSQL trigger", f_pg)]:
             print(f"freshness ms      {label:<24} p50 {f[0]:7.1f}  p99 {f[1]:7.1f}  max {f[2]:7.1f}")
+        for label, f in [("sandflow, default tick", fw_def), ("PostgreSQL trigger", fw_pg)]:
+            print(f"freshness ms under single-row writes  {label:<24} p50 {f[0]:7.1f}  "
+                  f"p99 {f[1]:7.1f}  max {f[2]:7.1f}  (writer {f[3]:,.0f} rows/s)")
+        s, p = cw[sf.name], cw[pg.name]
+        print(f"32 writers, single-row INSERTs  rows/s sandflow {s[0]:>8,.0f}  PostgreSQL "
+              f"{p[0]:>8,.0f}  ratio {fmt_ratio(s[0], p[0])}")
+        print(f"{'':<32}latency ms sandflow p50 {s[1]:6.1f} p99 {s[2]:6.1f} max {s[3]:6.1f}   "
+              f"PostgreSQL p50 {p[1]:6.1f} p99 {p[2]:6.1f} max {p[3]:6.1f}")
+        print(f"sandflow alone    back-fill of a new flow over {rows:,} rows: {backfill:>12,.0f} rows/s")
         sys.stdout.flush()
 
         # Recompute against incremental.

@@ -14,7 +14,8 @@
 //! 2. Ticks when input is pending and the flow's gap has passed since its
 //!    last tick, when the guest asked for a wake-up, and always for a flush
 //!    or a stop. The gap adapts to load: [`TICK_COST_FACTOR`] times what the
-//!    recent ticks cost in the clock's time (reading, ticking, committing),
+//!    recent ticks cost in the clock's time (reading, ticking, committing;
+//!    ticks that also snapshot are left out),
 //!    at least a twentieth of the tick interval ([`TICKS_PER_INTERVAL`]), at
 //!    most the interval. A flow that has been idle ticks at once; one with
 //!    cheap ticks ticks again after the twentieth; a busy one batches its
@@ -331,10 +332,15 @@ impl Runner {
         let tick_due = self.pending && self.last_tick.is_none_or(|t| now >= t + gap);
         let wakeup_due = self.guest_wakeup.is_some_and(|w| now >= w);
         if everything || tick_due || wakeup_due {
+            let snapshots = self.last_snapshot;
             let written = self.tick(now, event == Event::Stop)?;
-            // The step's cost: reading, pushing, ticking and committing.
-            let cost = (self.clock.now_ms() - now).max(0) as f64;
-            self.tick_cost_ms = (self.tick_cost_ms + cost) / 2.0;
+            // The step's cost: reading, pushing, ticking and committing. A
+            // tick that also wrote a snapshot (every snapshot_interval) says
+            // nothing about the load: it is left out.
+            if self.last_snapshot == snapshots {
+                let cost = (self.clock.now_ms() - now).max(0) as f64;
+                self.tick_cost_ms = (self.tick_cost_ms + cost) / 2.0;
+            }
             if event == Event::Flush {
                 let _ = written;
                 out.flushed = Some(Ok(self.status.rows_written - self.rows_at_flush));
@@ -781,7 +787,8 @@ mod tests {
         let value = || sink.0.lock().unwrap().value;
         let ms = std::time::Duration::from_millis;
         // The first input ticks at once (and snapshots: no snapshot yet).
-        // Its commit takes 10 ms: the smoothed cost is 5 ms, the gap 20 ms.
+        // A tick that snapshots is left out of the cost: the gap stays the
+        // least, a twentieth of the interval.
         let out = r.step(Event::Input);
         assert_eq!(value(), Some(5));
         assert_eq!(
@@ -789,23 +796,29 @@ mod tests {
             vec![(1_000, vec![Position::after_commit(1)], true)]
         );
         assert_eq!(out.wake_at, Some(6_000), "asleep after sleep_after");
+        assert_eq!(r.gap(), 5);
+        // The next commit takes 10 ms: the smoothed cost is 5 ms, the gap
+        // 20 ms.
+        more(2, 2);
+        clock.set(1_020).unwrap();
+        r.step(Event::Input);
+        assert_eq!(value(), Some(7));
         assert_eq!(r.gap(), 20);
         // More input 15 ms after that tick: it waits for the gap.
-        more(2, 2);
-        clock.set(1_015).unwrap();
+        more(3, 1);
+        clock.set(1_035).unwrap();
         let out = r.step(Event::Input);
-        assert_eq!(out.wake_at, Some(1_020));
-        assert_eq!(value(), Some(5));
-        clock.set(1_020).unwrap();
+        assert_eq!(out.wake_at, Some(1_040));
+        clock.set(1_040).unwrap();
         r.step(Event::Timer);
-        assert_eq!(value(), Some(7));
+        assert_eq!(value(), Some(8));
         assert_eq!(r.gap(), 30, "cost (5 + 10) / 2, times 4");
         // Cheap ticks shrink the gap: input after it ticks at once.
         sink.0.lock().unwrap().clock = Some((clock.clone(), 0));
-        more(3, 1);
+        more(4, 1);
         clock.set(1_100).unwrap();
         r.step(Event::Input);
-        assert_eq!(value(), Some(8));
+        assert_eq!(value(), Some(9));
         assert_eq!(r.gap(), 15);
         for (i, seq) in [(0, 30), (1, 31)] {
             more(seq, 0);
@@ -821,21 +834,21 @@ mod tests {
         more(40, 1);
         clock.set(1_200).unwrap();
         r.step(Event::Input);
-        assert_eq!(value(), Some(9));
+        assert_eq!(value(), Some(10));
         assert_eq!(r.gap(), 100);
         more(50, 1);
         clock.advance(ms(10));
         let out = r.step(Event::Input);
         assert_eq!(out.wake_at, Some(1_300), "the interval bounds the gap");
-        assert_eq!(value(), Some(9));
+        assert_eq!(value(), Some(10));
         // A flush processes what was committed, whatever the gap.
         let out = r.step(Event::Flush);
         assert_eq!(
             out.flushed,
-            Some(Ok(9)),
-            "rows since the start: +5, -5 +7, -7 +8, -8 +9, -9 +10"
+            Some(Ok(11)),
+            "rows since the start: +5, -5 +7, -7 +8, -8 +9, -9 +10, -10 +11"
         );
-        assert_eq!(value(), Some(10));
+        assert_eq!(value(), Some(11));
     }
 
     #[test]
