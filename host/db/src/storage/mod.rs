@@ -998,13 +998,31 @@ fn upsert_rows(
     let instant = table.instant();
     let mut key = Vec::with_capacity(64);
     let mut value = Vec::with_capacity(64);
-    for row in 0..batch.num_rows() {
+    let encode_key = |row: usize, key: &mut Vec<u8>| {
+        codec::encode_key(table, &readers, row, key);
+        if append {
+            codec::append_suffix(seq, op_index, row as u32, key);
+        }
+    };
+    // The rows go into the tree in key order: neighbouring puts then land on
+    // the same pages (most of the cost of a large batch is walking and
+    // copying pages). The sort is stable, so of two rows with one key the
+    // later still wins, and each key's diffs keep their order.
+    let mut order: Vec<usize> = (0..batch.num_rows()).collect();
+    if !instant && order.len() > 1 {
+        let mut keys = Vec::with_capacity(batch.num_rows() * 32);
+        let mut ends = Vec::with_capacity(batch.num_rows());
+        for row in 0..batch.num_rows() {
+            encode_key(row, &mut keys);
+            ends.push(keys.len());
+        }
+        let key_of = |row: usize| &keys[if row == 0 { 0 } else { ends[row - 1] }..ends[row]];
+        order.sort_by(|a, b| key_of(*a).cmp(key_of(*b)));
+    }
+    for row in order {
         key.clear();
         value.clear();
-        codec::encode_key(table, &readers, row, &mut key);
-        if append {
-            codec::append_suffix(seq, op_index, row as u32, &mut key);
-        }
+        encode_key(row, &mut key);
         if instant {
             // Nothing is stored, so nothing is replaced: every row is new to the flows.
             if let Some(out) = out.as_deref_mut() {
