@@ -1382,6 +1382,75 @@ mod tests {
     }
 
     #[test]
+    fn within_one_batch_the_later_row_of_a_key_wins_and_its_diffs_keep_their_order() {
+        let store = Store::in_memory().unwrap();
+        let schema = TableSchema::new(
+            vec![
+                ColumnSchema::new("k", ColumnType::Int64, false),
+                ColumnSchema::new("v", ColumnType::Int64, true),
+                ColumnSchema::new("ts", ColumnType::TimestampMillisecond, false),
+            ],
+            "ts",
+            &["k"],
+            false,
+        )
+        .unwrap();
+        let t = Table::new(TableInfo {
+            id: 9,
+            database: "public".into(),
+            name: "kv".into(),
+            schema,
+            options: Default::default(),
+            version: 0,
+        });
+        store
+            .commit_meta(vec![MetaWrite::CreateTable(t.id())])
+            .unwrap();
+        let follow = store
+            .follow(std::slice::from_ref(&t), None, false, &mut |_| {
+                Box::new(|_| {})
+            })
+            .unwrap();
+        let batch = RecordBatch::try_new(
+            t.arrow_schema.clone(),
+            vec![
+                Arc::new(Int64Array::from(vec![3, 1, 3, 2, 1])),
+                Arc::new(Int64Array::from(vec![1, 2, 3, 4, 5])),
+                Arc::new(TimestampMillisecondArray::from(vec![0; 5])),
+            ],
+        )
+        .unwrap();
+        let mut set = WriteSet::new();
+        set.upsert(t.clone(), batch);
+        assert_eq!(store.commit(set).unwrap().rows, 5);
+        let ints = |b: &RecordBatch, c: usize| {
+            b.column(c)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap()
+                .values()
+                .to_vec()
+        };
+        let snapshot = store.scan(&t).unwrap();
+        let b = &snapshot.batches[0];
+        assert_eq!((ints(b, 0), ints(b, 1)), (vec![1, 2, 3], vec![5, 4, 3]));
+        let part = store
+            .read_log_part(&t, Position::after_commit(follow.seq))
+            .unwrap()
+            .unwrap();
+        let (k, v) = (ints(&part.change.batch, 0), ints(&part.change.batch, 1));
+        let of = |key: i64| -> Vec<(i64, i64)> {
+            (0..k.len())
+                .filter(|i| k[*i] == key)
+                .map(|i| (v[i], part.change.diffs[i]))
+                .collect()
+        };
+        assert_eq!(of(3), vec![(1, 1), (1, -1), (3, 1)]);
+        assert_eq!(of(1), vec![(2, 1), (2, -1), (5, 1)]);
+        assert_eq!(of(2), vec![(4, 1)]);
+    }
+
+    #[test]
     fn concurrent_commits_share_a_storage_commit_and_each_keeps_its_own_result() {
         let commits = Arc::new(AtomicU64::new(0));
         let store = Arc::new(
