@@ -1019,6 +1019,10 @@ fn upsert_rows(
         let key_of = |row: usize| &keys[if row == 0 { 0 } else { ends[row - 1] }..ends[row]];
         order.sort_by(|a, b| key_of(*a).cmp(key_of(*b)));
     }
+    // The changes go to the log in the statement's row order, whatever
+    // order the rows were stored in: `origin` is each change's row.
+    let base = out.as_deref().map_or(0, Vec::len);
+    let mut origin: Vec<usize> = Vec::new();
     for row in order {
         key.clear();
         value.clear();
@@ -1048,9 +1052,20 @@ fn upsert_rows(
                 Some(old) => {
                     out.push((key.clone(), old, -1));
                     out.push((key.clone(), value.clone(), 1));
+                    origin.extend([row, row]);
                 }
-                None => out.push((key.clone(), value.clone(), 1)),
+                None => {
+                    out.push((key.clone(), value.clone(), 1));
+                    origin.push(row);
+                }
             }
+        }
+    }
+    if let Some(out) = out {
+        if origin.len() == out.len() - base && origin.windows(2).any(|w| w[0] > w[1]) {
+            let mut changes: Vec<_> = origin.into_iter().zip(out.drain(base..)).collect();
+            changes.sort_by_key(|(row, _)| *row);
+            out.extend(changes.into_iter().map(|(_, c)| c));
         }
     }
     Ok(batch.num_rows() as u64)
@@ -1382,7 +1397,7 @@ mod tests {
     }
 
     #[test]
-    fn within_one_batch_the_later_row_of_a_key_wins_and_its_diffs_keep_their_order() {
+    fn within_one_batch_the_later_row_of_a_key_wins_and_the_log_keeps_the_row_order() {
         let store = Store::in_memory().unwrap();
         let schema = TableSchema::new(
             vec![
@@ -1448,6 +1463,9 @@ mod tests {
         assert_eq!(of(3), vec![(1, 1), (1, -1), (3, 1)]);
         assert_eq!(of(1), vec![(2, 1), (2, -1), (5, 1)]);
         assert_eq!(of(2), vec![(4, 1)]);
+        // The log has the changes in the statement's row order.
+        assert_eq!(k, vec![3, 1, 3, 3, 2, 1, 1]);
+        assert_eq!(part.change.diffs, vec![1, 1, -1, 1, 1, -1, 1]);
     }
 
     #[test]
