@@ -1123,3 +1123,79 @@ async fn idle_flows_sleep_and_wake_and_max_flows_is_a_setting() {
     )
     .await;
 }
+
+/// Literal `INSERT ... VALUES` takes a path without DataFusion; it must give
+/// what DataFusion gives. Each statement runs on two tables of the same
+/// schema: as written (the fast path), and with a `WITH` clause that the
+/// fast path leaves to DataFusion. Both must succeed with the same rows or
+/// fail with the same message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn literal_inserts_equal_datafusions_inserts() {
+    let db = Database::open_config(sandflow::DatabaseConfig::in_memory())
+        .await
+        .unwrap();
+    for t in ["fast", "planned"] {
+        run(
+            &db,
+            &format!(
+                "CREATE TABLE {t} (k STRING, n INT, b BIGINT, f DOUBLE, ok BOOLEAN, \
+                 note STRING NOT NULL DEFAULT 'none', at TIMESTAMP DEFAULT '2020-01-01T00:00:00Z', \
+                 ts TIMESTAMP TIME INDEX, PRIMARY KEY (k))"
+            ),
+        )
+        .await;
+    }
+    let cases = [
+        "VALUES ('a', 1, 2, 3.5, true, 'x', '2024-01-01 00:00:00', 0)",
+        "VALUES ('b', -1, -2, -3, false, 'y', 1700000000000, '2024-01-01T00:00:00Z')",
+        "(k, ts) VALUES ('c', '2024-01-01 00:00:00.123+02:00')",
+        "(ts, k, f) VALUES (5, 'd', 1), (6, 'd', 2.25), (7, 'e', NULL)",
+        "(k, n, ts) VALUES ('f', '42', 1), ('g', NULL, 2)",
+        "(k, ok, ts) VALUES ('h', 'true', 1), ('i', 'f', 2)",
+        "(k, n, ts) VALUES ('j', 1.5, 1)",
+        "(k, b, ts) VALUES ('k', 9223372036854775807, 1)",
+        "(k, b, ts) VALUES ('k', 9223372036854775808, 1)",
+        "(k, f, ts) VALUES ('l', 1e3, 1), ('l', -2.5E-1, 2)",
+        "(k, n, ts) VALUES ('m', 3000000000, 1)",
+        "(k, note, ts) VALUES ('n', NULL, 1)",
+        "(k, ts) VALUES ('o', 'not a time')",
+        "(k, n, ts) VALUES ('p', 'x', 1)",
+        "(k, ts) VALUES ('q', NULL)",
+        "(k, nope, ts) VALUES ('r', 1, 1)",
+        "(k, k, ts) VALUES ('s', 's', 1)",
+        "(k, ts) VALUES ('t', 1, 2)",
+        "(k, ts) VALUES ('u', 1), ('u', 1), ('v', 2)",
+        "(k, n, ts) VALUES ('w', 1, 1), ('w', '2', 1)",
+        "(K, TS) VALUES ('x', 3)",
+        "(k, ts, at) VALUES ('y', 1, -1)",
+    ];
+    let mut both_ok = 0;
+    for case in cases {
+        let fast = db.execute(&format!("INSERT INTO fast {case}")).await;
+        let (columns, values) = case.split_at(case.find("VALUES").unwrap());
+        let planned = db
+            .execute(&format!(
+                "INSERT INTO planned {columns} WITH unused AS (SELECT 1) {values}"
+            ))
+            .await;
+        match (&fast, &planned) {
+            (Ok(a), Ok(b)) => {
+                assert_eq!(format!("{a:?}"), format!("{b:?}"), "{case}");
+                both_ok += 1;
+            }
+            (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "{case}"),
+            _ => panic!("{case}: fast path {fast:?}, DataFusion {planned:?}"),
+        }
+        let columns = "k, n, b, f, ok, note, at, ts";
+        assert_eq!(
+            query(&db, &format!("SELECT {columns} FROM fast ORDER BY k, ts")).await,
+            query(
+                &db,
+                &format!("SELECT {columns} FROM planned ORDER BY k, ts")
+            )
+            .await,
+            "after {case}"
+        );
+    }
+    assert!(both_ok >= 10, "only {both_ok} statements succeeded");
+}

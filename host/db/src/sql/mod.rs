@@ -6,6 +6,7 @@ pub mod access;
 pub mod alter;
 pub mod copy;
 pub mod executor;
+mod fast_insert;
 pub mod functions;
 pub mod parser;
 pub mod provider;
@@ -86,6 +87,15 @@ pub(crate) async fn execute_statement(
 ) -> Result<Output> {
     match (stmt, params) {
         (Stmt::Query(stmt), params) => {
+            let no_params = params.as_ref().is_none_or(|p| match p {
+                ParamValues::List(v) => v.is_empty(),
+                ParamValues::Map(m) => m.is_empty(),
+            });
+            if no_params {
+                if let Some(rows) = fast_insert::try_insert(core, ctx, &stmt).await? {
+                    return Ok(affected("INSERT", rows));
+                }
+            }
             run_datafusion(core, ctx, *stmt, params, core.clock.now_ms()).await
         }
         (other, _) => execute_stmt(core, ctx, other).await,

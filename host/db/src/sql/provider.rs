@@ -463,6 +463,47 @@ impl DisplayAs for SandSink {
     }
 }
 
+/// Writes an INSERT's rows into `table`: staged in the session's open
+/// transaction block, or committed (after the statement's cancel gate) as
+/// one durable commit. Returns the rows affected (0 for a `ttl = 'instant'`
+/// table, which stores nothing, as GreptimeDB reports).
+pub(crate) async fn write_rows(
+    core: &Arc<Core>,
+    table: &Arc<Table>,
+    batches: Vec<RecordBatch>,
+    shared: Option<Arc<SessionShared>>,
+) -> crate::error::Result<u64> {
+    crate::sql::access::check_storage_quota(core, &table.info.database)?;
+    let (c, t) = (core.clone(), table.clone());
+    let info = blocking(move || {
+        if let Some(shared) = &shared {
+            let mut guard = shared.staged.lock().map_err(|_| poisoned())?;
+            if let Some(staged) = guard.as_mut() {
+                // In a transaction: staged, committed by COMMIT.
+                let mut rows = 0;
+                for b in &batches {
+                    rows += c.store.stage_upsert(staged, &t, b)?;
+                }
+                return Ok(rows);
+            }
+            drop(guard);
+            shared.control().begin_commit()?;
+        }
+        let mut set = WriteSet::new();
+        for b in batches {
+            if b.num_rows() > 0 {
+                set.upsert(t.clone(), b);
+            }
+        }
+        if set.is_empty() {
+            return Ok(0);
+        }
+        Ok(c.store.commit(set)?.rows)
+    })
+    .await?;
+    Ok(if table.instant() { 0 } else { info })
+}
+
 #[async_trait]
 impl DataSink for SandSink {
     fn schema(&self) -> &SchemaRef {
@@ -475,40 +516,9 @@ impl DataSink for SandSink {
         context: &Arc<TaskContext>,
     ) -> datafusion::common::Result<u64> {
         let batches = collect(data).await?;
-        let core = self.core.clone();
-        let table = self.table.clone();
         let shared = context.session_config().get_extension::<SessionShared>();
-        crate::sql::access::check_storage_quota(&self.core, &self.table.info.database)
-            .map_err(to_df)?;
-        let info = blocking(move || {
-            if let Some(shared) = &shared {
-                let mut guard = shared.staged.lock().map_err(|_| poisoned())?;
-                if let Some(staged) = guard.as_mut() {
-                    // In a transaction: staged, committed by COMMIT.
-                    let mut rows = 0;
-                    for b in &batches {
-                        rows += core.store.stage_upsert(staged, &table, b)?;
-                    }
-                    return Ok(rows);
-                }
-                drop(guard);
-                shared.control().begin_commit()?;
-            }
-            let mut set = WriteSet::new();
-            for b in batches {
-                if b.num_rows() > 0 {
-                    set.upsert(table.clone(), b);
-                }
-            }
-            if set.is_empty() {
-                return Ok(0);
-            }
-            Ok(core.store.commit(set)?.rows)
-        })
-        .await
-        .map_err(to_df)?;
-        // A `ttl = 'instant'` table stores nothing (its rows only feed
-        // flows): 0 rows affected, as GreptimeDB reports.
-        Ok(if self.table.instant() { 0 } else { info })
+        write_rows(&self.core, &self.table, batches, shared)
+            .await
+            .map_err(to_df)
     }
 }
