@@ -467,33 +467,12 @@ fn decode_part(table: &Table, seq: u64, bytes: &[u8], part: u32) -> Result<(Chan
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::schema::{ColumnSchema, ColumnType, TableInfo, TableSchema};
-    use crate::storage::{MetaWrite, WriteSet};
+    use crate::storage::WriteSet;
     use datafusion::arrow::array::{Int64Array, TimestampMillisecondArray};
 
     fn setup() -> (Arc<Store>, Arc<Table>) {
         let store = Arc::new(Store::in_memory().unwrap());
-        let schema = TableSchema::new(
-            vec![
-                ColumnSchema::new("k", ColumnType::Int64, false),
-                ColumnSchema::new("ts", ColumnType::TimestampMillisecond, false),
-            ],
-            "ts",
-            &["k"],
-            false,
-        )
-        .unwrap();
-        let t = Table::new(TableInfo {
-            id: 7,
-            database: "public".into(),
-            name: "t".into(),
-            schema,
-            options: Default::default(),
-            version: 0,
-        });
-        store
-            .commit_meta(vec![MetaWrite::CreateTable(t.id())])
-            .unwrap();
+        let t = crate::storage::test_table(&store, 7, crate::storage::tests::key_and_time(), false);
         (store, t)
     }
 

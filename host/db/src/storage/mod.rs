@@ -1307,13 +1307,46 @@ pub fn conform_batch(table: &Table, batch: &RecordBatch, keys_only: bool) -> Res
     })
 }
 
+/// Tables for the storage tests: columns `columns`, primary key `k`, time
+/// index `ts`, created in `store`.
+#[cfg(test)]
+pub(crate) fn test_table(
+    store: &Store,
+    id: TableId,
+    columns: Vec<crate::schema::ColumnSchema>,
+    append: bool,
+) -> Arc<Table> {
+    use crate::schema::{TableInfo, TableSchema};
+    let schema = TableSchema::new(columns, "ts", &["k"], append).expect("a valid test schema");
+    let t = Table::new(TableInfo {
+        id,
+        database: "public".into(),
+        name: "t".into(),
+        schema,
+        options: Default::default(),
+        version: 0,
+    });
+    store
+        .commit_meta(vec![MetaWrite::CreateTable(t.id())])
+        .expect("the test table is created");
+    t
+}
+
 #[cfg(test)]
 mod tests {
     use super::kv::{KvReadTxn, KvSpace, KvStorage, KvWriteTxn, Space};
     use super::*;
-    use crate::schema::{ColumnSchema, ColumnType, TableInfo, TableSchema};
+    use crate::schema::{ColumnSchema, ColumnType};
     use datafusion::arrow::array::{Int64Array, TimestampMillisecondArray};
     use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// `k BIGINT NOT NULL, ts TIMESTAMP NOT NULL`.
+    pub(crate) fn key_and_time() -> Vec<ColumnSchema> {
+        vec![
+            ColumnSchema::new("k", ColumnType::Int64, false),
+            ColumnSchema::new("ts", ColumnType::TimestampMillisecond, false),
+        ]
+    }
 
     /// redb in memory, counting durable commits; the first one is slow, so
     /// that the commits started meanwhile queue up behind it.
@@ -1363,27 +1396,6 @@ mod tests {
         }
     }
 
-    fn table(id: u64) -> Arc<Table> {
-        let schema = TableSchema::new(
-            vec![
-                ColumnSchema::new("k", ColumnType::Int64, false),
-                ColumnSchema::new("ts", ColumnType::TimestampMillisecond, false),
-            ],
-            "ts",
-            &["k"],
-            false,
-        )
-        .unwrap();
-        Table::new(TableInfo {
-            id,
-            database: "public".into(),
-            name: format!("t{id}"),
-            schema,
-            options: Default::default(),
-            version: 0,
-        })
-    }
-
     fn rows(t: &Arc<Table>, keys: std::ops::Range<i64>) -> RecordBatch {
         let n = keys.clone().count();
         RecordBatch::try_new(
@@ -1399,28 +1411,9 @@ mod tests {
     #[test]
     fn within_one_batch_the_later_row_of_a_key_wins_and_the_log_keeps_the_row_order() {
         let store = Store::in_memory().unwrap();
-        let schema = TableSchema::new(
-            vec![
-                ColumnSchema::new("k", ColumnType::Int64, false),
-                ColumnSchema::new("v", ColumnType::Int64, true),
-                ColumnSchema::new("ts", ColumnType::TimestampMillisecond, false),
-            ],
-            "ts",
-            &["k"],
-            false,
-        )
-        .unwrap();
-        let t = Table::new(TableInfo {
-            id: 9,
-            database: "public".into(),
-            name: "kv".into(),
-            schema,
-            options: Default::default(),
-            version: 0,
-        });
-        store
-            .commit_meta(vec![MetaWrite::CreateTable(t.id())])
-            .unwrap();
+        let mut columns = key_and_time();
+        columns.insert(1, ColumnSchema::new("v", ColumnType::Int64, true));
+        let t = test_table(&store, 9, columns, false);
         let follow = store
             .follow(std::slice::from_ref(&t), None, false, &mut |_| {
                 Box::new(|_| {})
@@ -1479,10 +1472,7 @@ mod tests {
             }))
             .unwrap(),
         );
-        let t = table(7);
-        store
-            .commit_meta(vec![MetaWrite::CreateTable(t.id())])
-            .unwrap();
+        let t = test_table(&store, 7, key_and_time(), false);
         let mut follow = store
             .follow(std::slice::from_ref(&t), None, false, &mut |_| {
                 Box::new(|_| {})

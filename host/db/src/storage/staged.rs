@@ -282,35 +282,19 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::schema::{ColumnSchema, ColumnType, TableInfo, TableSchema};
-    use crate::storage::{MetaWrite, WriteSet};
+    use crate::schema::{ColumnSchema, ColumnType};
+    use crate::storage::WriteSet;
     use datafusion::arrow::array::{Int64Array, StringArray, TimestampMillisecondArray};
 
     fn setup(append: bool) -> (tempfile::TempDir, Arc<Store>, Arc<Table>) {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(Store::open(dir.path()).unwrap());
-        let schema = TableSchema::new(
-            vec![
-                ColumnSchema::new("k", ColumnType::String, true),
-                ColumnSchema::new("v", ColumnType::Int64, true),
-                ColumnSchema::new("ts", ColumnType::TimestampMillisecond, false),
-            ],
-            "ts",
-            &["k"],
-            append,
-        )
-        .unwrap();
-        let t = Table::new(TableInfo {
-            id: 1,
-            database: "public".into(),
-            name: "t".into(),
-            schema,
-            options: Default::default(),
-            version: 0,
-        });
-        store
-            .commit_meta(vec![MetaWrite::CreateTable(t.id())])
-            .unwrap();
+        let columns = vec![
+            ColumnSchema::new("k", ColumnType::String, true),
+            ColumnSchema::new("v", ColumnType::Int64, true),
+            ColumnSchema::new("ts", ColumnType::TimestampMillisecond, false),
+        ];
+        let t = crate::storage::test_table(&store, 1, columns, append);
         (dir, store, t)
     }
 
