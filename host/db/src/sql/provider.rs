@@ -9,7 +9,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use datafusion::arrow::array::{BooleanArray, RecordBatch, UInt64Array};
+use datafusion::arrow::array::{ArrayRef, BooleanArray, RecordBatch, UInt64Array};
 use datafusion::arrow::compute::and;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::{CatalogProvider, SchemaProvider, Session, TableProvider};
@@ -19,7 +19,7 @@ use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::datasource::sink::{DataSink, DataSinkExec};
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::dml::InsertOp;
-use datafusion::logical_expr::{Expr, TableType};
+use datafusion::logical_expr::{Expr, Operator, TableProviderFilterPushDown, TableType};
 use datafusion::physical_plan::{
     common::collect, DisplayAs, DisplayFormatType, ExecutionPlan, SendableRecordBatchStream,
 };
@@ -27,6 +27,7 @@ use datafusion::physical_plan::{
 use crate::catalog::Table;
 use crate::database::Core;
 use crate::error::{Error, InvalidDataSnafu, UnsupportedSnafu};
+use crate::schema::ColumnType;
 use crate::session::SessionShared;
 use crate::storage::WriteSet;
 
@@ -182,6 +183,58 @@ impl SandTable {
     pub fn table(&self) -> &Arc<Table> {
         &self.table
     }
+
+    /// For `key_column = literal` (either way round): the column's index
+    /// and the literal as a one-row array of the column's type. Float key
+    /// columns are left out (-0.0 equals 0.0 but is stored apart), as are
+    /// NULL and literals that do not cast exactly.
+    fn key_equality(&self, e: &Expr) -> Option<(usize, ArrayRef)> {
+        let Expr::BinaryExpr(b) = e else {
+            return None;
+        };
+        if b.op != Operator::Eq {
+            return None;
+        }
+        let (column, value) = match (b.left.as_ref(), b.right.as_ref()) {
+            (Expr::Column(c), Expr::Literal(v, _)) | (Expr::Literal(v, _), Expr::Column(c)) => {
+                (c, v)
+            }
+            _ => return None,
+        };
+        let index = self.table.arrow_schema.index_of(&column.name).ok()?;
+        if !self.table.key_columns.contains(&index) || value.is_null() {
+            return None;
+        }
+        let ty = self.table.schema().columns[index].data_type;
+        if matches!(ty, ColumnType::Float32 | ColumnType::Float64) {
+            return None;
+        }
+        let target = self.table.arrow_schema.field(index).data_type();
+        if value.data_type() != *target {
+            return None;
+        }
+        Some((index, value.to_array().ok()?))
+    }
+
+    /// The key prefix the filters pin down: the values of the leading key
+    /// columns that each have an equality with a literal.
+    fn key_prefix(&self, filters: &[Expr]) -> Option<Vec<u8>> {
+        let mut values = Vec::new();
+        for &c in &self.table.key_columns {
+            let found = filters
+                .iter()
+                .filter_map(|f| self.key_equality(f))
+                .find(|(i, _)| *i == c);
+            match found {
+                Some((_, v)) => values.push(v),
+                None => break,
+            }
+        }
+        if values.is_empty() {
+            return None;
+        }
+        Some(crate::storage::codec::key_prefix(&self.table, &values))
+    }
 }
 
 fn nullable_schema(schema: &SchemaRef) -> SchemaRef {
@@ -207,13 +260,33 @@ impl TableProvider for SandTable {
         self.defaults.get(column)
     }
 
+    /// `key_column = literal` narrows the scan to a key range (see
+    /// [`SandTable::key_prefix`]); DataFusion still applies every filter.
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> datafusion::common::Result<Vec<TableProviderFilterPushDown>> {
+        Ok(filters
+            .iter()
+            .map(|f| match self.key_equality(f) {
+                Some(_) => TableProviderFilterPushDown::Inexact,
+                None => TableProviderFilterPushDown::Unsupported,
+            })
+            .collect())
+    }
+
     async fn scan(
         &self,
         state: &dyn Session,
         projection: Option<&Vec<usize>>,
-        _filters: &[Expr],
+        filters: &[Expr],
         _limit: Option<usize>,
     ) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
+        let prefix = self.key_prefix(filters);
+        let scan = || match &prefix {
+            Some(p) => self.core.store.scan_prefix(&self.table, p),
+            None => self.core.store.scan(&self.table),
+        };
         // A transaction reads its own staged writes.
         let shared = state.config().get_extension::<SessionShared>();
         let snapshot = match shared.as_ref().and_then(|s| s.staged.lock().ok()) {
@@ -221,9 +294,9 @@ impl TableProvider for SandTable {
                 Some(staged) if staged.touches(self.table.id()) => {
                     self.core.store.scan_staged(&self.table, staged)
                 }
-                _ => self.core.store.scan(&self.table),
+                _ => scan(),
             },
-            None => self.core.store.scan(&self.table),
+            None => scan(),
         }
         .map_err(to_df)?;
         let batches = snapshot

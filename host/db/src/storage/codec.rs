@@ -165,6 +165,21 @@ pub(crate) fn encode_key(
     }
 }
 
+/// The key prefix of the rows whose first key columns (in key order) equal
+/// `values`: one array per column, of the column's type, whose row 0 is the
+/// value. Every stored key of such a row starts with it, and no other
+/// row's does (strings end in a terminator; the other types have fixed
+/// widths).
+pub(crate) fn key_prefix(table: &Table, values: &[ArrayRef]) -> Vec<u8> {
+    let columns = &table.schema().columns;
+    let mut out = Vec::new();
+    for (&c, array) in table.key_columns.iter().zip(values) {
+        let reader = ColumnReader::new(array, columns[c].data_type);
+        key_cell(reader.cell(0), columns[c].nullable, &mut out);
+    }
+    out
+}
+
 /// The suffix that makes append-mode keys unique.
 pub(crate) fn append_suffix(seq: u64, op: u32, row: u32, out: &mut Vec<u8>) {
     out.extend_from_slice(&seq.to_be_bytes());

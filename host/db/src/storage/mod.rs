@@ -652,6 +652,13 @@ impl Store {
         self.view()?.scan(table)
     }
 
+    /// Like [`Store::scan`], only the rows whose key starts with `prefix`
+    /// (`codec::key_prefix`: the rows whose first key columns have given
+    /// values).
+    pub fn scan_prefix(&self, table: &Table, prefix: &[u8]) -> Result<Snapshot> {
+        self.view()?.scan_from(table, prefix)
+    }
+
     /// Closes the readers of a dropped table (their feeds end).
     pub fn table_dropped(&self, id: TableId) {
         if let Ok(mut state) = self.state.lock() {
@@ -707,12 +714,20 @@ impl ReadView {
     /// A copy of a table's rows (in key order) with the commit
     /// sequence it reflects.
     pub fn scan(&self, table: &Table) -> Result<Snapshot> {
+        self.scan_from(table, &[])
+    }
+
+    /// The rows whose key starts with `prefix` (all of them for `[]`).
+    fn scan_from(&self, table: &Table, prefix: &[u8]) -> Result<Snapshot> {
         let txn = &self.txn;
         let seq = read_seq(txn.as_ref())?;
         let mut batches = Vec::new();
         let mut dec = RowDecoder::new(table, SCAN_BATCH_ROWS.min(1024));
         let mut failure = None;
-        txn.scan(Space::Table(table.id()), &[], &mut |k, v| {
+        txn.scan(Space::Table(table.id()), prefix, &mut |k, v| {
+            if !k.starts_with(prefix) {
+                return Ok(false);
+            }
             if let Err(e) = dec.push(k, v) {
                 failure = Some(e);
                 return Ok(false);
