@@ -494,24 +494,59 @@ impl Runner {
                 .is_none_or(|t| now - t >= self.cfg.snapshot_interval_ms);
         let moved = self.status.snapshot_positions.as_deref() != Some(&self.consumed[..]);
         let wanted = self.sink.wants_snapshot();
-        let snapshot = if wanted || (snapshot_due && (moved || self.needs_snapshot)) {
-            Some(self.guest()?.snapshot()?)
-        } else {
-            None
-        };
-        let written = if rows > 0 || snapshot.is_some() || self.sink.journaling() {
-            self.sink.commit(Commit {
+        let journaling = self.sink.journaling();
+        let take_snapshot = wanted || (snapshot_due && (moved || self.needs_snapshot));
+        // Serialising a large state takes long: a periodic snapshot comes
+        // in a commit of its own, after the commit that makes the tick's
+        // output visible. A crash between them recovers from the older
+        // snapshot and replays silently up to what the sink shows. The
+        // first snapshot, a recording's tick (its journal entry, its
+        // start) and a stop keep both in one commit.
+        let apart = take_snapshot
+            && rows > 0
+            && self.last_snapshot.is_some()
+            && !self.needs_snapshot
+            && !wanted
+            && !journaling
+            && !force_snapshot;
+        let written = if apart {
+            let written = self.sink.commit(Commit {
                 output: &output,
                 now,
                 positions: &self.consumed,
-                snapshot: snapshot.as_deref(),
+                snapshot: None,
                 fence: self.cfg.fence,
                 ticked: true,
-            })?
+            })?;
+            let state = self.guest()?.snapshot()?;
+            self.sink.commit(Commit {
+                output: &[],
+                now,
+                positions: &self.consumed,
+                snapshot: Some(&state),
+                fence: self.cfg.fence,
+                ticked: false,
+            })?;
+            written
         } else {
-            0
+            let snapshot = match take_snapshot {
+                true => Some(self.guest()?.snapshot()?),
+                false => None,
+            };
+            if rows > 0 || snapshot.is_some() || journaling {
+                self.sink.commit(Commit {
+                    output: &output,
+                    now,
+                    positions: &self.consumed,
+                    snapshot: snapshot.as_deref(),
+                    fence: self.cfg.fence,
+                    ticked: true,
+                })?
+            } else {
+                0
+            }
         };
-        if snapshot.is_some() {
+        if take_snapshot {
             self.last_snapshot = Some(now);
             self.needs_snapshot = false;
             self.status.snapshot_positions = Some(self.consumed.clone());
@@ -849,6 +884,35 @@ mod tests {
             "rows since the start: +5, -5 +7, -7 +8, -8 +9, -9 +10, -10 +11"
         );
         assert_eq!(value(), Some(11));
+    }
+
+    #[test]
+    fn a_periodic_snapshot_comes_after_the_output_in_a_commit_of_its_own() {
+        let clock = Arc::new(VirtualClock::new(0));
+        let log = Log(Arc::new(Mutex::new(vec![vec![(1, vec![5])]])));
+        let sink = Sink::default();
+        let mut r = runner(&clock, &log, &sink, fresh(1));
+        // The first snapshot comes with the first output.
+        r.step(Event::Input);
+        let p = |seq| vec![Position::after_commit(seq)];
+        assert_eq!(sink.0.lock().unwrap().commits, vec![(0, p(1), true)]);
+        // Before the snapshot interval (1 s): output only.
+        log.0.lock().unwrap()[0].push((2, vec![2]));
+        clock.set(500).unwrap();
+        r.step(Event::Input);
+        assert_eq!(sink.0.lock().unwrap().commits[1], (500, p(2), false));
+        // At it: the output first, then the snapshot, at the same positions.
+        log.0.lock().unwrap()[0].push((3, vec![1]));
+        clock.set(1_000).unwrap();
+        r.step(Event::Input);
+        let s = sink.0.lock().unwrap();
+        assert_eq!(
+            s.commits[2..],
+            [(1_000, p(3), false), (1_000, p(3), true)],
+            "two commits"
+        );
+        assert_eq!(s.value, Some(8));
+        assert_eq!(s.snapshot.as_ref().map(|(p, _)| p.clone()), Some(p(3)));
     }
 
     #[test]
