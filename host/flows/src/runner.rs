@@ -15,7 +15,7 @@
 //!    last tick, when the guest asked for a wake-up, and always for a flush
 //!    or a stop. The gap adapts to load: [`TICK_COST_FACTOR`] times what the
 //!    recent ticks cost in the clock's time (reading, ticking, committing;
-//!    ticks that also snapshot are left out),
+//!    ticks that also snapshot or measure the state are left out),
 //!    at least a twentieth of the tick interval ([`TICKS_PER_INTERVAL`]), at
 //!    most the interval. A flow that has been idle ticks at once; one with
 //!    cheap ticks ticks again after the twentieth; a busy one batches its
@@ -23,7 +23,9 @@
 //!    sink lags by at most the interval. Under a virtual clock ticks cost no
 //!    time, so the gap is the twentieth. The tick drains the guest's output at
 //!    the tick time (at most `output_rows_per_tick` rows), checks its state
-//!    size, and commits the output with the positions (and, every
+//!    size (at flushes, stops and snapshots, else at most every
+//!    [`STATE_SIZE_EVERY_MS`]: the engine walks its state to answer), and
+//!    commits the output with the positions (and, every
 //!    `snapshot_interval` or when forced, the state) through the sink port.
 //! 3. Says when to wake it next: the next tick, the guest's wake-up, or the
 //!    moment it may fall asleep (`sleep_after` without anything to do: the
@@ -50,6 +52,11 @@ pub const TICK_COST_FACTOR: f64 = 4.0;
 /// commit, so a flow adds at most this many commits per interval however
 /// cheap its ticks are.
 pub const TICKS_PER_INTERVAL: i64 = 20;
+
+/// How often (ms) a tick asks the guest for its state size (and checks
+/// `state_size_limit`) besides flushes, stops and snapshots: the engine
+/// walks its state to answer, which a tick's cost should not follow.
+pub const STATE_SIZE_EVERY_MS: i64 = 1_000;
 
 /// What drives a runner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -179,6 +186,8 @@ pub struct Runner {
     /// What recent ticks cost in the clock's time (ms, smoothed).
     tick_cost_ms: f64,
     last_snapshot: Option<i64>,
+    /// When the state size was last asked for.
+    last_measured: Option<i64>,
     last_activity: i64,
     guest_wakeup: Option<i64>,
     rows_at_flush: u64,
@@ -231,6 +240,7 @@ impl Runner {
             last_tick: None,
             tick_cost_ms: 0.0,
             last_snapshot: None,
+            last_measured: None,
             last_activity: now,
             guest_wakeup: None,
             rows_at_flush: 0,
@@ -301,7 +311,7 @@ impl Runner {
         if self.silent && !more {
             // Caught up with what the sink shows: the replay's tick writes
             // nothing; then the input after it.
-            self.tick(now, false)?;
+            self.tick(now, false, false)?;
             more = self.pull(now, everything)?;
         }
         if self.unsettled.iter().any(|u| *u) {
@@ -332,12 +342,13 @@ impl Runner {
         let tick_due = self.pending && self.last_tick.is_none_or(|t| now >= t + gap);
         let wakeup_due = self.guest_wakeup.is_some_and(|w| now >= w);
         if everything || tick_due || wakeup_due {
-            let snapshots = self.last_snapshot;
-            let written = self.tick(now, event == Event::Stop)?;
+            let (snapshots, measured) = (self.last_snapshot, self.last_measured);
+            let written = self.tick(now, event == Event::Stop, everything)?;
             // The step's cost: reading, pushing, ticking and committing. A
-            // tick that also wrote a snapshot (every snapshot_interval) says
-            // nothing about the load: it is left out.
-            if self.last_snapshot == snapshots {
+            // tick that also wrote a snapshot (every snapshot_interval) or
+            // measured the state (every second) says nothing about the
+            // load: it is left out.
+            if self.last_snapshot == snapshots && self.last_measured == measured {
                 let cost = (self.clock.now_ms() - now).max(0) as f64;
                 self.tick_cost_ms = (self.tick_cost_ms + cost) / 2.0;
             }
@@ -444,7 +455,7 @@ impl Runner {
 
     /// Drains the guest at `now` and writes the output back (dropped while
     /// replaying silently). Returns the sink rows written.
-    fn tick(&mut self, now: i64, force_snapshot: bool) -> Result<u64, Failure> {
+    fn tick(&mut self, now: i64, force_snapshot: bool, measure: bool) -> Result<u64, Failure> {
         let limit = self.cfg.output_rows_per_tick;
         let mut output: Vec<Batch> = Vec::new();
         let mut rows = 0u64;
@@ -477,21 +488,32 @@ impl Runner {
                 .any(|(c, w)| c < w);
             return Ok(0);
         }
-        let state_size = self.guest()?.state_size()?;
-        if let Some(max) = self.cfg.state_size_limit {
-            if state_size > max {
-                return Err(Failure::permanent(format!(
-                    "flow state grew to {state_size} bytes, over its state_size_limit of {max} \
-                     bytes, and the flow was stopped; raise state_size_limit, add EXPIRE AFTER or \
-                     reduce the number of groups"
-                )));
-            }
-        }
         let snapshot_due = force_snapshot
             || self.needs_snapshot
             || self
                 .last_snapshot
                 .is_none_or(|t| now - t >= self.cfg.snapshot_interval_ms);
+        // The state size: at flushes, stops and snapshots, else at most
+        // every STATE_SIZE_EVERY_MS.
+        let measure = measure
+            || snapshot_due
+            || self
+                .last_measured
+                .is_none_or(|t| now - t >= STATE_SIZE_EVERY_MS);
+        if measure {
+            let state_size = self.guest()?.state_size()?;
+            if let Some(max) = self.cfg.state_size_limit {
+                if state_size > max {
+                    return Err(Failure::permanent(format!(
+                        "flow state grew to {state_size} bytes, over its state_size_limit of \
+                         {max} bytes, and the flow was stopped; raise state_size_limit, add \
+                         EXPIRE AFTER or reduce the number of groups"
+                    )));
+                }
+            }
+            self.status.state_size = state_size;
+            self.last_measured = Some(now);
+        }
         let moved = self.status.snapshot_positions.as_deref() != Some(&self.consumed[..]);
         let wanted = self.sink.wants_snapshot();
         let journaling = self.sink.journaling();
@@ -554,7 +576,6 @@ impl Runner {
         self.pending = false;
         self.status.pending_since_ms = None;
         self.status.last_execution_ms = Some(now);
-        self.status.state_size = state_size;
         self.status.rows_written += written;
         Ok(written)
     }
@@ -699,8 +720,14 @@ mod tests {
             Ok(v)
         }
         fn state_size(&mut self) -> Result<u64, Failure> {
+            STATE_SIZE_CALLS.with(|c| c.set(c.get() + 1));
             Ok(16)
         }
+    }
+
+    thread_local! {
+        /// How often this test's guests were asked for their state size.
+        static STATE_SIZE_CALLS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
     }
 
     struct Wake;
@@ -913,6 +940,30 @@ mod tests {
         );
         assert_eq!(s.value, Some(8));
         assert_eq!(s.snapshot.as_ref().map(|(p, _)| p.clone()), Some(p(3)));
+    }
+
+    #[test]
+    fn the_state_size_is_asked_for_at_flushes_snapshots_and_once_a_second() {
+        let clock = Arc::new(VirtualClock::new(0));
+        let log = Log(Arc::new(Mutex::new(vec![vec![(1, vec![5])]])));
+        let sink = Sink::default();
+        let mut r = runner(&clock, &log, &sink, fresh(1));
+        let calls = || STATE_SIZE_CALLS.with(|c| c.get());
+        r.step(Event::Input);
+        assert_eq!((calls(), r.status().state_size), (1, 16), "the first tick");
+        for (seq, at) in [(2, 300), (3, 600)] {
+            log.0.lock().unwrap()[0].push((seq, vec![1]));
+            clock.set(at).unwrap();
+            r.step(Event::Input);
+        }
+        assert_eq!(sink.0.lock().unwrap().value, Some(7), "two more ticks");
+        assert_eq!(calls(), 1, "not at every tick");
+        r.step(Event::Flush);
+        assert_eq!(calls(), 2, "at a flush");
+        log.0.lock().unwrap()[0].push((4, vec![1]));
+        clock.set(1_000).unwrap();
+        r.step(Event::Input);
+        assert_eq!(calls(), 3, "with the snapshot (every 1 s here)");
     }
 
     #[test]
