@@ -325,14 +325,7 @@ impl Runner {
                 // waking the guest.
                 if self.status.snapshot_positions.as_deref() != Some(&self.consumed[..]) {
                     let state = state.clone();
-                    self.sink.commit(Commit {
-                        output: &[],
-                        now,
-                        positions: &self.consumed,
-                        snapshot: Some(&state),
-                        fence: self.cfg.fence,
-                        ticked: false,
-                    })?;
+                    self.commit(now, &[], Some(&state), false)?;
                     self.status.snapshot_positions = Some(self.consumed.clone());
                 }
                 return Ok(());
@@ -532,23 +525,9 @@ impl Runner {
             && !journaling
             && !force_snapshot;
         let written = if apart {
-            let written = self.sink.commit(Commit {
-                output: &output,
-                now,
-                positions: &self.consumed,
-                snapshot: None,
-                fence: self.cfg.fence,
-                ticked: true,
-            })?;
+            let written = self.commit(now, &output, None, true)?;
             let state = self.guest()?.snapshot()?;
-            self.sink.commit(Commit {
-                output: &[],
-                now,
-                positions: &self.consumed,
-                snapshot: Some(&state),
-                fence: self.cfg.fence,
-                ticked: false,
-            })?;
+            self.commit(now, &[], Some(&state), false)?;
             written
         } else {
             let snapshot = match take_snapshot {
@@ -556,14 +535,7 @@ impl Runner {
                 false => None,
             };
             if rows > 0 || snapshot.is_some() || journaling {
-                self.sink.commit(Commit {
-                    output: &output,
-                    now,
-                    positions: &self.consumed,
-                    snapshot: snapshot.as_deref(),
-                    fence: self.cfg.fence,
-                    ticked: true,
-                })?
+                self.commit(now, &output, snapshot.as_deref(), true)?
             } else {
                 0
             }
@@ -578,6 +550,24 @@ impl Runner {
         self.status.last_execution_ms = Some(now);
         self.status.rows_written += written;
         Ok(written)
+    }
+
+    /// Commits through the sink port at the runner's positions and fence.
+    fn commit(
+        &mut self,
+        now: i64,
+        output: &[Batch],
+        snapshot: Option<&[u8]>,
+        ticked: bool,
+    ) -> Result<u64, Failure> {
+        self.sink.commit(Commit {
+            output,
+            now,
+            positions: &self.consumed,
+            snapshot,
+            fence: self.cfg.fence,
+            ticked,
+        })
     }
 
     /// How long a flow with new input waits after its last tick (ms): see

@@ -235,7 +235,6 @@ fn column_array<'a>(
         Bool,
     }
     let mut kind: Option<Kind> = None;
-    let mut ints: Vec<Option<i64>> = Vec::new();
     for v in values.clone() {
         let k = match v {
             Literal::Null => continue,
@@ -282,7 +281,7 @@ fn column_array<'a>(
                 .collect::<StringArray>(),
         ),
         Some(Kind::Int) => {
-            ints.reserve(n);
+            let mut ints = Vec::with_capacity(n);
             for v in values {
                 ints.push(match v {
                     Literal::Number(text, negative) => Some(parse_int(text, *negative)?),

@@ -219,14 +219,14 @@ impl SandTable {
     /// The key prefix the filters pin down: the values of the leading key
     /// columns that each have an equality with a literal.
     fn key_prefix(&self, filters: &[Expr]) -> Option<Vec<u8>> {
+        let mut equalities: Vec<(usize, ArrayRef)> = filters
+            .iter()
+            .filter_map(|f| self.key_equality(f))
+            .collect();
         let mut values = Vec::new();
         for &c in &self.table.key_columns {
-            let found = filters
-                .iter()
-                .filter_map(|f| self.key_equality(f))
-                .find(|(i, _)| *i == c);
-            match found {
-                Some((_, v)) => values.push(v),
+            match equalities.iter().position(|(i, _)| *i == c) {
+                Some(at) => values.push(equalities.swap_remove(at).1),
                 None => break,
             }
         }

@@ -434,13 +434,7 @@ impl Store {
         if applied.is_empty() {
             return settled(results);
         }
-        let committed = txn
-            .space(Space::Meta, &mut |space| {
-                space.put(COMMIT_SEQ_KEY, &seq.to_be_bytes())?;
-                Ok(())
-            })
-            .and_then(|()| txn.commit());
-        if let Err(e) = committed {
+        if let Err(e) = commit_as(txn, seq) {
             for (i, _) in &applied {
                 results[*i] = Some(Err(e.duplicate()));
             }
@@ -961,8 +955,7 @@ fn apply_set(
     })
 }
 
-/// Records `seq` as the last commit and commits `txn` (for writes that carry
-/// no metadata of their own).
+/// Records `seq` as the last commit and commits `txn`.
 fn commit_as(mut txn: Box<dyn KvWriteTxn>, seq: u64) -> Result<()> {
     txn.space(Space::Meta, &mut |space| {
         space.put(COMMIT_SEQ_KEY, &seq.to_be_bytes())?;
@@ -1011,27 +1004,24 @@ fn upsert_rows(
     let readers = readers(table, batch);
     let append = table.schema().append_mode;
     let instant = table.instant();
-    let mut key = Vec::with_capacity(64);
     let mut value = Vec::with_capacity(64);
-    let encode_key = |row: usize, key: &mut Vec<u8>| {
-        codec::encode_key(table, &readers, row, key);
+    // Every row's key, encoded once.
+    let mut keys = Vec::with_capacity(batch.num_rows() * 32);
+    let mut ends = Vec::with_capacity(batch.num_rows());
+    for row in 0..batch.num_rows() {
+        codec::encode_key(table, &readers, row, &mut keys);
         if append {
-            codec::append_suffix(seq, op_index, row as u32, key);
+            codec::append_suffix(seq, op_index, row as u32, &mut keys);
         }
-    };
+        ends.push(keys.len());
+    }
+    let key_of = |row: usize| &keys[if row == 0 { 0 } else { ends[row - 1] }..ends[row]];
     // The rows go into the tree in key order: neighbouring puts then land on
     // the same pages (most of the cost of a large batch is walking and
     // copying pages). The sort is stable, so of two rows with one key the
     // later still wins, and each key's diffs keep their order.
     let mut order: Vec<usize> = (0..batch.num_rows()).collect();
-    if !instant && order.len() > 1 {
-        let mut keys = Vec::with_capacity(batch.num_rows() * 32);
-        let mut ends = Vec::with_capacity(batch.num_rows());
-        for row in 0..batch.num_rows() {
-            encode_key(row, &mut keys);
-            ends.push(keys.len());
-        }
-        let key_of = |row: usize| &keys[if row == 0 { 0 } else { ends[row - 1] }..ends[row]];
+    if !instant {
         order.sort_by(|a, b| key_of(*a).cmp(key_of(*b)));
     }
     // The changes go to the log in the statement's row order, whatever
@@ -1039,38 +1029,37 @@ fn upsert_rows(
     let base = out.as_deref().map_or(0, Vec::len);
     let mut origin: Vec<usize> = Vec::new();
     for row in order {
-        key.clear();
         value.clear();
-        encode_key(row, &mut key);
+        let key = key_of(row);
         if instant {
             // Nothing is stored, so nothing is replaced: every row is new to the flows.
             if let Some(out) = out.as_deref_mut() {
                 let value = value_bytes(table, &readers, row, &mut value).to_vec();
-                out.push((key.clone(), value, 1));
+                out.push((key.to_vec(), value, 1));
             }
             continue;
         }
         if table.last_non_null() {
             value_bytes(table, &readers, row, &mut value);
-            if let Some(old) = space.get(&key)? {
+            if let Some(old) = space.get(key)? {
                 value = codec::merge_last_non_null(table, &old, &value)?;
             }
         }
         let old = if table.last_non_null() {
-            space.put(&key, &value)?
+            space.put(key, &value)?
         } else {
-            space.put(&key, value_bytes(table, &readers, row, &mut value))?
+            space.put(key, value_bytes(table, &readers, row, &mut value))?
         };
         if let Some(out) = out.as_deref_mut() {
             match old {
                 Some(old) if old == value => {}
                 Some(old) => {
-                    out.push((key.clone(), old, -1));
-                    out.push((key.clone(), value.clone(), 1));
+                    out.push((key.to_vec(), old, -1));
+                    out.push((key.to_vec(), value.clone(), 1));
                     origin.extend([row, row]);
                 }
                 None => {
-                    out.push((key.clone(), value.clone(), 1));
+                    out.push((key.to_vec(), value.clone(), 1));
                     origin.push(row);
                 }
             }
