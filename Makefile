@@ -21,6 +21,8 @@ setup:
 	@command -v mysql >/dev/null || { (apt-get update -qq || true) && apt-get install -y -qq default-mysql-client; }
 	@command -v openssl >/dev/null || { (apt-get update -qq || true) && apt-get install -y -qq openssl; }
 	@command -v curl >/dev/null || { (apt-get update -qq || true) && apt-get install -y -qq curl; }
+	@command -v etcd >/dev/null || { (apt-get update -qq || true) && apt-get install -y -qq etcd-server; }
+	@test -x /usr/sbin/nats-server || command -v nats-server >/dev/null || { (apt-get update -qq || true) && apt-get install -y -qq nats-server; }
 	@python3 -c 'import pymysql, mysql.connector' 2>/dev/null || python3 -m pip install -q pymysql mysql-connector-python
 	@componentize-py --version 2>/dev/null | grep -qx 'componentize-py $(COMPONENTIZE_PY)' || python3 -m pip install -q componentize-py==$(COMPONENTIZE_PY)
 
@@ -53,6 +55,8 @@ deps:
 		echo "sandflow-sandbox must not depend on datafusion or redb"; exit 1; fi
 	@if $(CARGO) tree -p sandflow-contract -e normal --prefix none --no-default-features | grep -Eq '^(datafusion|redb|tokio|wasmtime)'; then \
 		echo "sandflow-contract must not depend on datafusion, redb, tokio or wasmtime"; exit 1; fi
+	@if $(CARGO) tree -p sandflow-cluster -e normal --prefix none | grep -Eq '^(datafusion|redb|wasmtime)'; then \
+		echo "sandflow-cluster must not depend on datafusion, redb or wasmtime"; exit 1; fi
 	@if grep -rqE 'crate::(catalog|flow|sql|session|database)\b' host/db/src/storage; then \
 		echo "host/db/src/storage must not use the catalog, flows, SQL or sessions:"; \
 		grep -rnE 'crate::(catalog|flow|sql|session|database)\b' host/db/src/storage; exit 1; fi

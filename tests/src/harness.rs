@@ -654,3 +654,81 @@ pub fn poll_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A free TCP port on loopback (free when asked; a test binds it soon).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port on 127.0.0.1")
+}
+
+/// A program from Debian's packages, by name, in PATH or an sbin directory
+/// (`nats-server` is in /usr/sbin); `make setup` installs them.
+pub fn system_program(name: &str, package: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin".into(), "/usr/local/sbin".into(), "/sbin".into()])
+        .map(|d: PathBuf| d.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!("{name} not found: install Debian's {package} (`make setup` does)")
+        })
+}
+
+/// A real etcd server on loopback with a temporary data directory; killed on
+/// drop.
+pub struct Etcd {
+    child: Child,
+    pub port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Etcd {
+    pub fn start() -> Etcd {
+        let dir = tempfile::Builder::new()
+            .prefix("sandflow-etcd-")
+            .tempdir()
+            .expect("tempdir");
+        let (port, peer) = (free_port(), free_port());
+        let client_url = format!("http://127.0.0.1:{port}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let log = std::fs::File::create(dir.path().join("etcd.log")).expect("etcd log");
+        let child = Command::new(system_program("etcd", "etcd-server"))
+            .args(["--name", "t", "--data-dir"])
+            .arg(dir.path().join("data"))
+            .args(["--listen-client-urls", &client_url])
+            .args(["--advertise-client-urls", &client_url])
+            .args(["--listen-peer-urls", &peer_url])
+            .args(["--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("t={peer_url}")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn etcd");
+        let etcd = Etcd {
+            child,
+            port,
+            _dir: dir,
+        };
+        let healthy = poll_until(Duration::from_secs(30), || {
+            matches!(http_request(port, "GET", "/health", None, ""),
+                Ok((200, body)) if body.contains("true"))
+        });
+        assert!(healthy, "etcd did not become healthy on port {port}");
+        etcd
+    }
+
+    /// The client URL, as `--etcd` takes it.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

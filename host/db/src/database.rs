@@ -71,6 +71,9 @@ pub(crate) struct Core {
     /// Parses default expressions (a private context: no tables needed).
     expr_ctx: SessionContext,
     defaults: RwLock<HashMap<TableId, Arc<HashMap<String, Expr>>>>,
+    /// The cluster's nodes, when the database is part of one (see
+    /// [`crate::nodes`]).
+    pub(crate) nodes: RwLock<Option<Arc<dyn crate::nodes::NodeSource>>>,
 }
 
 impl std::fmt::Debug for Core {
@@ -477,6 +480,7 @@ impl Database {
             clock,
             expr_ctx: SessionContext::new(),
             defaults: RwLock::new(HashMap::new()),
+            nodes: RwLock::new(None),
         });
         let ctx = session(&core);
         core.flows.start_all(&core, &ctx).await?;
@@ -489,6 +493,14 @@ impl Database {
             ctx,
             expired: tokio::sync::Mutex::new(HashMap::new()),
         }))
+    }
+
+    /// Makes `information_schema.nodes` and `SHOW NODES` list the nodes
+    /// `source` tells (a cluster's), instead of this database alone.
+    pub fn set_node_source(&self, source: Arc<dyn crate::nodes::NodeSource>) {
+        if let Ok(mut n) = self.core.nodes.write() {
+            *n = Some(source);
+        }
     }
 
     /// Closes the database as a crash would: flows stop where they are,

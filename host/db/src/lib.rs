@@ -24,6 +24,7 @@ pub mod error;
 pub mod flow;
 pub mod influx;
 pub mod metrics;
+pub mod nodes;
 pub mod schema;
 /// The wasm sandbox flows run in (the `sandflow-sandbox` crate).
 pub use sandflow_sandbox as runtime;

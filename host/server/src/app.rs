@@ -488,6 +488,20 @@ pub async fn start(
         None => None,
     };
 
+    // Joined once the doors are bound, so that the address it publishes is
+    // the one it serves.
+    let member = match &config.cluster {
+        Some(cluster) => match crate::cluster::join(cluster, http_addr, &db).await {
+            Ok(m) => Some(m),
+            Err(e) => {
+                drop(gate);
+                close_database(db).await;
+                return Err(e);
+            }
+        },
+        None => None,
+    };
+
     let handlers = Arc::new(
         pg::PgHandlers::new(
             db.clone(),
@@ -561,6 +575,12 @@ pub async fn start(
         Ok(Ok(())) => info!("HTTP server stopped"),
         Ok(Err(e)) => error!("HTTP server failed: {e}"),
         Err(e) => error!("HTTP server task failed: {e}"),
+    }
+    // Out of the cluster at once, not after the lease runs out.
+    if let Some(member) = member {
+        if let Err(e) = member.leave().await {
+            warn!("{e}; the cluster drops this node when its lease runs out");
+        }
     }
     close_database(db).await;
     info!("sandflow stopped");

@@ -24,6 +24,14 @@
 //! key = "server.key"            # PEM private key
 //! require = false               # true: plaintext connections are refused
 //!
+//! [cluster]                     # leave out to run alone
+//! etcd = ["http://127.0.0.1:2379"]  # etcd's client URLs (or one comma-separated string)
+//! nats = "nats://127.0.0.1:4222"    # the change streams between nodes
+//! node_id = "storage-1"         # this node's id (letters, digits, '-', '_', '.')
+//! role = "all"                  # storage, flow or all
+//! lease_ttl = "10s"             # a node that stops renewing leaves after this
+//! advertise_addr = "10.0.0.5:4000"  # address SHOW NODES shows (default: the HTTP address)
+//!
 //! [flow]
 //! tick_interval = "200ms"      # the longest a flow with new input waits to tick (cheap ticks come sooner)
 //! memory_limit = "256MiB"       # default per flow, WITH (memory_limit = ...) overrides
@@ -128,6 +136,16 @@ pub enum ConfigError {
         "--require-tls needs a certificate and key to serve TLS with: set --tls-cert and --tls-key"
     ))]
     RequireTlsWithoutCert,
+    #[snafu(display(
+        "{setting} belongs to a cluster node: set --etcd too, or leave {setting} out to run alone"
+    ))]
+    ClusterSettingWithoutEtcd { setting: String },
+    #[snafu(display(
+        "--etcd needs --node-id: the name this node has in the cluster (e.g. --node-id storage-1)"
+    ))]
+    EtcdWithoutNodeId,
+    #[snafu(display("invalid {what}: {message}"))]
+    InvalidCluster { what: String, message: String },
 }
 
 /// sandflow: a time-series database whose continuous queries run in
@@ -419,6 +437,39 @@ pub struct StartArgs {
     #[arg(long, value_name = "FILE", env = "SANDFLOW_TLS_KEY")]
     pub tls_key: Option<PathBuf>,
 
+    /// etcd's client URLs, comma-separated (e.g. "http://127.0.0.1:2379"):
+    /// this node joins the cluster they keep. Without it sandflow runs
+    /// alone. Needs --node-id.
+    #[arg(long, value_name = "URL[,URL]", env = "SANDFLOW_ETCD")]
+    pub etcd: Option<String>,
+
+    /// NATS server URL for the change streams between nodes (e.g.
+    /// "nats://127.0.0.1:4222"). Needs --etcd.
+    #[arg(long, value_name = "URL", env = "SANDFLOW_NATS")]
+    pub nats: Option<String>,
+
+    /// This node's id in the cluster: 1 to 64 letters, digits, '-', '_' or
+    /// '.'. Needs --etcd.
+    #[arg(long, value_name = "ID", env = "SANDFLOW_NODE_ID")]
+    pub node_id: Option<String>,
+
+    /// What this node does in the cluster: storage (databases), flow (flows
+    /// only) or all. Needs --etcd. [default: all]
+    #[arg(long, value_name = "ROLE", env = "SANDFLOW_ROLE")]
+    pub role: Option<String>,
+
+    /// How long this node's etcd lease outlives its last renewal: a node
+    /// that stops renewing (crash, pause, cut off) leaves the cluster after
+    /// it. Whole seconds, at least 2s. Needs --etcd. [default: 10s]
+    #[arg(long, value_name = "DURATION", env = "SANDFLOW_LEASE_TTL")]
+    pub lease_ttl: Option<String>,
+
+    /// The HTTP address other nodes and operators reach this node at, as
+    /// SHOW NODES shows it. Needs --etcd. [default: the HTTP address it
+    /// listens on]
+    #[arg(long, value_name = "HOST:PORT", env = "SANDFLOW_ADVERTISE_ADDR")]
+    pub advertise_addr: Option<String>,
+
     /// Refuse connections that do not use TLS (PostgreSQL without SSLRequest,
     /// MySQL, plain HTTP). Needs --tls-cert and --tls-key.
     #[arg(long, env = "SANDFLOW_REQUIRE_TLS")]
@@ -533,6 +584,20 @@ impl Default for HttpConfig {
     }
 }
 
+/// The `[cluster]` section: how this node joins a cluster.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterConfig {
+    /// etcd's client URLs.
+    pub etcd: Vec<String>,
+    pub nats: Option<String>,
+    pub node_id: String,
+    pub role: sandflow_cluster::Role,
+    pub lease_ttl: Duration,
+    /// What SHOW NODES shows as this node's address (`None`: the HTTP
+    /// address it listens on).
+    pub advertise_addr: Option<String>,
+}
+
 /// The resolved settings of a server.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -554,6 +619,8 @@ pub struct Config {
     pub flow: FlowConfig,
     pub auth: AuthConfig,
     pub tls: TlsConfig,
+    /// `None`: the server runs alone.
+    pub cluster: Option<ClusterConfig>,
 }
 
 impl Default for Config {
@@ -571,6 +638,7 @@ impl Default for Config {
             flow: FlowConfig::default(),
             auth: AuthConfig::default(),
             tls: TlsConfig::default(),
+            cluster: None,
         }
     }
 }
@@ -594,6 +662,20 @@ pub struct FileConfig {
     pub auth: FileAuthConfig,
     #[serde(default)]
     pub tls: FileTlsConfig,
+    #[serde(default)]
+    pub cluster: FileClusterConfig,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileClusterConfig {
+    /// A list of URLs, or one comma-separated string.
+    pub etcd: Option<toml::Value>,
+    pub nats: Option<String>,
+    pub node_id: Option<String>,
+    pub role: Option<String>,
+    pub lease_ttl: Option<String>,
+    pub advertise_addr: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -993,7 +1075,9 @@ impl Config {
                 }
             }
         }
+        let cluster = cluster_config(args, file.cluster)?;
         Ok(Config {
+            cluster,
             auth: AuthConfig {
                 mode,
                 max_connections_per_user,
@@ -1028,6 +1112,115 @@ impl Config {
             },
         })
     }
+}
+
+/// The `[cluster]` settings, flags over file; `None` without etcd. The
+/// other cluster settings without etcd are refused rather than ignored.
+fn cluster_config(
+    args: &StartArgs,
+    file: FileClusterConfig,
+) -> Result<Option<ClusterConfig>, ConfigError> {
+    let etcd: Vec<String> = match (&args.etcd, file.etcd) {
+        (Some(s), _) => s.split(',').map(|u| u.trim().to_string()).collect(),
+        (None, Some(toml::Value::String(s))) => {
+            s.split(',').map(|u| u.trim().to_string()).collect()
+        }
+        (None, Some(toml::Value::Array(list))) => list
+            .iter()
+            .map(|v| match v {
+                toml::Value::String(s) => Ok(s.trim().to_string()),
+                other => Err(ConfigError::InvalidCluster {
+                    what: "cluster.etcd".into(),
+                    message: format!("expected URLs as strings, found {other}"),
+                }),
+            })
+            .collect::<Result<_, _>>()?,
+        (None, Some(other)) => {
+            return Err(ConfigError::InvalidCluster {
+                what: "cluster.etcd".into(),
+                message: format!("expected a URL or a list of URLs, found {other}"),
+            })
+        }
+        (None, None) => Vec::new(),
+    };
+    let etcd: Vec<String> = etcd.into_iter().filter(|u| !u.is_empty()).collect();
+    let nats = args.nats.clone().or(file.nats);
+    let node_id = args.node_id.clone().or(file.node_id);
+    let role = args.role.clone().or(file.role);
+    let lease_ttl = args.lease_ttl.clone().or(file.lease_ttl);
+    let advertise_addr = args.advertise_addr.clone().or(file.advertise_addr);
+    if etcd.is_empty() {
+        for (setting, given) in [
+            ("--nats", nats.is_some()),
+            ("--node-id", node_id.is_some()),
+            ("--role", role.is_some()),
+            ("--lease-ttl", lease_ttl.is_some()),
+            ("--advertise-addr", advertise_addr.is_some()),
+        ] {
+            if given {
+                return Err(ConfigError::ClusterSettingWithoutEtcd {
+                    setting: setting.into(),
+                });
+            }
+        }
+        return Ok(None);
+    }
+    let node_id = node_id.ok_or(ConfigError::EtcdWithoutNodeId)?;
+    sandflow_cluster::check_node_id(&node_id).map_err(|e| ConfigError::InvalidCluster {
+        what: "--node-id".into(),
+        message: e.to_string(),
+    })?;
+    let role = match role {
+        Some(r) => r.parse().map_err(|message| ConfigError::InvalidCluster {
+            what: "--role".into(),
+            message,
+        })?,
+        None => sandflow_cluster::Role::All,
+    };
+    let lease_ttl = match lease_ttl {
+        Some(s) => {
+            let d = parse_duration("--lease-ttl", &s)?;
+            if d < Duration::from_secs(2) || d.subsec_nanos() != 0 {
+                return Err(ConfigError::InvalidDuration {
+                    what: "--lease-ttl".into(),
+                    value: s,
+                    message: "must be whole seconds, at least 2s (etcd's shortest lease)".into(),
+                });
+            }
+            d
+        }
+        None => sandflow_cluster::DEFAULT_LEASE_TTL,
+    };
+    if let Some(nats) = &nats {
+        if !(nats.starts_with("nats://") || nats.starts_with("tls://")) || nats.len() < 8 {
+            return Err(ConfigError::InvalidCluster {
+                what: "--nats".into(),
+                message: format!("{nats:?} is not a NATS URL; use e.g. nats://127.0.0.1:4222"),
+            });
+        }
+    }
+    for url in &etcd {
+        let rest = url
+            .strip_prefix("http://")
+            .or_else(|| url.strip_prefix("https://"))
+            .unwrap_or(url);
+        if rest.is_empty() || rest.contains('/') || !rest.contains(':') {
+            return Err(ConfigError::InvalidCluster {
+                what: "--etcd".into(),
+                message: format!(
+                    "{url:?} is not an etcd client URL; use e.g. http://127.0.0.1:2379"
+                ),
+            });
+        }
+    }
+    Ok(Some(ClusterConfig {
+        etcd,
+        nats,
+        node_id,
+        role,
+        lease_ttl,
+        advertise_addr,
+    }))
 }
 
 /// Host names for `http.allowed_hosts`, lower-cased; empty entries are
@@ -1117,6 +1310,75 @@ mod tests {
     fn defaults() {
         let c = Config::merge(&StartArgs::default(), FileConfig::default()).unwrap();
         assert_eq!(c, Config::default());
+    }
+
+    #[test]
+    fn cluster_section_flags_over_file() {
+        let file: FileConfig = toml::from_str(
+            "[cluster]\netcd = [\"http://127.0.0.1:2379\", \"127.0.0.1:2380\"]\nnode_id = \"s1\"\nrole = \"storage\"\nlease_ttl = \"5s\"\n",
+        )
+        .unwrap();
+        let args = StartArgs {
+            role: Some("flow".into()),
+            ..Default::default()
+        };
+        let c = Config::merge(&args, file).unwrap().cluster.unwrap();
+        assert_eq!(c.etcd, ["http://127.0.0.1:2379", "127.0.0.1:2380"]);
+        assert_eq!(c.node_id, "s1");
+        assert_eq!(c.role, sandflow_cluster::Role::Flow);
+        assert_eq!(c.lease_ttl, Duration::from_secs(5));
+        let bad = |args: StartArgs| {
+            Config::merge(&args, FileConfig::default())
+                .unwrap_err()
+                .to_string()
+        };
+        let etcd = || Some("http://127.0.0.1:2379".to_string());
+        for (args, want) in [
+            (
+                StartArgs {
+                    lease_ttl: Some("1500ms".into()),
+                    etcd: etcd(),
+                    node_id: Some("a".into()),
+                    ..Default::default()
+                },
+                "at least 2s",
+            ),
+            (
+                StartArgs {
+                    nats: Some("127.0.0.1:4222".into()),
+                    etcd: etcd(),
+                    node_id: Some("a".into()),
+                    ..Default::default()
+                },
+                "is not a NATS URL",
+            ),
+            (
+                StartArgs {
+                    etcd: Some("http://h:1/x".into()),
+                    node_id: Some("a".into()),
+                    ..Default::default()
+                },
+                "is not an etcd client URL",
+            ),
+            (
+                StartArgs {
+                    etcd: etcd(),
+                    node_id: Some("a b".into()),
+                    ..Default::default()
+                },
+                "invalid node id",
+            ),
+            (
+                StartArgs {
+                    nats: Some("nats://h:1".into()),
+                    ..Default::default()
+                },
+                "--nats belongs to a cluster node",
+            ),
+        ] {
+            let e = bad(args);
+            assert!(e.contains(want), "{e}");
+        }
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The one integration-test binary: every area of sandflow's tests as a module
 //! of its own, so that the tests link DataFusion and wasmtime once.
 //!
+//! - `cluster`: nodes in a cluster over a real etcd server;
 //! - `database`: the database through its library API;
 //! - `engine_flows` (with `engine_common`): the engine natively, against
 //!   DataFusion;
@@ -17,6 +18,7 @@
 //!
 //! Run one area with `cargo test -p sandflow-tests --test all e2e_pg`.
 
+mod cluster;
 mod crash_flows;
 mod database;
 mod e2e_auth;

@@ -385,6 +385,14 @@ pub struct FlowInfo {
     pub source_ids: Vec<u64>,
 }
 
+impl FlowInfo {
+    /// Whether the flow runs: not waiting for its sources, not paused, not
+    /// failed (a sleeping flow runs).
+    pub fn is_running(&self) -> bool {
+        !self.def.pending && !self.def.paused && self.status.error.is_none()
+    }
+}
+
 struct FlowHandle {
     def: FlowDef,
     status: SharedStatus,

@@ -27,6 +27,8 @@ use datafusion::sql::sqlparser::ast::{
 use super::manager::FlowInfo;
 use crate::catalog::DEFAULT_CATALOG;
 use crate::database::Core;
+use crate::nodes::NodeRow;
+use datafusion::error::DataFusionError;
 
 /// The hidden schema that holds sandflow's system tables.
 pub const SYSTEM_SCHEMA: &str = "__sandflow_system";
@@ -42,12 +44,17 @@ pub const COMPONENTS_TABLE: &str = "components";
 /// and stderr (see [`super::logs`]).
 pub const FLOW_LOGS_TABLE: &str = "flow_logs";
 
+/// `information_schema.nodes`: the nodes of the cluster (see
+/// [`crate::nodes`]).
+pub const NODES_TABLE: &str = "nodes";
+
 /// The system tables, by their names in `information_schema`.
-const SYSTEM_TABLES: [&str; 4] = [
+const SYSTEM_TABLES: [&str; 5] = [
     FLOWS_TABLE,
     FLOW_STATISTICS_TABLE,
     COMPONENTS_TABLE,
     FLOW_LOGS_TABLE,
+    NODES_TABLE,
 ];
 
 /// The system table `name` names (`information_schema.flows` in any case,
@@ -416,6 +423,11 @@ impl SchemaProvider for SystemSchema {
                     core: self.core.clone(),
                 }) as Arc<dyn TableProvider>))
             }
+            NODES_TABLE => {
+                return Ok(Some(Arc::new(NodesTable {
+                    core: self.core.clone(),
+                }) as Arc<dyn TableProvider>))
+            }
             _ => return Ok(None),
         };
         Ok(Some(Arc::new(FlowsTable {
@@ -473,6 +485,90 @@ impl TableProvider for FlowsTable {
             false => flows_batch(&infos, now)?,
         };
         let mem = MemTable::try_new(self.schema(), vec![vec![batch]])?;
+        mem.scan(state, projection, filters, limit).await
+    }
+}
+
+/// The columns of `information_schema.nodes`: each live node's id, role
+/// (`storage`, `flow` or `all`), HTTP address, the seconds left of its
+/// lease and how many flows it runs.
+pub fn nodes_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Utf8, false),
+        Field::new("role", DataType::Utf8, false),
+        Field::new("address", DataType::Utf8, true),
+        Field::new("lease", DataType::Int64, true),
+        Field::new("flows", DataType::Int64, false),
+    ]))
+}
+
+/// The rows of `information_schema.nodes`, by id.
+pub fn nodes_batch(nodes: &[NodeRow]) -> datafusion::common::Result<RecordBatch> {
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(StringArray::from_iter_values(nodes.iter().map(|n| &n.id))),
+        Arc::new(StringArray::from_iter_values(nodes.iter().map(|n| &n.role))),
+        Arc::new(
+            nodes
+                .iter()
+                .map(|n| n.address.as_deref())
+                .collect::<StringArray>(),
+        ),
+        Arc::new(
+            nodes
+                .iter()
+                .map(|n| n.lease_seconds)
+                .collect::<Int64Array>(),
+        ),
+        Arc::new(Int64Array::from_iter_values(
+            nodes.iter().map(|n| n.flows as i64),
+        )),
+    ];
+    Ok(RecordBatch::try_new(nodes_schema(), columns)?)
+}
+
+/// `information_schema.nodes`, asked of the node source at scan time.
+#[derive(Debug)]
+struct NodesTable {
+    core: Arc<Core>,
+}
+
+#[async_trait]
+impl TableProvider for NodesTable {
+    fn schema(&self) -> SchemaRef {
+        nodes_schema()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::View
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
+        let source = self.core.nodes.read().ok().and_then(|n| n.clone());
+        let mut nodes = match source {
+            Some(source) => source.nodes().await.map_err(|e| {
+                DataFusionError::External(format!("cannot list the cluster's nodes: {e}").into())
+            })?,
+            None => vec![crate::nodes::standalone_row()],
+        };
+        // This process's own count is fresher than what the cluster heard.
+        let running = self
+            .core
+            .flows
+            .infos()
+            .iter()
+            .filter(|f| f.is_running())
+            .count() as u64;
+        for n in nodes.iter_mut().filter(|n| n.local) {
+            n.flows = running;
+        }
+        nodes.sort_by(|a, b| a.id.cmp(&b.id));
+        let mem = MemTable::try_new(self.schema(), vec![vec![nodes_batch(&nodes)?]])?;
         mem.scan(state, projection, filters, limit).await
     }
 }

@@ -659,6 +659,12 @@ async fn admin(
             }
             admin_output(function, name, 0)
         }
+        "move_flow" => UnsupportedSnafu {
+            message: "ADMIN MOVE_FLOW('flow', 'node') is not implemented yet: in this version \
+                      every node runs the flows of its own databases; placing flows on other \
+                      nodes comes with the cluster's flow placement",
+        }
+        .fail(),
         other => UnsupportedSnafu {
             message: format!(
                 "ADMIN {other} is not supported; supported: ADMIN FLUSH_FLOW('name'), \

@@ -1501,6 +1501,23 @@ fn parse_flow_statement(p: &mut Parser, sql: &str) -> Result<Option<Stmt>> {
         let like = parse_like(p)?;
         return Ok(Some(Stmt::ShowFlows { like }));
     }
+    if is_kw(p, 0, Keyword::SHOW) && is_word(p, 1, "NODES") {
+        // A query over information_schema.nodes.
+        p.next_token();
+        p.next_token();
+        let filter = match parse_like(p)? {
+            Some(pattern) => format!(" WHERE id LIKE '{}'", pattern.replace('\'', "''")),
+            None => String::new(),
+        };
+        let sql = format!(
+            "SELECT id, role, address, lease, flows FROM information_schema.nodes{filter} ORDER BY id"
+        );
+        let mut stmts = Parser::parse_sql(&GenericDialect {}, &sql).map_err(sql_err)?;
+        return match stmts.pop() {
+            Some(stmt) => Ok(Some(Stmt::Query(Box::new(stmt)))),
+            None => Err(syntax("SHOW NODES")),
+        };
+    }
     if is_kw(p, 0, Keyword::SHOW) && is_word(p, 1, "FLOW") && is_word(p, 2, "STATUS") {
         // GreptimeDB's SHOW FLOW STATUS [LIKE 'p']: a query over
         // information_schema.flow_statistics.

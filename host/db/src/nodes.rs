@@ -1,0 +1,47 @@
+//! The nodes `information_schema.nodes` and `SHOW NODES` list.
+//!
+//! The database does not know etcd or the cluster: whoever runs it (the
+//! server) may install a [`NodeSource`] that answers with the cluster's live
+//! nodes. Without one, the database is a node of its own: one row, `local`,
+//! role `all`. Either way the row of this process counts its flows from the
+//! flow manager, which is fresher than what the cluster last heard.
+
+use std::fmt::Debug;
+
+use async_trait::async_trait;
+
+/// One node as `information_schema.nodes` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeRow {
+    pub id: String,
+    /// `storage`, `flow` or `all`.
+    pub role: String,
+    /// Where the node answers HTTP, if known.
+    pub address: Option<String>,
+    /// Seconds left of the node's lease (`None`: no lease, or it just ran
+    /// out).
+    pub lease_seconds: Option<i64>,
+    /// Flows the node runs.
+    pub flows: u64,
+    /// Whether this row is this process.
+    pub local: bool,
+}
+
+/// Where the nodes come from when the database is part of a cluster.
+#[async_trait]
+pub trait NodeSource: Send + Sync + Debug {
+    /// The live nodes; an error message says why they cannot be told.
+    async fn nodes(&self) -> Result<Vec<NodeRow>, String>;
+}
+
+/// The row of a database that runs alone.
+pub(crate) fn standalone_row() -> NodeRow {
+    NodeRow {
+        id: "local".into(),
+        role: "all".into(),
+        address: None,
+        lease_seconds: None,
+        flows: 0,
+        local: true,
+    }
+}

@@ -1,0 +1,240 @@
+//! Nodes in a cluster, against a real etcd server on loopback: joining with
+//! a role, `SHOW NODES` and `information_schema.nodes`, leaving at shutdown,
+//! dropping out after a crash when the lease runs out, one live holder per
+//! node id.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sandflow_tests::harness::{poll_until, server_bin, temp_data_dir, Etcd, Options, Server};
+
+fn node(etcd: &Etcd, id: &str, role: &str, ttl: &str) -> Options {
+    Options {
+        args: [
+            "--etcd",
+            &etcd.url(),
+            "--node-id",
+            id,
+            "--role",
+            role,
+            "--lease-ttl",
+            ttl,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+        ..Options::default()
+    }
+}
+
+/// `SHOW NODES` as rows of `id|role|address|lease|flows`.
+fn nodes(s: &Server) -> Vec<Vec<String>> {
+    s.sql("SHOW NODES")
+        .lines()
+        .map(|l| l.split('|').map(str::to_string).collect())
+        .collect()
+}
+
+fn ids(s: &Server) -> Vec<String> {
+    nodes(s).into_iter().map(|r| r[0].clone()).collect()
+}
+
+#[test]
+fn nodes_join_show_their_roles_and_leave() {
+    let etcd = Etcd::start();
+    let storage = Server::start_with(temp_data_dir(), node(&etcd, "storage-1", "storage", "2s"));
+    let mut flow = Server::start_with(temp_data_dir(), node(&etcd, "flow-1", "flow", "2s"));
+
+    let rows = nodes(&storage);
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(
+        rows[0][..3],
+        ["flow-1", "flow", &format!("127.0.0.1:{}", flow.http_port)]
+    );
+    assert_eq!(
+        rows[1][..3],
+        [
+            "storage-1",
+            "storage",
+            &format!("127.0.0.1:{}", storage.http_port)
+        ]
+    );
+    for r in &rows {
+        let lease: i64 = r[3].parse().unwrap_or_else(|_| panic!("lease of {r:?}"));
+        assert!((0..=2).contains(&lease), "{r:?}");
+        assert_eq!(r[4], "0", "{r:?}");
+    }
+    // The same through information_schema, from the other node.
+    assert_eq!(
+        flow.sql("SELECT id, role FROM information_schema.nodes WHERE role <> 'flow'"),
+        "storage-1|storage"
+    );
+
+    // A flow on the storage node: its own row counts it at once, the other
+    // node hears of it through etcd.
+    storage
+        .sql("CREATE TABLE m (host STRING, v DOUBLE, ts TIMESTAMP TIME INDEX, PRIMARY KEY (host))");
+    storage.sql("CREATE FLOW f SINK TO s AS SELECT host, count(v) AS n FROM m GROUP BY host");
+    assert_eq!(
+        storage.sql("SELECT flows FROM information_schema.nodes WHERE id = 'storage-1'"),
+        "1"
+    );
+    assert!(
+        poll_until(Duration::from_secs(10), || {
+            flow.sql("SELECT flows FROM information_schema.nodes WHERE id = 'storage-1'") == "1"
+        }),
+        "the flow node never heard of the storage node's flow: {:?}",
+        nodes(&flow)
+    );
+
+    // A clean stop leaves at once (the lease is revoked, not waited out).
+    assert!(flow.stop(), "unclean stop:\n{}", flow.logs());
+    let gone = Instant::now();
+    assert!(
+        poll_until(Duration::from_millis(1500), || ids(&storage)
+            == ["storage-1"]),
+        "flow-1 still listed after its stop: {:?}",
+        nodes(&storage)
+    );
+    assert!(gone.elapsed() < Duration::from_secs(2));
+}
+
+#[test]
+fn a_crashed_node_drops_out_when_its_lease_runs_out_and_its_id_waits_for_that() {
+    let etcd = Etcd::start();
+    let a = Server::start_with(temp_data_dir(), node(&etcd, "a", "all", "2s"));
+    let dir = temp_data_dir();
+    let opts = node(&etcd, "b", "flow", "3s");
+    let mut b = Server::start_with(dir.clone(), opts.clone());
+    assert_eq!(ids(&a), ["a", "b"]);
+
+    b.kill9();
+    let killed = Instant::now();
+    // Still listed while its lease lasts, gone after.
+    assert_eq!(ids(&a), ["a", "b"]);
+    assert!(
+        poll_until(Duration::from_secs(10), || ids(&a) == ["a"]),
+        "b never dropped out: {:?}",
+        nodes(&a)
+    );
+    assert!(
+        killed.elapsed() >= Duration::from_secs(1),
+        "b dropped out before its lease ran out"
+    );
+
+    // Restarted at once after a crash, the node waits for its old lease.
+    let mut b = Server::start_with(dir.clone(), opts.clone());
+    assert_eq!(ids(&a), ["a", "b"]);
+    b.kill9();
+    let restarted = Instant::now();
+    let b = Server::start_with(dir, opts);
+    assert!(
+        restarted.elapsed() >= Duration::from_secs(2),
+        "b registered again while its crashed run still held the id"
+    );
+    assert!(
+        b.logs().contains("waiting for it to run out"),
+        "{}",
+        b.logs()
+    );
+    assert_eq!(ids(&b), ["a", "b"]);
+}
+
+#[test]
+fn a_node_id_held_by_a_live_node_is_refused() {
+    let etcd = Etcd::start();
+    let a = Server::start_with(temp_data_dir(), node(&etcd, "n1", "all", "2s"));
+    let dir = temp_data_dir();
+    let out = Command::new(server_bin())
+        .args(["start", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .args([
+            "--postgres-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+        ])
+        .args(["--mysql-addr", "127.0.0.1:0", "--auth", "none"])
+        .args([
+            "--etcd",
+            &etcd.url(),
+            "--node-id",
+            "n1",
+            "--lease-ttl",
+            "2s",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run sandflow");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("node id 'n1' is held by a live node at 127.0.0.1:")
+            && stderr.contains("another --node-id"),
+        "{stderr}"
+    );
+    // The live holder is untouched.
+    assert_eq!(ids(&a), ["n1"]);
+}
+
+#[test]
+fn cluster_settings_need_etcd_and_etcd_needs_a_reachable_server() {
+    let run = |args: &[&str]| {
+        let dir = temp_data_dir();
+        let out = Command::new(server_bin())
+            .args(["start", "--data-dir"])
+            .arg(dir.path().join("data"))
+            .args([
+                "--postgres-addr",
+                "127.0.0.1:0",
+                "--http-addr",
+                "127.0.0.1:0",
+            ])
+            .args(["--mysql-addr", "127.0.0.1:0", "--auth", "none"])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run sandflow");
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = run(&["--node-id", "x"]);
+    assert!(
+        e.contains("--node-id belongs to a cluster node: set --etcd too"),
+        "{e}"
+    );
+    let e = run(&["--etcd", "http://127.0.0.1:1"]);
+    assert!(e.contains("--etcd needs --node-id"), "{e}");
+    let e = run(&[
+        "--etcd",
+        "http://127.0.0.1:1",
+        "--node-id",
+        "x",
+        "--role",
+        "leader",
+    ]);
+    assert!(
+        e.contains("unknown role 'leader': use storage, flow or all"),
+        "{e}"
+    );
+    let port = sandflow_tests::harness::free_port();
+    let e = run(&[
+        "--etcd",
+        &format!("http://127.0.0.1:{port}"),
+        "--node-id",
+        "x",
+    ]);
+    assert!(
+        e.contains("cannot join the cluster: cannot reach etcd at"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_server_alone_is_one_node() {
+    let s = Server::start();
+    s.sql("CREATE TABLE m (host STRING, v DOUBLE, ts TIMESTAMP TIME INDEX, PRIMARY KEY (host))");
+    s.sql("CREATE FLOW f SINK TO s AS SELECT host, count(v) AS n FROM m GROUP BY host");
+    assert_eq!(s.sql("SHOW NODES"), "local|all|||1");
+    assert_eq!(s.sql("SHOW NODES LIKE 'x%'"), "");
+}
