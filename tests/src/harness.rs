@@ -732,3 +732,63 @@ impl Drop for Etcd {
         let _ = self.child.wait();
     }
 }
+
+/// A real nats-server with JetStream on loopback, storing in a temporary
+/// directory; killed on drop.
+pub struct Nats {
+    child: Child,
+    pub port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Nats {
+    pub fn start() -> Nats {
+        let dir = tempfile::Builder::new()
+            .prefix("sandflow-nats-")
+            .tempdir()
+            .expect("tempdir");
+        let (port, monitor) = (free_port(), free_port());
+        let log = std::fs::File::create(dir.path().join("nats.log")).expect("nats log");
+        let child = Command::new(system_program("nats-server", "nats-server"))
+            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string()])
+            .args(["-m", &monitor.to_string(), "-sd"])
+            .arg(dir.path().join("js"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn nats-server");
+        let nats = Nats {
+            child,
+            port,
+            _dir: dir,
+        };
+        let healthy = poll_until(Duration::from_secs(30), || {
+            matches!(
+                http_request(monitor, "GET", "/healthz", None, ""),
+                Ok((200, _))
+            )
+        });
+        assert!(healthy, "nats-server did not become healthy on port {port}");
+        nats
+    }
+
+    /// The URL, as `--nats` takes it.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Sends the server `signal` (e.g. "-STOP", "-CONT").
+    pub fn signal(&self, signal: &str) {
+        let _ = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status();
+    }
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -9,9 +9,13 @@
 //! starts under an id whose key is still there waits until that key's lease
 //! has run out, and gives up with an error when it does not.
 //!
+//! The change streams over NATS JetStream are in [`changes`].
+//!
 //! What this crate must not know: SQL, DataFusion, redb, wasmtime, the flow
 //! runner. It speaks etcd and hands out plain facts (nodes, roles, leases);
 //! the server decides what they mean for databases and flows.
+
+pub mod changes;
 
 use std::fmt;
 use std::str::FromStr;

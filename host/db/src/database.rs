@@ -74,6 +74,8 @@ pub(crate) struct Core {
     /// The cluster's nodes, when the database is part of one (see
     /// [`crate::nodes`]).
     pub(crate) nodes: RwLock<Option<Arc<dyn crate::nodes::NodeSource>>>,
+    /// The change export, when `FlowSettings::export_changes` is on.
+    pub(crate) export: Option<crate::export::Exporter>,
 }
 
 impl std::fmt::Debug for Core {
@@ -465,6 +467,9 @@ impl Database {
         })
         .await?;
         let executor = Executor::with_default_threads()?;
+        let export = flows
+            .export_changes
+            .then(|| crate::export::Exporter::new(store.clone()));
         let (clock, manual): (Arc<dyn Clock>, _) = match time {
             ClockConfig::System => (Arc::new(SystemClock), None),
             ClockConfig::Virtual(v) => (v.clone(), Some(v)),
@@ -481,6 +486,7 @@ impl Database {
             expr_ctx: SessionContext::new(),
             defaults: RwLock::new(HashMap::new()),
             nodes: RwLock::new(None),
+            export,
         });
         let ctx = session(&core);
         core.flows.start_all(&core, &ctx).await?;
@@ -501,6 +507,71 @@ impl Database {
         if let Ok(mut n) = self.core.nodes.write() {
             *n = Some(source);
         }
+    }
+
+    /// The change export (`FlowSettings::export_changes`), or an error
+    /// saying it is off.
+    fn exporter(&self) -> Result<&crate::export::Exporter> {
+        self.core.export.as_ref().ok_or_else(|| {
+            crate::error::SqlSnafu {
+                message:
+                    "the change export is off: open the database with FlowSettings::export_changes",
+            }
+            .build()
+        })
+    }
+
+    /// The next part of each exported table's changes after what was handed
+    /// out (at most one per table), in commit order per table.
+    pub async fn export_next(&self) -> Result<Vec<crate::export::ExportPart>> {
+        self.exporter()?;
+        let core = self.core.clone();
+        blocking(move || match &core.export {
+            Some(e) => e.next(),
+            None => Ok(Vec::new()),
+        })
+        .await
+    }
+
+    /// `table`'s exported parts up to `end` are stored elsewhere: its log
+    /// may be trimmed to there.
+    pub async fn export_ack(
+        &self,
+        table: crate::schema::TableId,
+        end: sandflow_flows::Position,
+    ) -> Result<()> {
+        self.exporter()?;
+        let core = self.core.clone();
+        blocking(move || match &core.export {
+            Some(e) => e.ack(table, end),
+            None => Ok(()),
+        })
+        .await
+    }
+
+    /// Hands out `table`'s parts after `after` next: where its publisher's
+    /// stream stands.
+    pub fn export_seek(
+        &self,
+        table: crate::schema::TableId,
+        after: sandflow_flows::Position,
+    ) -> Result<()> {
+        self.exporter()?.seek(table, after)
+    }
+
+    /// The exported tables: id and `database.table`.
+    pub fn exported_tables(&self) -> Vec<(crate::schema::TableId, String)> {
+        self.core
+            .export
+            .as_ref()
+            .map(|e| e.tables())
+            .unwrap_or_default()
+    }
+
+    /// Wakes when a commit changes an exported table or a table starts
+    /// being exported.
+    pub fn export_notify(&self) -> Option<Arc<tokio::sync::Notify>> {
+        self.core.export.as_ref().map(|e| e.notify())
     }
 
     /// Closes the database as a crash would: flows stop where they are,

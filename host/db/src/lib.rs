@@ -21,6 +21,7 @@ pub mod clock {
 pub mod database;
 pub mod engine;
 pub mod error;
+pub mod export;
 pub mod flow;
 pub mod influx;
 pub mod metrics;

@@ -407,6 +407,13 @@ pub async fn start(
     flows.sleep_after = config.flow.sleep_after;
     flows.threads = config.flow.threads;
     flows.max_component_size = config.flow.max_component_size;
+    // A node that stores databases feeds the change streams.
+    let nats = config
+        .cluster
+        .as_ref()
+        .filter(|c| c.role.stores())
+        .and_then(|c| c.nats.clone());
+    flows.export_changes = nats.is_some();
     // Uploads compile in a child process of this binary, bounded in memory
     // and killed at the compile timeout.
     match std::env::current_exe() {
@@ -501,6 +508,27 @@ pub async fn start(
         },
         None => None,
     };
+    let (publisher_stop, publisher_stopped) = watch::channel(false);
+    let publisher = match (&nats, &member) {
+        (Some(url), Some(member)) => match crate::cluster::change_streams(url).await {
+            Ok(streams) => {
+                info!("publishing changes to the change streams at {url}");
+                Some(tokio::spawn(crate::cluster::publish_changes(
+                    Arc::downgrade(&db),
+                    streams,
+                    member.node_id().to_string(),
+                    publisher_stopped,
+                )))
+            }
+            Err(e) => {
+                let _ = member.leave().await;
+                drop(gate);
+                close_database(db).await;
+                return Err(e);
+            }
+        },
+        _ => None,
+    };
 
     let handlers = Arc::new(
         pg::PgHandlers::new(
@@ -575,6 +603,10 @@ pub async fn start(
         Ok(Ok(())) => info!("HTTP server stopped"),
         Ok(Err(e)) => error!("HTTP server failed: {e}"),
         Err(e) => error!("HTTP server task failed: {e}"),
+    }
+    let _ = publisher_stop.send(true);
+    if let Some(p) = publisher {
+        let _ = p.await;
     }
     // Out of the cluster at once, not after the lease runs out.
     if let Some(member) = member {

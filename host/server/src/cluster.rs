@@ -1,15 +1,19 @@
 //! This node in a cluster (`--etcd`): joins at start, tells the database
 //! which nodes are live (`SHOW NODES`, `information_schema.nodes`),
-//! publishes how many flows it runs, and leaves at shutdown.
+//! publishes how many flows it runs, and leaves at shutdown. With `--nats`,
+//! a node that stores databases publishes the changes of the tables flows
+//! read to the change streams.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use sandflow::export::Position;
 use sandflow::nodes::{NodeRow, NodeSource};
 use sandflow::Database;
+use sandflow_cluster::changes::{subject, ChangeStreams};
 use sandflow_cluster::Member;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::config::ClusterConfig;
 
@@ -88,4 +92,94 @@ async fn publish_flow_count(member: Weak<Member>, db: Weak<Database>) {
         drop((member, db));
         tokio::time::sleep(FLOW_COUNT_EVERY).await;
     }
+}
+
+/// Connects to the change streams at `url` (`--nats`).
+pub async fn change_streams(url: &str) -> Result<ChangeStreams, String> {
+    ChangeStreams::connect(url)
+        .await
+        .map_err(|e| format!("cannot open the change streams: {e}"))
+}
+
+/// How long the publisher waits after a failure before trying again.
+const PUBLISH_RETRY: Duration = Duration::from_secs(1);
+
+/// Publishes the changes `db` exports to `streams`, each table's parts in
+/// commit order, each once the previous one is stored. Where a table's
+/// stream stands is asked of the stream before its first part (and again
+/// after a failure), so a restarted node neither skips nor repeats a part.
+/// Runs until `db` is gone or `stop` turns true.
+pub async fn publish_changes(
+    db: Weak<Database>,
+    streams: ChangeStreams,
+    node_id: String,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let Some(notify) = db.upgrade().and_then(|d| d.export_notify()) else {
+        return;
+    };
+    let mut placed: std::collections::HashSet<u64> = Default::default();
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let Some(db) = db.upgrade() else { return };
+        match publish_round(&db, &streams, &node_id, &mut placed).await {
+            Ok(true) => continue,
+            Ok(false) => {
+                drop(db);
+                tokio::select! {
+                    _ = notify.notified() => {}
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = stop.changed() => return,
+                }
+            }
+            Err(e) => {
+                drop(db);
+                warn!("change stream: {e}; trying again in {PUBLISH_RETRY:?}");
+                placed.clear();
+                tokio::select! {
+                    _ = tokio::time::sleep(PUBLISH_RETRY) => {}
+                    _ = stop.changed() => return,
+                }
+            }
+        }
+    }
+}
+
+/// One round: places tables not placed yet at their stream's end, then
+/// publishes the next part of each table. Whether anything was published.
+async fn publish_round(
+    db: &Database,
+    streams: &ChangeStreams,
+    node_id: &str,
+    placed: &mut std::collections::HashSet<u64>,
+) -> Result<bool, String> {
+    for (id, _) in db.exported_tables() {
+        if placed.contains(&id) {
+            continue;
+        }
+        let subject = subject(node_id, id);
+        if let Some((seq, part)) = streams.last(&subject).await.map_err(|e| e.to_string())? {
+            db.export_seek(id, Position { seq, part })
+                .map_err(|e| e.to_string())?;
+        }
+        placed.insert(id);
+    }
+    let parts = db.export_next().await.map_err(|e| e.to_string())?;
+    let any = !parts.is_empty();
+    for p in parts {
+        if !placed.contains(&p.table_id) {
+            // Exported since the placing above: placed next round.
+            continue;
+        }
+        streams
+            .publish(&subject(node_id, p.table_id), p.end.seq, p.end.part, p.body)
+            .await
+            .map_err(|e| format!("cannot publish a change of {}: {e}", p.table))?;
+        db.export_ack(p.table_id, p.end)
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(any)
 }

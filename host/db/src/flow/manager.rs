@@ -104,6 +104,9 @@ pub struct FlowSettings {
     pub component_compile_timeout: Duration,
     /// Where uploaded components are compiled.
     pub component_compiler: ComponentCompiler,
+    /// Export the changes of every table a flow reads, for a publisher
+    /// outside the database (see [`crate::export`]).
+    pub export_changes: bool,
 }
 
 /// Where an uploaded component is compiled (see
@@ -174,6 +177,7 @@ impl Default for FlowSettings {
             max_component_size: DEFAULT_MAX_COMPONENT_SIZE,
             component_compile_timeout: DEFAULT_COMPONENT_COMPILE_TIMEOUT,
             component_compiler: ComponentCompiler::InProcess,
+            export_changes: false,
         }
     }
 }
@@ -2079,6 +2083,11 @@ impl FlowManager {
         let keep_from = recovery
             .as_ref()
             .map(|r| log_floor(&r.positions, &recording));
+        // Exported from here on too, before this flow can trim its sources'
+        // logs.
+        if let Some(export) = &core.export {
+            export.ensure(&p.sources)?;
+        }
         // The runner's wake-up is known only once it is under the driver.
         let wake: Arc<OnceLock<Box<dyn Fn() + Send + Sync>>> = Arc::new(OnceLock::new());
         let following =
