@@ -204,6 +204,10 @@ struct State {
     lease: i64,
     /// The count last written to etcd.
     published_flows: u64,
+    /// Renewals that failed (etcd out of reach, or too slow).
+    renewal_failures: u64,
+    /// Times the node registered again after its lease ran out.
+    reregistrations: u64,
 }
 
 impl Member {
@@ -245,6 +249,8 @@ impl Member {
             info,
             lease,
             published_flows: 0,
+            renewal_failures: 0,
+            reregistrations: 0,
         }));
         let changed = Arc::new(Notify::new());
         let (stop, stopped) = watch::channel(false);
@@ -271,6 +277,16 @@ impl Member {
 
     pub fn role(&self) -> Role {
         self.config.role
+    }
+
+    /// Lease renewals that failed since the node joined.
+    pub fn renewal_failures(&self) -> u64 {
+        self.state.lock().map_or(0, |s| s.renewal_failures)
+    }
+
+    /// Times the node registered again after its lease ran out.
+    pub fn reregistrations(&self) -> u64 {
+        self.state.lock().map_or(0, |s| s.reregistrations)
     }
 
     /// Publishes how many flows this node runs (soon, not at once).
@@ -481,6 +497,7 @@ async fn renew(
                         if let Ok(mut s) = state.lock() {
                             s.lease = new;
                             s.published_flows = info.flows;
+                            s.reregistrations += 1;
                         }
                         info!(node = %info.id, lease = new, "registered again");
                     }
@@ -490,6 +507,9 @@ async fn renew(
             }
             Err(e) => {
                 warn!(node = %info.id, error = %e, "cannot renew this node's lease; retrying");
+                if let Ok(mut s) = state.lock() {
+                    s.renewal_failures += 1;
+                }
                 keeper = None;
                 continue;
             }

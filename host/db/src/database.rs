@@ -89,6 +89,15 @@ impl Core {
         &self.metrics
     }
 
+    /// The id of the node this database runs on (`local` alone).
+    pub(crate) fn node_id(&self) -> String {
+        self.nodes
+            .read()
+            .ok()
+            .and_then(|n| n.as_ref().map(|s| s.local_id()))
+            .unwrap_or_else(|| crate::nodes::STANDALONE_ID.to_string())
+    }
+
     /// The DataFusion expression of a column's default, cast to its type.
     pub(crate) fn default_expr(&self, column: &ColumnSchema) -> Result<Option<Expr>> {
         let Some(sql) = &column.default else {

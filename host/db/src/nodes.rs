@@ -32,12 +32,18 @@ pub struct NodeRow {
 pub trait NodeSource: Send + Sync + Debug {
     /// The live nodes; an error message says why they cannot be told.
     async fn nodes(&self) -> Result<Vec<NodeRow>, String>;
+
+    /// This process's node id.
+    fn local_id(&self) -> String;
 }
+
+/// The node id of a database that runs alone.
+pub const STANDALONE_ID: &str = "local";
 
 /// The row of a database that runs alone.
 pub(crate) fn standalone_row() -> NodeRow {
     NodeRow {
-        id: "local".into(),
+        id: STANDALONE_ID.into(),
         role: "all".into(),
         address: None,
         lease_seconds: None,

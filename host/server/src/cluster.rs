@@ -42,6 +42,10 @@ impl NodeSource for EtcdNodes {
             })
             .collect())
     }
+
+    fn local_id(&self) -> String {
+        self.member.node_id().to_string()
+    }
 }
 
 /// Joins the cluster `config` names as this node, whose HTTP door is
@@ -74,6 +78,20 @@ pub async fn join(
     db.set_node_source(Arc::new(EtcdNodes {
         member: member.clone(),
     }));
+    let m = Arc::downgrade(&member);
+    db.metrics().gauge_fn(
+        "sandflow_cluster_lease_renewal_failures",
+        "Renewals of this node's etcd lease that failed since it joined.",
+        &[],
+        move || m.upgrade().map_or(0.0, |m| m.renewal_failures() as f64),
+    );
+    let m = Arc::downgrade(&member);
+    db.metrics().gauge_fn(
+        "sandflow_cluster_reregistrations",
+        "Times this node registered again after its etcd lease ran out (paused or cut off).",
+        &[],
+        move || m.upgrade().map_or(0.0, |m| m.reregistrations() as f64),
+    );
     tokio::spawn(publish_flow_count(
         Arc::downgrade(&member),
         Arc::downgrade(db),
@@ -101,6 +119,13 @@ pub async fn change_streams(url: &str) -> Result<ChangeStreams, String> {
         .map_err(|e| format!("cannot open the change streams: {e}"))
 }
 
+/// The publisher's metrics.
+struct Counters {
+    parts: sandflow::metrics::Counter,
+    bytes: sandflow::metrics::Counter,
+    errors: sandflow::metrics::Counter,
+}
+
 /// How long the publisher waits after a failure before trying again.
 const PUBLISH_RETRY: Duration = Duration::from_secs(1);
 
@@ -118,13 +143,33 @@ pub async fn publish_changes(
     let Some(notify) = db.upgrade().and_then(|d| d.export_notify()) else {
         return;
     };
+    let counters = match db.upgrade() {
+        Some(d) => Counters {
+            parts: d.metrics().counter(
+                "sandflow_change_stream_parts_total",
+                "Parts of table changes this node published to the change streams.",
+                &[],
+            ),
+            bytes: d.metrics().counter(
+                "sandflow_change_stream_bytes_total",
+                "Bytes of table changes this node published to the change streams.",
+                &[],
+            ),
+            errors: d.metrics().counter(
+                "sandflow_change_stream_errors_total",
+                "Failures to publish to the change streams (each retried after a second).",
+                &[],
+            ),
+        },
+        None => return,
+    };
     let mut placed: std::collections::HashSet<u64> = Default::default();
     loop {
         if *stop.borrow() {
             return;
         }
         let Some(db) = db.upgrade() else { return };
-        match publish_round(&db, &streams, &node_id, &mut placed).await {
+        match publish_round(&db, &streams, &node_id, &mut placed, &counters).await {
             Ok(true) => continue,
             Ok(false) => {
                 drop(db);
@@ -136,6 +181,7 @@ pub async fn publish_changes(
             }
             Err(e) => {
                 drop(db);
+                counters.errors.inc();
                 warn!("change stream: {e}; trying again in {PUBLISH_RETRY:?}");
                 placed.clear();
                 tokio::select! {
@@ -154,6 +200,7 @@ async fn publish_round(
     streams: &ChangeStreams,
     node_id: &str,
     placed: &mut std::collections::HashSet<u64>,
+    counters: &Counters,
 ) -> Result<bool, String> {
     for (id, _) in db.exported_tables() {
         if placed.contains(&id) {
@@ -173,10 +220,13 @@ async fn publish_round(
             // Exported since the placing above: placed next round.
             continue;
         }
+        let bytes = p.body.len() as u64;
         streams
             .publish(&subject(node_id, p.table_id), p.end.seq, p.end.part, p.body)
             .await
             .map_err(|e| format!("cannot publish a change of {}: {e}", p.table))?;
+        counters.parts.inc();
+        counters.bytes.add(bytes);
         db.export_ack(p.table_id, p.end)
             .await
             .map_err(|e| e.to_string())?;

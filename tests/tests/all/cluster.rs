@@ -82,6 +82,14 @@ fn nodes_join_show_their_roles_and_leave() {
         storage.sql("SELECT flows FROM information_schema.nodes WHERE id = 'storage-1'"),
         "1"
     );
+    assert_eq!(
+        storage.sql("SELECT flow_name, node FROM information_schema.flows"),
+        "f|storage-1"
+    );
+    assert_eq!(
+        storage.metric("sandflow_cluster_reregistrations"),
+        Some(0.0)
+    );
     assert!(
         poll_until(Duration::from_secs(10), || {
             flow.sql("SELECT flows FROM information_schema.nodes WHERE id = 'storage-1'") == "1"
@@ -239,6 +247,13 @@ fn a_server_alone_is_one_node() {
     s.sql("CREATE TABLE m (host STRING, v DOUBLE, ts TIMESTAMP TIME INDEX, PRIMARY KEY (host))");
     s.sql("CREATE FLOW f SINK TO s AS SELECT host, count(v) AS n FROM m GROUP BY host");
     assert_eq!(s.sql("SHOW NODES"), "local|all|||1");
+    assert_eq!(s.sql("SELECT node FROM information_schema.flows"), "local");
+    s.sql("ADMIN PAUSE_FLOW('f')");
+    assert_eq!(
+        s.sql("SELECT node IS NULL FROM information_schema.flows"),
+        "t"
+    );
+    assert_eq!(s.sql("SHOW NODES"), "local|all|||0");
     assert_eq!(s.sql("SHOW NODES LIKE 'x%'"), "");
 }
 
@@ -362,4 +377,11 @@ fn a_storage_node_publishes_every_change_once_in_order_across_a_crash() {
         .filter(|(_, d)| *d > 0)
         .count();
     assert_eq!(inserts, 20 + 3 + 30 + 1, "{parts:?}");
+    assert!(
+        s.metric("sandflow_change_stream_parts_total")
+            .unwrap_or(0.0)
+            >= 1.0,
+        "{:?}",
+        s.metric("sandflow_change_stream_parts_total")
+    );
 }

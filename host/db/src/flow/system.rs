@@ -155,6 +155,7 @@ pub fn flows_schema() -> SchemaRef {
         Field::new("eval_interval", DataType::Int64, true),
         Field::new("component", DataType::Utf8, true),
         Field::new("component_digest", DataType::Utf8, true),
+        Field::new("node", DataType::Utf8, true),
     ]))
 }
 
@@ -221,7 +222,13 @@ fn json_list(items: impl Iterator<Item = String>) -> String {
 }
 
 /// The rows of `information_schema.flows`.
-pub fn flows_batch(flows: &[FlowInfo], now: i64) -> datafusion::common::Result<RecordBatch> {
+/// `node` is the id of the node this database runs on: the node of every
+/// flow that runs (the column is NULL for one that does not).
+pub fn flows_batch(
+    flows: &[FlowInfo],
+    now: i64,
+    node: &str,
+) -> datafusion::common::Result<RecordBatch> {
     let s = |f: &dyn Fn(&FlowInfo) -> String| -> ArrayRef {
         Arc::new(StringArray::from_iter_values(flows.iter().map(f)))
     };
@@ -334,6 +341,7 @@ pub fn flows_batch(flows: &[FlowInfo], now: i64) -> datafusion::common::Result<R
         ),
         opt(&|f| f.def.component.as_ref().map(|c| c.display_name())),
         opt(&|f| f.def.component.as_ref().map(|c| c.digest.clone())),
+        opt(&|f| f.is_running().then(|| node.to_string())),
     ];
     Ok(RecordBatch::try_new(flows_schema(), columns)?)
 }
@@ -482,7 +490,7 @@ impl TableProvider for FlowsTable {
             .collect();
         let batch = match self.statistics {
             true => flow_statistics_batch(&infos, now)?,
-            false => flows_batch(&infos, now)?,
+            false => flows_batch(&infos, now, &self.core.node_id())?,
         };
         let mem = MemTable::try_new(self.schema(), vec![vec![batch]])?;
         mem.scan(state, projection, filters, limit).await
