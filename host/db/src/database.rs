@@ -583,6 +583,49 @@ impl Database {
         self.core.export.as_ref().map(|e| e.notify())
     }
 
+    /// Places flow `name` on another node, `node`, under `fence` (unique per
+    /// placement, below 2^63, e.g. an etcd revision): its local run stops,
+    /// and from now on only commits under this fence reach its sink. Returns
+    /// what that node needs to run it. See [`crate::flow::remote`].
+    pub async fn place_flow_remote(
+        &self,
+        name: &str,
+        node: &str,
+        fence: u64,
+    ) -> Result<crate::flow::remote::RemotePlan> {
+        self.core
+            .flows
+            .place_remote(&self.core, &self.ctx, name, node, fence)
+            .await
+    }
+
+    /// One tick of a flow that runs on another node: its output, positions
+    /// and snapshot in one transaction, refused unless `fence` is the flow's
+    /// current placement. Returns the sink rows written.
+    pub async fn remote_commit(
+        &self,
+        name: &str,
+        fence: u64,
+        commit: crate::flow::remote::RemoteCommit,
+    ) -> Result<u64> {
+        let core = self.core.clone();
+        let name = name.to_string();
+        blocking(move || core.flows.remote_commit(&name, fence, commit)).await
+    }
+
+    /// The rows of `database.table` now and the commit they are at: the
+    /// back-fill of a flow that runs on another node (it then reads the
+    /// table's changes after that commit).
+    pub async fn remote_backfill(
+        &self,
+        database: &str,
+        table: &str,
+    ) -> Result<(u64, Vec<RecordBatch>)> {
+        let core = self.core.clone();
+        let (database, table) = (database.to_string(), table.to_string());
+        blocking(move || crate::flow::remote::backfill(&core, &database, &table)).await
+    }
+
     /// Closes the database as a crash would: flows stop where they are,
     /// without writing back what they have not written yet; only what was
     /// committed remains (for tests of recovery).

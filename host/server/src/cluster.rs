@@ -105,7 +105,11 @@ async fn publish_flow_count(member: Weak<Member>, db: Weak<Database>) {
         let (Some(member), Some(db)) = (member.upgrade(), db.upgrade()) else {
             return;
         };
-        let running = db.flows().iter().filter(|f| f.is_running()).count();
+        let running = db
+            .flows()
+            .iter()
+            .filter(|f| f.is_running() && f.remote_node.is_none())
+            .count();
         member.set_flows(running as u64);
         drop((member, db));
         tokio::time::sleep(FLOW_COUNT_EVERY).await;

@@ -1269,3 +1269,114 @@ async fn key_equality_scans_equal_full_scans() {
     assert!(format!("{out:?}").contains("4"), "{out:?}");
     s.execute("ROLLBACK").await.unwrap();
 }
+
+/// A flow placed on another node: its local run stops, the other node (here
+/// the test, with the engine compiled in) restores it from what the
+/// placement hands out, reads the exported changes after the snapshot, and
+/// commits through `remote_commit`; only the current placement's fence is
+/// taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flow_placed_on_another_node_commits_only_under_its_fence() {
+    use sandflow::flow::remote::RemoteCommit;
+    let dir = TempDir::new();
+    let flows = sandflow::flow::FlowSettings {
+        export_changes: true,
+        ..Default::default()
+    };
+    let db = Database::open_with(&dir.0, flows).await.unwrap();
+    run(
+        &db,
+        "CREATE TABLE m (host STRING, v BIGINT, ts TIMESTAMP TIME INDEX, PRIMARY KEY (host))",
+    )
+    .await;
+    run(
+        &db,
+        "INSERT INTO m VALUES ('a', 1, 0), ('b', 2, 0), ('a', 3, 1000)",
+    )
+    .await;
+    let q = "SELECT host, count(v) AS n, sum(v) AS total FROM m GROUP BY host";
+    run(&db, &format!("CREATE FLOW f SINK TO s AS {q}")).await;
+    db.flush_flow("f").await.unwrap();
+    let sink = "SELECT host, n, total FROM s ORDER BY host";
+    let want = format!("{q} ORDER BY host");
+    assert_eq!(query(&db, sink).await, query(&db, &want).await);
+
+    let plan = db.place_flow_remote("f", "n2", 7).await.unwrap();
+    let stored = plan
+        .stored
+        .clone()
+        .expect("the flow ran here and snapshotted");
+    assert_eq!(
+        stored.positions, stored.written,
+        "the snapshot is what the sink shows"
+    );
+    assert_eq!(plan.sources.len(), 1);
+    assert_eq!(
+        scalar(&db, "SELECT node FROM information_schema.flows").await,
+        "n2"
+    );
+
+    // Writes after the placement: the local run no longer follows them.
+    let before = query(&db, sink).await;
+    run(&db, "INSERT INTO m VALUES ('c', 5, 0), ('b', 20, 0)").await;
+    run(
+        &db,
+        "DELETE FROM m WHERE host = 'a' AND ts = '1970-01-01 00:00:00'",
+    )
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(query(&db, sink).await, before);
+
+    // The other node: the engine from the snapshot, the changes after it.
+    let mut flow = sandflow_engine::Flow::restore(&stored.state).unwrap();
+    let fields = plan.sources[0].schema.fields.clone();
+    let mut position = stored.positions[0];
+    loop {
+        let parts = db.export_next().await.unwrap();
+        if parts.is_empty() {
+            break;
+        }
+        for p in parts {
+            assert_eq!(p.table_id, plan.sources[0].table_id);
+            if p.end <= position {
+                continue;
+            }
+            let (rows, diffs) = sandflow::export::decode(&p.body).unwrap();
+            let batch = sandflow::flow::arrow::batch_from_arrow(&rows, &fields, 0, diffs).unwrap();
+            flow.push(0, batch).unwrap();
+            position = p.end;
+        }
+    }
+    let mut out = flow.tick(1, u32::MAX).unwrap();
+    out.expand();
+    let commit = RemoteCommit {
+        output: vec![out.output],
+        now: 1,
+        positions: vec![position],
+        snapshot: Some(flow.snapshot().unwrap()),
+        ticked: true,
+    };
+    // A stale fence is refused and writes nothing.
+    let e = db.remote_commit("f", 6, commit.clone()).await.unwrap_err();
+    assert!(
+        e.to_string().contains("is not placed here under fence 6"),
+        "{e}"
+    );
+    assert_eq!(query(&db, sink).await, before);
+    assert!(db.remote_commit("f", 7, commit.clone()).await.unwrap() > 0);
+    assert_eq!(query(&db, sink).await, query(&db, &want).await);
+
+    // Placed again (another node, a newer fence): the old one is refused.
+    db.place_flow_remote("f", "n3", 8).await.unwrap();
+    let e = db.remote_commit("f", 7, commit).await.unwrap_err();
+    assert!(e.to_string().contains("under fence 7"), "{e}");
+    assert_eq!(
+        scalar(&db, "SELECT node FROM information_schema.flows").await,
+        "n3"
+    );
+
+    // A back-fill for a flow without a snapshot: the rows now, at a commit.
+    let (seq, batches) = db.remote_backfill("public", "m").await.unwrap();
+    assert!(seq > 0);
+    assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), 3);
+}

@@ -387,6 +387,8 @@ pub struct FlowInfo {
     pub def: FlowDef,
     pub status: FlowStatus,
     pub source_ids: Vec<u64>,
+    /// The node the flow is placed on, when it runs on another node.
+    pub remote_node: Option<String>,
 }
 
 impl FlowInfo {
@@ -397,9 +399,9 @@ impl FlowInfo {
     }
 }
 
-struct FlowHandle {
-    def: FlowDef,
-    status: SharedStatus,
+pub(super) struct FlowHandle {
+    pub(super) def: FlowDef,
+    pub(super) status: SharedStatus,
     source_ids: Vec<u64>,
     sink_id: Option<u64>,
     /// The flow's runner under the driver; `None` when the flow could not be
@@ -408,14 +410,14 @@ struct FlowHandle {
     /// Its readers of its sources' change logs: while they live, the logs
     /// are kept from the flow's snapshot on (also while it has failed, for
     /// ADMIN RESUME_FLOW).
-    _readers: Vec<Arc<LogReader>>,
+    pub(super) _readers: Vec<Arc<LogReader>>,
     /// Which run of the flow this is (a restart gets a new one), so that an
     /// automatic restart never replaces a newer run; also the run's fence.
     incarnation: u64,
     /// The flow's recording, if one is on (see [`super::recording`]).
-    recording: Arc<RecordingState>,
+    pub(super) recording: Arc<RecordingState>,
     /// The source tables the run reads, in the guest's order.
-    sources: Vec<Arc<Table>>,
+    pub(super) sources: Vec<Arc<Table>>,
 }
 
 /// A sandbox and the digest of sandflow's engine registered in it.
@@ -423,7 +425,7 @@ type EngineSandbox = (Arc<Sandbox>, Digest);
 
 /// The flows of one database process.
 pub struct FlowManager {
-    settings: FlowSettings,
+    pub(super) settings: FlowSettings,
     /// The sandbox with sandflow's engine registered in it, set up with the
     /// first flow.
     sandbox: Arc<OnceLock<std::result::Result<EngineSandbox, String>>>,
@@ -453,6 +455,8 @@ pub struct FlowManager {
     fences: Mutex<HashMap<String, Arc<AtomicU64>>>,
     /// What the flows' guests write to stdout and stderr.
     pub(crate) logs: Arc<super::logs::FlowLogs>,
+    /// The flows placed on other nodes (see [`super::remote`]).
+    pub(super) remote: Mutex<HashMap<String, Arc<super::remote::RemoteRun>>>,
 }
 
 /// A failed flow's request to be restarted at `at_ms` (the database's clock).
@@ -568,6 +572,7 @@ impl FlowManager {
             clock,
             driver,
             fences: Mutex::new(HashMap::new()),
+            remote: Mutex::new(HashMap::new()),
             settings,
             sandbox: Arc::new(OnceLock::new()),
             untrusted: Arc::new(OnceLock::new()),
@@ -601,14 +606,14 @@ impl FlowManager {
 
     /// Stops `handle`'s run at once (no last write-back): it is dropped or
     /// replaced. Waits for a step under way.
-    fn halt(&self, handle: &FlowHandle) {
+    pub(super) fn halt(&self, handle: &FlowHandle) {
         if let Some(slot) = &handle.slot {
             self.driver.remove(slot);
         }
     }
 
     /// The fence cell of flow `name`.
-    fn fence(&self, name: &str) -> Arc<AtomicU64> {
+    pub(super) fn fence(&self, name: &str) -> Arc<AtomicU64> {
         let mut f = self.fences.lock().unwrap_or_else(|p| p.into_inner());
         f.entry(name.to_string()).or_default().clone()
     }
@@ -671,6 +676,7 @@ impl FlowManager {
                 def: h.def.clone(),
                 status: h.status.lock().map(|s| s.clone()).unwrap_or_default(),
                 source_ids: h.source_ids.clone(),
+                remote_node: self.remote_node(&h.def.name),
             })
             .collect()
     }
@@ -747,6 +753,39 @@ impl FlowManager {
         if let Ok(mut f) = self.flows.write() {
             f.insert(name, handle);
         }
+    }
+
+    /// The handle of `h`'s flow once it runs on `node`: no local run, the
+    /// same readers (they keep the logs from its snapshot on), its status
+    /// carried over.
+    pub(super) fn remote_handle(
+        &self,
+        core: &Arc<Core>,
+        h: &Arc<FlowHandle>,
+        node: &str,
+    ) -> Arc<FlowHandle> {
+        let mut status = h.status.lock().map(|s| s.clone()).unwrap_or_default();
+        status.error = None;
+        status.pending_since_ms = None;
+        status.asleep = false;
+        let status = Arc::new(Mutex::new(status));
+        self.register_metrics(core, &h.def.name, &status);
+        let handle = Arc::new(FlowHandle {
+            def: h.def.clone(),
+            status,
+            source_ids: h.source_ids.clone(),
+            sink_id: h.sink_id,
+            slot: None,
+            _readers: h._readers.clone(),
+            incarnation: self.incarnations.fetch_add(1, Ordering::Relaxed),
+            recording: h.recording.clone(),
+            sources: h.sources.clone(),
+        });
+        if let Ok(mut f) = self.flows.write() {
+            f.insert(h.def.name.clone(), handle.clone());
+        }
+        let _ = node;
+        handle
     }
 
     /// Before an ALTER TABLE of table `id`: stops the flows that read or
@@ -1425,6 +1464,7 @@ impl FlowManager {
             }
             return Err(flow_not_found(name));
         };
+        self.forget_remote(name);
         if let Ok(mut f) = self.flows.write() {
             f.remove(name);
         }
@@ -1695,7 +1735,7 @@ impl FlowManager {
 
     /// The flow named `name` (as [`Self::find`] reads names), or the error
     /// that says there is none.
-    fn require(&self, name: &str) -> Result<Arc<FlowHandle>> {
+    pub(super) fn require(&self, name: &str) -> Result<Arc<FlowHandle>> {
         self.find(name).ok_or_else(|| flow_not_found(name))
     }
 
@@ -1800,7 +1840,7 @@ impl FlowManager {
     }
 
     /// Compiles the flow, instantiates its guest, and finds or creates its sink.
-    async fn prepare(
+    pub(super) async fn prepare(
         &self,
         core: &Arc<Core>,
         ctx: &SessionContext,
@@ -1842,7 +1882,9 @@ impl FlowManager {
             ));
         }
         let plan = compiled.plan.clone();
+        let remote_options = guest_options.clone();
         let schemas: Vec<_> = compiled.sources.iter().map(|s| s.schema.clone()).collect();
+        let remote_schemas = schemas.clone();
         let name = def.name.clone();
         let state = recovery.map(|r| r.state.clone());
         let (guest, waker, output): (
@@ -1963,6 +2005,9 @@ impl FlowManager {
             sink,
             mapping,
             options,
+            plan: compiled.plan,
+            guest_options: remote_options,
+            schemas: remote_schemas,
         })
     }
 
@@ -2069,6 +2114,9 @@ impl FlowManager {
         let mut status = status;
         status.started_ms = Some(self.now_ms());
         let status: SharedStatus = Arc::new(Mutex::new(status));
+        // Runs here again: a placement elsewhere is over (its fence is
+        // replaced below).
+        self.forget_remote(&def.name);
         let incarnation = self.incarnations.fetch_add(1, Ordering::Relaxed);
         // From now on, only this run may write the flow's sink and state.
         let fence = self.fence(&def.name);
@@ -2355,29 +2403,33 @@ fn unregister_metrics(core: &Core, name: &str) {
 /// positions of the snapshot and of its last sink write.
 pub(crate) type Recovery = Stored;
 
-fn load_recovery(core: &Core, name: &str, sources: usize) -> Result<Option<Recovery>> {
+pub(super) fn load_recovery(core: &Core, name: &str, sources: usize) -> Result<Option<Recovery>> {
     MetaStore(core.store.clone())
         .stored(name, sources)
         .map_err(|f| flow_err(f.message))
 }
 
-struct Prepared {
+pub(super) struct Prepared {
     /// The flow's engine, created or restored.
     guest: Box<dyn sandflow_flows::Guest>,
     /// Where the engine comes from again after it slept.
     waker: Arc<dyn sandflow_flows::Waker>,
-    limits: FlowLimits,
-    output: Vec<crate::runtime::Field>,
+    pub(super) limits: FlowLimits,
+    pub(super) output: Vec<crate::runtime::Field>,
     sources: Vec<Arc<Table>>,
-    source_fields: Vec<Vec<crate::runtime::Field>>,
-    sink: SinkPlan,
-    mapping: Vec<sink::SinkColumn>,
+    pub(super) source_fields: Vec<Vec<crate::runtime::Field>>,
+    pub(super) sink: SinkPlan,
+    pub(super) mapping: Vec<sink::SinkColumn>,
     options: FlowOptions,
+    /// The Substrait plan and the engine's options (a remote run's).
+    pub(super) plan: Vec<u8>,
+    pub(super) guest_options: Vec<(String, String)>,
+    pub(super) schemas: Vec<sandflow_contract::SourceSchema>,
 }
 
 /// The sink a prepared flow writes into.
 #[derive(Debug, Clone)]
-enum SinkPlan {
+pub(super) enum SinkPlan {
     /// The table exists and fits the flow's output.
     Existing(Arc<Table>),
     /// No such table: the flow creates it with this schema, in the commit
@@ -2472,7 +2524,7 @@ fn parse_eval_interval(text: &str) -> Result<i64> {
 
 /// A flow's tick interval: the server's, or its `EVAL INTERVAL` when that is
 /// shorter (it bounds how long the sink lags; it never slows ticks down).
-fn tick_interval_ms(server: Duration, eval_interval_ms: Option<i64>) -> i64 {
+pub(super) fn tick_interval_ms(server: Duration, eval_interval_ms: Option<i64>) -> i64 {
     let server = server.as_millis().min(i64::MAX as u128) as i64;
     eval_interval_ms.map_or(server, |e| server.min(e))
 }

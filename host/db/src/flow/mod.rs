@@ -24,6 +24,7 @@ pub mod manager;
 pub mod options;
 pub(crate) mod ports;
 pub mod recording;
+pub mod remote;
 pub mod sink;
 pub mod status;
 pub mod system;

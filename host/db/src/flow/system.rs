@@ -341,7 +341,10 @@ pub fn flows_batch(
         ),
         opt(&|f| f.def.component.as_ref().map(|c| c.display_name())),
         opt(&|f| f.def.component.as_ref().map(|c| c.digest.clone())),
-        opt(&|f| f.is_running().then(|| node.to_string())),
+        opt(&|f| match &f.remote_node {
+            Some(n) => Some(n.clone()),
+            None => f.is_running().then(|| node.to_string()),
+        }),
     ];
     Ok(RecordBatch::try_new(flows_schema(), columns)?)
 }
@@ -570,7 +573,7 @@ impl TableProvider for NodesTable {
             .flows
             .infos()
             .iter()
-            .filter(|f| f.is_running())
+            .filter(|f| f.is_running() && f.remote_node.is_none())
             .count() as u64;
         for n in nodes.iter_mut().filter(|n| n.local) {
             n.flows = running;
