@@ -282,6 +282,15 @@ impl Server {
         }
     }
 
+    /// Sends `signal` (e.g. "-STOP", "-CONT") and returns at once.
+    pub fn signal(&self, signal: &str) {
+        if let Some(child) = &self.child {
+            let _ = Command::new("kill")
+                .args([signal, &child.id().to_string()])
+                .status();
+        }
+    }
+
     /// SIGKILL, no chance to clean up.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -151,6 +151,58 @@ impl ChangeStreams {
         }
     }
 
+    /// Follows `subject` from its start: every part whose position is after
+    /// `after`, in stream order, and then each new one as it is stored,
+    /// until the returned stream is dropped (an ordered consumer, which
+    /// NATS recreates by itself after a connection loss).
+    pub async fn follow(
+        &self,
+        subject: &str,
+        after: (u64, u32),
+    ) -> StreamResult<impl futures_util::Stream<Item = StreamResult<StreamPart>> + Send + use<>>
+    {
+        use futures_util::StreamExt;
+        let consumer = self
+            .stream
+            .create_consumer(jetstream::consumer::pull::OrderedConfig {
+                filter_subject: subject.to_string(),
+                deliver_policy: jetstream::consumer::DeliverPolicy::All,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| e.to_string())
+            .map_err(js_err("open a reader of the change stream"))?;
+        let messages = consumer
+            .messages()
+            .await
+            .map_err(|e| e.to_string())
+            .map_err(js_err("read the change stream"))?;
+        let subject = subject.to_string();
+        Ok(messages.filter_map(move |m| {
+            let subject = subject.clone();
+            async move {
+                let m = match m {
+                    Ok(m) => m,
+                    Err(e) => {
+                        return Some(Err(StreamError::JetStream {
+                            what: "read the change stream".into(),
+                            message: e.to_string(),
+                        }))
+                    }
+                };
+                match position_of(m.headers.as_ref(), &subject) {
+                    Ok((seq, part)) if (seq, part) > after => Some(Ok(StreamPart {
+                        seq,
+                        part,
+                        body: m.payload.clone(),
+                    })),
+                    Ok(_) => None,
+                    Err(e) => Some(Err(e)),
+                }
+            }
+        }))
+    }
+
     /// Every part on `subject` whose position is after `after`, in stream
     /// order (for readers that catch up; at most `max` parts).
     pub async fn read_after(

@@ -358,6 +358,121 @@ impl Drop for Member {
     }
 }
 
+/// Where a flow runs: its storage node (which keeps its database), its
+/// name, the node that runs it, and the fence of this placement (the
+/// revision etcd gave it: a newer placement has a larger one).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    pub storage: String,
+    pub flow: String,
+    pub node: String,
+    #[serde(skip)]
+    pub fence: u64,
+}
+
+fn placement_key(storage: &str, flow: &str) -> String {
+    format!(
+        "{PREFIX}placement/{}/{}",
+        hex::encode(storage),
+        hex::encode(flow)
+    )
+}
+
+impl Member {
+    /// Every flow's placement, of every storage node.
+    pub async fn placements(&self) -> Result<Vec<Placement>> {
+        let mut client = self.client.clone();
+        let prefix = format!("{PREFIX}placement/");
+        let resp = client
+            .get(prefix.as_str(), Some(GetOptions::new().with_prefix()))
+            .await
+            .context(EtcdSnafu {
+                what: "list the placements",
+            })?;
+        let mut out = Vec::with_capacity(resp.kvs().len());
+        for kv in resp.kvs() {
+            let mut p: Placement = serde_json::from_slice(kv.value()).context(BadEntrySnafu {
+                key: String::from_utf8_lossy(kv.key()).into_owned(),
+            })?;
+            p.fence = kv.mod_revision() as u64;
+            out.push(p);
+        }
+        Ok(out)
+    }
+
+    /// Places flow `flow` of storage node `storage` on `node`, if its
+    /// placement is still the one with fence `expect` (`None`: it has none).
+    /// Returns the new fence, or `None` when somebody placed it meanwhile.
+    pub async fn place(
+        &self,
+        storage: &str,
+        flow: &str,
+        node: &str,
+        expect: Option<u64>,
+    ) -> Result<Option<u64>> {
+        let key = placement_key(storage, flow);
+        let value = serde_json::to_vec(&Placement {
+            storage: storage.to_string(),
+            flow: flow.to_string(),
+            node: node.to_string(),
+            fence: 0,
+        })
+        .expect("a Placement always serializes");
+        let compare = match expect {
+            None => Compare::create_revision(key.as_str(), CompareOp::Equal, 0),
+            Some(rev) => Compare::mod_revision(key.as_str(), CompareOp::Equal, rev as i64),
+        };
+        let txn = Txn::new()
+            .when([compare])
+            .and_then([TxnOp::put(key.as_str(), value, None)]);
+        let mut client = self.client.clone();
+        let resp = client.txn(txn).await.context(EtcdSnafu {
+            what: "place a flow",
+        })?;
+        if !resp.succeeded() {
+            return Ok(None);
+        }
+        Ok(resp.header().map(|h| h.revision() as u64))
+    }
+
+    /// Removes a flow's placement (the flow is gone).
+    pub async fn unplace(&self, storage: &str, flow: &str) -> Result<()> {
+        let mut client = self.client.clone();
+        client
+            .delete(placement_key(storage, flow), None)
+            .await
+            .context(EtcdSnafu {
+                what: "remove a placement",
+            })?;
+        Ok(())
+    }
+
+    /// The cluster's secret: the one in etcd, or `candidate` when there is
+    /// none yet (then stored for every node).
+    pub async fn secret(&self, candidate: &str) -> Result<String> {
+        let key = format!("{PREFIX}secret");
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key.as_str(), candidate, None)])
+            .or_else([TxnOp::get(key.as_str(), None)]);
+        let mut client = self.client.clone();
+        let resp = client.txn(txn).await.context(EtcdSnafu {
+            what: "share the cluster's secret",
+        })?;
+        if resp.succeeded() {
+            return Ok(candidate.to_string());
+        }
+        for op in resp.op_responses() {
+            if let etcd_client::TxnOpResponse::Get(g) = op {
+                if let Some(kv) = g.kvs().first() {
+                    return Ok(String::from_utf8_lossy(kv.value()).into_owned());
+                }
+            }
+        }
+        Ok(candidate.to_string())
+    }
+}
+
 /// Registers `info` under a fresh lease once the id is free.
 async fn register(client: &mut Client, info: &NodeInfo, ttl: Duration) -> Result<i64> {
     let key = node_key(&info.id);

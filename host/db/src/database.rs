@@ -626,6 +626,31 @@ impl Database {
         blocking(move || crate::flow::remote::backfill(&core, &database, &table)).await
     }
 
+    /// Runs `plan`, a flow of another node's database, here: its change log
+    /// made by `make_log` (given the run's wake-up), its commits through
+    /// `sink`. The run stops when the returned handle is dropped.
+    pub async fn host_flow(
+        &self,
+        name: &str,
+        plan: &crate::flow::remote::RemotePlan,
+        make_log: crate::flow::remote::MakeLog,
+        sink: Box<dyn sandflow_flows::SinkCommitter>,
+    ) -> Result<crate::flow::remote::HostedRun> {
+        self.core.flows.host(name, plan, make_log, sink).await
+    }
+
+    /// Where flow `name` is placed, if on another node: the node and the
+    /// placement's fence.
+    pub fn flow_placement(&self, name: &str) -> Option<(String, u64)> {
+        self.core.flows.placement(name)
+    }
+
+    /// The remote plan of flow `name` under `fence` again (its snapshot
+    /// read now), if it is placed under that fence.
+    pub fn remote_plan(&self, name: &str, fence: u64) -> Result<crate::flow::remote::RemotePlan> {
+        self.core.flows.remote_plan(&self.core, name, fence)
+    }
+
     /// Closes the database as a crash would: flows stop where they are,
     /// without writing back what they have not written yet; only what was
     /// committed remains (for tests of recovery).

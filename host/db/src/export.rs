@@ -95,8 +95,10 @@ impl Exporter {
     }
 
     /// Exports `tables` too (those not exported yet), from their persisted
-    /// position, or from the next commit on for a table never exported.
-    pub(crate) fn ensure(&self, tables: &[Arc<Table>]) -> Result<()> {
+    /// position; a table never exported from `floor` (per table, where its
+    /// reader's log is kept from: a restored flow's snapshot), or else from
+    /// the next commit on.
+    pub(crate) fn ensure(&self, tables: &[Arc<Table>], floor: Option<&[Position]>) -> Result<()> {
         let mut state = self.tables.lock().map_err(|_| poisoned())?;
         let new: Vec<Arc<Table>> = tables
             .iter()
@@ -124,7 +126,13 @@ impl Exporter {
         })?;
         let now = Position::after_commit(following.seq);
         for ((table, reader), from) in new.into_iter().zip(following.readers).zip(stored) {
-            let from = from.unwrap_or(now);
+            let floor = floor.and_then(|f| {
+                tables
+                    .iter()
+                    .position(|t| t.id() == table.id())
+                    .and_then(|i| f.get(i).copied())
+            });
+            let from = from.or(floor).unwrap_or(now);
             reader.keep_from_position(from);
             state.insert(
                 table.id(),

@@ -35,6 +35,10 @@ pub trait NodeSource: Send + Sync + Debug {
 
     /// This process's node id.
     fn local_id(&self) -> String;
+
+    /// `ADMIN MOVE_FLOW`: places flow `flow` of this node's databases on
+    /// node `node`; an error message says why not.
+    async fn move_flow(&self, flow: &str, node: &str) -> Result<(), String>;
 }
 
 /// The node id of a database that runs alone.

@@ -149,7 +149,9 @@ impl Statement {
                 crate::sql::access::AccessStmt::ShowUsers
                     | crate::sql::access::AccessStmt::ShowGrants { .. }
             ),
-            Stmt::Admin { function, .. } => function == "resume_flow" || function == "pause_flow",
+            Stmt::Admin { function, .. } => {
+                function == "resume_flow" || function == "pause_flow" || function == "move_flow"
+            }
             _ => false,
         }
     }

@@ -408,12 +408,10 @@ pub async fn start(
     flows.threads = config.flow.threads;
     flows.max_component_size = config.flow.max_component_size;
     // A node that stores databases feeds the change streams.
-    let nats = config
+    flows.export_changes = config
         .cluster
         .as_ref()
-        .filter(|c| c.role.stores())
-        .and_then(|c| c.nats.clone());
-    flows.export_changes = nats.is_some();
+        .is_some_and(|c| c.role.stores() && c.nats.is_some());
     // Uploads compile in a child process of this binary, bounded in memory
     // and killed at the compile timeout.
     match std::env::current_exe() {
@@ -497,38 +495,72 @@ pub async fn start(
 
     // Joined once the doors are bound, so that the address it publishes is
     // the one it serves.
+    let hosted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let member = match &config.cluster {
-        Some(cluster) => match crate::cluster::join(cluster, http_addr, &db).await {
-            Ok(m) => Some(m),
-            Err(e) => {
-                drop(gate);
-                close_database(db).await;
-                return Err(e);
+        Some(cluster) => {
+            match crate::cluster::join(cluster, http_addr, &db, hosted.clone()).await {
+                Ok(m) => Some(m),
+                Err(e) => {
+                    drop(gate);
+                    close_database(db).await;
+                    return Err(e);
+                }
             }
-        },
+        }
         None => None,
     };
-    let (publisher_stop, publisher_stopped) = watch::channel(false);
-    let publisher = match (&nats, &member) {
-        (Some(url), Some(member)) => match crate::cluster::change_streams(url).await {
-            Ok(streams) => {
+    let (cluster_stop, cluster_stopped) = watch::channel(false);
+    let mut cluster_tasks = Vec::new();
+    let mut internal = None;
+    let cluster_nats = config.cluster.as_ref().and_then(|c| c.nats.clone());
+    if let (Some(url), Some(member)) = (&cluster_nats, &member) {
+        let started: Result<(), String> = async {
+            let streams = crate::cluster::change_streams(url).await?;
+            let candidate: String = {
+                use rand::RngExt;
+                let bytes: [u8; 32] = rand::rng().random();
+                bytes.iter().map(|b| format!("{b:02x}")).collect()
+            };
+            let secret = member
+                .secret(&candidate)
+                .await
+                .map_err(|e| format!("cannot join the cluster: {e}"))?;
+            if member.role().stores() {
                 info!("publishing changes to the change streams at {url}");
-                Some(tokio::spawn(crate::cluster::publish_changes(
+                cluster_tasks.push(tokio::spawn(crate::cluster::publish_changes(
+                    Arc::downgrade(&db),
+                    streams.clone(),
+                    member.node_id().to_string(),
+                    cluster_stopped.clone(),
+                )));
+                internal = Some(crate::flownode::internal_router(&db, secret.clone()));
+                cluster_tasks.push(tokio::spawn(crate::flownode::run_placer(
+                    member.clone(),
+                    Arc::downgrade(&db),
+                    cluster_stopped.clone(),
+                )));
+            }
+            if member.role().runs_flows() {
+                cluster_tasks.push(tokio::spawn(crate::flownode::run_flow_node(
+                    member.clone(),
                     Arc::downgrade(&db),
                     streams,
-                    member.node_id().to_string(),
-                    publisher_stopped,
-                )))
+                    secret,
+                    hosted.clone(),
+                    cluster_stopped.clone(),
+                )));
             }
-            Err(e) => {
-                let _ = member.leave().await;
-                drop(gate);
-                close_database(db).await;
-                return Err(e);
-            }
-        },
-        _ => None,
-    };
+            Ok(())
+        }
+        .await;
+        if let Err(e) = started {
+            let _ = cluster_stop.send(true);
+            let _ = member.leave().await;
+            drop(gate);
+            close_database(db).await;
+            return Err(e);
+        }
+    }
 
     let handlers = Arc::new(
         pg::PgHandlers::new(
@@ -571,6 +603,7 @@ pub async fn start(
         http::Settings {
             gate: Some(gate.clone()),
             tls,
+            internal,
             ..http::Settings::from_config(&config)
         },
         async move {
@@ -604,9 +637,9 @@ pub async fn start(
         Ok(Err(e)) => error!("HTTP server failed: {e}"),
         Err(e) => error!("HTTP server task failed: {e}"),
     }
-    let _ = publisher_stop.send(true);
-    if let Some(p) = publisher {
-        let _ = p.await;
+    let _ = cluster_stop.send(true);
+    for t in cluster_tasks {
+        let _ = t.await;
     }
     // Out of the cluster at once, not after the lease runs out.
     if let Some(member) = member {

@@ -3,7 +3,7 @@
 //! the authority the user names).
 
 use axum::body::Bytes;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -62,6 +62,27 @@ pub async fn request(
     credentials: Option<(&str, &str)>,
     ca: Option<&std::path::Path>,
 ) -> Result<(StatusCode, Bytes), String> {
+    let mut headers = Vec::new();
+    if let Some((user, password)) = credentials {
+        use base64::Engine;
+        let token = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+        headers.push((
+            hyper::header::AUTHORIZATION.to_string(),
+            format!("Basic {token}"),
+        ));
+    }
+    request_with(addr, method, path, &headers, Bytes::new(), ca).await
+}
+
+/// [`request`] with any headers and a body.
+pub async fn request_with(
+    addr: &str,
+    method: Method,
+    path: &str,
+    headers: &[(String, String)],
+    body: Bytes,
+    ca: Option<&std::path::Path>,
+) -> Result<(StatusCode, Bytes), String> {
     let https = addr.starts_with("https://");
     let host = addr
         .strip_prefix("https://")
@@ -84,13 +105,11 @@ pub async fn request(
         .method(method)
         .uri(path)
         .header(hyper::header::HOST, host);
-    if let Some((user, password)) = credentials {
-        use base64::Engine;
-        let token = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
-        req = req.header(hyper::header::AUTHORIZATION, format!("Basic {token}"));
+    for (name, value) in headers {
+        req = req.header(name.as_str(), value.as_str());
     }
     let req = req
-        .body(Empty::<Bytes>::new())
+        .body(Full::new(body))
         .map_err(|e| format!("cannot build the request: {e}"))?;
     let resp = sender
         .send_request(req)

@@ -24,6 +24,7 @@ const FLOW_COUNT_EVERY: Duration = Duration::from_secs(1);
 #[derive(Debug)]
 struct EtcdNodes {
     member: Arc<Member>,
+    db: Weak<Database>,
 }
 
 #[async_trait]
@@ -33,7 +34,9 @@ impl NodeSource for EtcdNodes {
         Ok(nodes
             .into_iter()
             .map(|n| NodeRow {
-                local: n.info.id == self.member.node_id(),
+                // As published (at most a second old): a node's count
+                // includes the flows of other nodes it runs.
+                local: false,
                 id: n.info.id,
                 role: n.info.role.to_string(),
                 address: Some(n.info.address),
@@ -46,6 +49,13 @@ impl NodeSource for EtcdNodes {
     fn local_id(&self) -> String {
         self.member.node_id().to_string()
     }
+
+    async fn move_flow(&self, flow: &str, node: &str) -> Result<(), String> {
+        let Some(db) = self.db.upgrade() else {
+            return Err("the server is shutting down".into());
+        };
+        crate::flownode::move_flow(&self.member, &db, flow, node).await
+    }
 }
 
 /// Joins the cluster `config` names as this node, whose HTTP door is
@@ -54,6 +64,7 @@ pub async fn join(
     config: &ClusterConfig,
     http_addr: std::net::SocketAddr,
     db: &Arc<Database>,
+    hosted: Arc<std::sync::atomic::AtomicUsize>,
 ) -> Result<Arc<Member>, String> {
     let address = config
         .advertise_addr
@@ -69,14 +80,10 @@ pub async fn join(
     .await
     .map_err(|e| format!("cannot join the cluster: {e}"))?;
     let member = Arc::new(member);
-    info!(
-        node = %config.node_id,
-        role = %config.role,
-        "cluster node: every node still serves its own databases and runs their flows; \
-         placing flows on other nodes is not implemented yet"
-    );
+    info!(node = %config.node_id, role = %config.role, "cluster node");
     db.set_node_source(Arc::new(EtcdNodes {
         member: member.clone(),
+        db: Arc::downgrade(db),
     }));
     let m = Arc::downgrade(&member);
     db.metrics().gauge_fn(
@@ -95,12 +102,18 @@ pub async fn join(
     tokio::spawn(publish_flow_count(
         Arc::downgrade(&member),
         Arc::downgrade(db),
+        hosted,
     ));
     Ok(member)
 }
 
-/// Keeps the node's published flow count current while both live.
-async fn publish_flow_count(member: Weak<Member>, db: Weak<Database>) {
+/// Keeps the node's published flow count current while both live: its
+/// own flows that run here, and the flows of other nodes it runs.
+async fn publish_flow_count(
+    member: Weak<Member>,
+    db: Weak<Database>,
+    hosted: Arc<std::sync::atomic::AtomicUsize>,
+) {
     loop {
         let (Some(member), Some(db)) = (member.upgrade(), db.upgrade()) else {
             return;
@@ -110,7 +123,8 @@ async fn publish_flow_count(member: Weak<Member>, db: Weak<Database>) {
             .iter()
             .filter(|f| f.is_running() && f.remote_node.is_none())
             .count();
-        member.set_flows(running as u64);
+        let hosted = hosted.load(std::sync::atomic::Ordering::Relaxed);
+        member.set_flows((running + hosted) as u64);
         drop((member, db));
         tokio::time::sleep(FLOW_COUNT_EVERY).await;
     }

@@ -73,6 +73,9 @@ pub struct Settings {
     /// The largest body `PUT /v1/components/{name}` reads; a larger one is
     /// answered 413 without being read whole.
     pub max_component_size: usize,
+    /// A cluster's internal calls, served under `/internal` (see
+    /// `flownode::internal_router`).
+    pub internal: Option<Router>,
 }
 
 impl Settings {
@@ -85,6 +88,7 @@ impl Settings {
             gate: None,
             tls: None,
             max_component_size: config.flow.max_component_size,
+            internal: None,
         }
     }
 }
@@ -103,7 +107,8 @@ struct AppState {
 }
 
 /// The router of the HTTP front door.
-pub fn router(db: Arc<Database>, settings: Settings) -> Router {
+pub fn router(db: Arc<Database>, mut settings: Settings) -> Router {
+    let internal = settings.internal.take();
     let state = AppState {
         db: db.clone(),
         metrics: FrontDoor::new(db.metrics(), "http"),
@@ -130,14 +135,15 @@ pub fn router(db: Arc<Database>, settings: Settings) -> Router {
         .merge(guarded)
         .route("/metrics", get(prometheus))
         .route_layer(middleware::from_fn_with_state(state.clone(), login));
-    Router::new()
-        .merge(logged_in)
-        .route("/health", get(health))
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            count_requests,
-        ))
-        .with_state(state)
+    let mut root = Router::new().merge(logged_in).route("/health", get(health));
+    if let Some(internal) = internal {
+        root = root.nest_service("/internal", internal);
+    }
+    root.layer(middleware::from_fn_with_state(
+        state.clone(),
+        count_requests,
+    ))
+    .with_state(state)
 }
 
 /// The peer of a connection (a request extension the server adds).

@@ -13,6 +13,7 @@ pub mod auth;
 pub mod client;
 pub mod cluster;
 pub mod config;
+pub mod flownode;
 pub mod http;
 pub mod mysql;
 pub mod origin;

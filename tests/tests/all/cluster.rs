@@ -78,9 +78,12 @@ fn nodes_join_show_their_roles_and_leave() {
     storage
         .sql("CREATE TABLE m (host STRING, v DOUBLE, ts TIMESTAMP TIME INDEX, PRIMARY KEY (host))");
     storage.sql("CREATE FLOW f SINK TO s AS SELECT host, count(v) AS n FROM m GROUP BY host");
-    assert_eq!(
-        storage.sql("SELECT flows FROM information_schema.nodes WHERE id = 'storage-1'"),
-        "1"
+    assert!(
+        poll_until(Duration::from_secs(10), || {
+            storage.sql("SELECT flows FROM information_schema.nodes WHERE id = 'storage-1'") == "1"
+        }),
+        "{:?}",
+        nodes(&storage)
     );
     assert_eq!(
         storage.sql("SELECT flow_name, node FROM information_schema.flows"),
@@ -255,6 +258,8 @@ fn a_server_alone_is_one_node() {
     );
     assert_eq!(s.sql("SHOW NODES"), "local|all|||0");
     assert_eq!(s.sql("SHOW NODES LIKE 'x%'"), "");
+    let e = s.sql_err("ADMIN MOVE_FLOW('f', 'n2')");
+    assert!(e.contains("ADMIN MOVE_FLOW needs a cluster"), "{e}");
 }
 
 /// A part of a change stream: its position and its rows (`host|v|ts`)
@@ -384,4 +389,243 @@ fn a_storage_node_publishes_every_change_once_in_order_across_a_crash() {
         "{:?}",
         s.metric("sandflow_change_stream_parts_total")
     );
+}
+
+/// Whether every flow's sink (`table(columns)`) shows what its query gives
+/// now.
+fn sinks_exact(s: &Server, flows: &[(&str, &str)]) -> bool {
+    flows.iter().all(|(sink, query)| {
+        let (table, columns) = sink.split_once('(').unwrap_or((sink, "*)"));
+        let columns = columns.trim_end_matches(')');
+        s.psql(&format!("SELECT {columns} FROM {table} ORDER BY 1"))
+            .ok()
+            .map(|rows| rows.trim().to_string())
+            == s.psql(&format!("{query} ORDER BY 1"))
+                .ok()
+                .map(|rows| rows.trim().to_string())
+    })
+}
+
+#[test]
+fn flows_run_on_flow_nodes_and_move_when_one_dies() {
+    let etcd = Etcd::start();
+    let nats = Nats::start();
+    let with_nats = |mut o: Options| {
+        o.args.extend(["--nats".to_string(), nats.url()]);
+        o
+    };
+    let storage_dir = temp_data_dir();
+    let storage_opts = with_nats(node(&etcd, "storage-1", "storage", "2s"));
+    let mut storage = Server::start_with(storage_dir.clone(), storage_opts.clone());
+    let mut f1 = Server::start_with(
+        temp_data_dir(),
+        with_nats(node(&etcd, "flow-1", "flow", "2s")),
+    );
+    let f2 = Server::start_with(
+        temp_data_dir(),
+        with_nats(node(&etcd, "flow-2", "flow", "2s")),
+    );
+    storage
+        .sql("CREATE TABLE m (host STRING, v BIGINT, ts TIMESTAMP TIME INDEX, PRIMARY KEY (host))");
+    storage.sql("INSERT INTO m VALUES ('a', 1, 0), ('b', 2, 0)");
+    let flows = [
+        (
+            "s1(host, n, total)",
+            "SELECT host, count(v) AS n, sum(v) AS total FROM m GROUP BY host",
+        ),
+        (
+            "s2(host, top)",
+            "SELECT host, max(v) AS top FROM m GROUP BY host",
+        ),
+        ("s3(n)", "SELECT count(*) AS n FROM m"),
+        (
+            "s4(host, low)",
+            "SELECT host, min(v) AS low FROM m WHERE v > 1 GROUP BY host",
+        ),
+    ];
+    for (i, (sink, query)) in flows.iter().enumerate() {
+        let table = sink.split('(').next().unwrap_or(sink);
+        storage.sql(&format!("CREATE FLOW f{i} SINK TO {table} AS {query}"));
+    }
+    let nodes_of = |s: &Server| -> Vec<String> {
+        s.sql("SELECT coalesce(node, '-') FROM information_schema.flows ORDER BY flow_name")
+            .lines()
+            .map(str::to_string)
+            .collect()
+    };
+    // Spread over the two flow nodes, none left on the storage node.
+    assert!(
+        poll_until(Duration::from_secs(20), || {
+            let n = nodes_of(&storage);
+            n.iter().filter(|x| *x == "flow-1").count() == 2
+                && n.iter().filter(|x| *x == "flow-2").count() == 2
+        }),
+        "flows not spread: {:?}\n{}\n{}",
+        nodes_of(&storage),
+        f1.logs(),
+        storage.logs()
+    );
+    for i in 0..20 {
+        storage.sql(&format!("INSERT INTO m VALUES ('h{}', {i}, {i}000)", i % 3));
+    }
+    storage.sql("INSERT INTO m VALUES ('a', 100, 0)");
+    storage.sql("DELETE FROM m WHERE host = 'b'");
+    assert!(
+        poll_until(Duration::from_secs(20), || sinks_exact(&storage, &flows)),
+        "sinks never caught up on the flow nodes\n{}\n{}\n{:?} {}{}",
+        f1.logs(),
+        f2.logs(),
+        storage.metric("sandflow_change_stream_parts_total"),
+        storage.sql("SELECT flow_name, node, rows_written, status, last_error FROM information_schema.flows"),
+        ""
+    );
+    assert!(
+        poll_until(Duration::from_secs(10), || {
+            storage.sql("SELECT flows FROM information_schema.nodes WHERE id = 'flow-1'") == "2"
+        }),
+        "{:?}",
+        nodes(&storage)
+    );
+
+    // The internal calls need the cluster's secret.
+    for path in ["/internal/v1/plan", "/internal/v1/commit"] {
+        let (status, body) = storage
+            .try_http(
+                "POST",
+                path,
+                Some("application/json"),
+                "{\"flow\":\"f0\",\"fence\":1}",
+            )
+            .unwrap();
+        assert_eq!(status, 403, "{path}: {body}");
+    }
+
+    // ADMIN MOVE_FLOW puts a flow where it is told; the sink stays exact.
+    let f0_node = storage.sql("SELECT node FROM information_schema.flows WHERE flow_name = 'f0'");
+    let other = if f0_node == "flow-1" {
+        "flow-2"
+    } else {
+        "flow-1"
+    };
+    assert_eq!(
+        storage.sql(&format!("ADMIN MOVE_FLOW('f0', '{other}')")),
+        "1"
+    );
+    assert_eq!(
+        storage.sql("SELECT node FROM information_schema.flows WHERE flow_name = 'f0'"),
+        other
+    );
+    storage.sql("INSERT INTO m VALUES ('moved', 5, 0)");
+    assert!(
+        poll_until(Duration::from_secs(20), || sinks_exact(&storage, &flows)),
+        "sinks not exact after MOVE_FLOW"
+    );
+    for (sql, want) in [
+        ("ADMIN MOVE_FLOW('f0', 'nowhere')", "no live node 'nowhere'"),
+        ("ADMIN MOVE_FLOW('f0', 'storage-1')", "its own storage node"),
+        ("ADMIN MOVE_FLOW('nope', 'flow-1')", "nope"),
+        (
+            "ADMIN MOVE_FLOW('f0')",
+            "MOVE_FLOW takes the flow's name and a node's id",
+        ),
+    ] {
+        let e = storage.sql_err(sql);
+        assert!(e.contains(want), "{sql}: {e}");
+    }
+
+    // A third flow node joins: the flows spread over it too.
+    let mut f3 = Server::start_with(
+        temp_data_dir(),
+        with_nats(node(&etcd, "flow-3", "flow", "2s")),
+    );
+    assert!(
+        poll_until(Duration::from_secs(20), || {
+            let n = nodes_of(&storage);
+            ["flow-1", "flow-2", "flow-3"]
+                .iter()
+                .all(|id| n.iter().any(|x| x == id))
+        }),
+        "no rebalance: {:?}",
+        nodes_of(&storage)
+    );
+    storage.sql("INSERT INTO m VALUES ('c', 3, 0)");
+    assert!(
+        poll_until(Duration::from_secs(20), || sinks_exact(&storage, &flows)),
+        "sinks not exact after the rebalance\n{}",
+        f3.logs()
+    );
+
+    // A flow node dies: its flows go to the others, and stay exact.
+    f1.kill9();
+    for i in 20..40 {
+        storage.sql(&format!("INSERT INTO m VALUES ('h{}', {i}, {i}000)", i % 5));
+    }
+    assert!(
+        poll_until(Duration::from_secs(30), || nodes_of(&storage)
+            .iter()
+            .all(|n| n == "flow-2" || n == "flow-3")),
+        "flows did not move: {:?}",
+        nodes_of(&storage)
+    );
+    storage.sql("INSERT INTO m VALUES ('z', 7, 0)");
+    assert!(
+        poll_until(Duration::from_secs(30), || sinks_exact(&storage, &flows)),
+        "sinks not exact after the move\n{}\n{}",
+        f2.logs(),
+        storage.logs()
+    );
+
+    // A flow node paused past its lease: its flows move; resumed, its runs
+    // are fenced off and nothing is counted twice.
+    f2.signal("-STOP");
+    assert!(
+        poll_until(Duration::from_secs(30), || nodes_of(&storage)
+            .iter()
+            .all(|n| n == "flow-3")),
+        "flows did not leave the paused node: {:?}",
+        nodes_of(&storage)
+    );
+    for i in 40..50 {
+        storage.sql(&format!("INSERT INTO m VALUES ('p{}', {i}, {i}000)", i % 4));
+    }
+    f2.signal("-CONT");
+    storage.sql("DELETE FROM m WHERE host = 'p1'");
+    assert!(
+        poll_until(Duration::from_secs(30), || sinks_exact(&storage, &flows)),
+        "sinks not exact after the pause\n{}\n{}",
+        f2.logs(),
+        f3.logs()
+    );
+    // Back in the cluster, it gets flows again, under new fences.
+    assert!(
+        poll_until(Duration::from_secs(30), || nodes_of(&storage)
+            .iter()
+            .any(|n| n == "flow-2")),
+        "{:?}",
+        nodes_of(&storage)
+    );
+    storage.sql("INSERT INTO m VALUES ('q', 1, 0)");
+    assert!(
+        poll_until(Duration::from_secs(30), || sinks_exact(&storage, &flows)),
+        "sinks not exact after the paused node came back\n{}",
+        f2.logs()
+    );
+
+    // The storage node restarts during ingest: nothing lost, nothing twice.
+    for i in 50..60 {
+        storage.sql(&format!("INSERT INTO m VALUES ('r{}', {i}, {i}000)", i % 3));
+    }
+    assert!(storage.stop(), "{}", storage.logs());
+    let storage = Server::start_with(storage_dir, storage_opts);
+    for i in 60..70 {
+        storage.sql(&format!("INSERT INTO m VALUES ('r{}', {i}, {i}000)", i % 3));
+    }
+    assert!(
+        poll_until(Duration::from_secs(30), || sinks_exact(&storage, &flows)
+            && nodes_of(&storage).iter().all(|n| n.starts_with("flow-"))),
+        "sinks not exact after the storage node restarted: {:?}\n{}",
+        nodes_of(&storage),
+        storage.logs()
+    );
+    assert!(f3.stop(), "{}", f3.logs());
 }

@@ -447,9 +447,9 @@ pub struct FlowManager {
     /// Set at shutdown: nothing starts any more.
     closed: std::sync::atomic::AtomicBool,
     /// The database's clock.
-    clock: Arc<dyn Clock>,
+    pub(super) clock: Arc<dyn Clock>,
     /// Steps the runners.
-    driver: Arc<Driver>,
+    pub(super) driver: Arc<Driver>,
     /// Per flow name, the fence of its current run: a sink commit of any
     /// other run is refused.
     fences: Mutex<HashMap<String, Arc<AtomicU64>>>,
@@ -2134,7 +2134,7 @@ impl FlowManager {
         // Exported from here on too, before this flow can trim its sources'
         // logs.
         if let Some(export) = &core.export {
-            export.ensure(&p.sources)?;
+            export.ensure(&p.sources, keep_from.as_deref())?;
         }
         // The runner's wake-up is known only once it is under the driver.
         let wake: Arc<OnceLock<Box<dyn Fn() + Send + Sync>>> = Arc::new(OnceLock::new());

@@ -17,19 +17,22 @@
 //! snapshot: it then reads the change stream after that commit.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::prelude::SessionContext;
-use sandflow_flows::{Batch, Commit, Position, SinkCommitter, Stored};
+use sandflow_flows::{Batch, Position, Recovery, Runner, RunnerConfig};
 use tracing::info;
 
+use super::driver::{AfterStep, Driver, Slot};
 use super::manager::{FlowHandle, FlowManager, SinkPlan};
-use super::ports::StoreSink;
+use super::ports::{SandboxGuest, SandboxWaker, StoreSink};
 use crate::database::Core;
 use crate::error::{Result, SqlSnafu, UnsupportedSnafu};
 use crate::runtime::FlowLimits;
 use sandflow_contract::SourceSchema;
+
+pub use sandflow_flows::{ChangeLog, Chunk, Commit, Failure, SinkCommitter, Stored};
 
 /// Set in the fence of a flow placed on another node.
 pub const REMOTE_FENCE: u64 = 1 << 63;
@@ -76,6 +79,8 @@ pub(crate) struct RemoteRun {
     pub fence: u64,
     sink: Mutex<StoreSink>,
     handle: Arc<FlowHandle>,
+    /// The plan as placed (its `stored` is read again when asked).
+    plan: RemotePlan,
 }
 
 impl FlowManager {
@@ -109,20 +114,22 @@ impl FlowManager {
             }
             .fail();
         }
-        // Exported from here on, before the local run stops trimming.
-        if let Some(export) = &core.export {
-            export.ensure(&h.sources)?;
-        }
         let stored = super::manager::load_recovery(core, name, h.sources.len())?;
+        // Exported from its snapshot on, before the local run stops.
+        if let Some(export) = &core.export {
+            export.ensure(&h.sources, stored.as_ref().map(|s| &s.positions[..]))?;
+        }
         let prepared = self.prepare(core, ctx, &h.def, stored.as_ref()).await?;
         let sink = match &prepared.sink {
             SinkPlan::Existing(t) => t.clone(),
-            SinkPlan::Create(_) => return SqlSnafu {
-                message: format!(
+            SinkPlan::Create(_) => {
+                return SqlSnafu {
+                    message: format!(
                     "flow '{name}' has no sink table: it starts again here when the table exists"
                 ),
+                }
+                .fail()
             }
-            .fail(),
         };
         // From here on only this placement commits.
         self.halt(&h);
@@ -140,19 +147,7 @@ impl FlowManager {
             fence: cell,
             recording: handle.recording.clone(),
         };
-        if let Ok(mut r) = self.remote.lock() {
-            r.insert(
-                name.to_string(),
-                Arc::new(RemoteRun {
-                    node: node.to_string(),
-                    fence: mine,
-                    sink: Mutex::new(committer),
-                    handle,
-                }),
-            );
-        }
-        info!(flow = %name, node = %node, fence = fence, "flow placed on another node");
-        Ok(RemotePlan {
+        let plan = RemotePlan {
             plan: prepared.plan.clone(),
             guest_options: prepared.guest_options.clone(),
             sources: h
@@ -172,7 +167,36 @@ impl FlowManager {
                 h.def.eval_interval_ms,
             ),
             stored,
-        })
+        };
+        if let Ok(mut r) = self.remote.lock() {
+            r.insert(
+                name.to_string(),
+                Arc::new(RemoteRun {
+                    node: node.to_string(),
+                    fence: mine,
+                    sink: Mutex::new(committer),
+                    handle,
+                    plan: plan.clone(),
+                }),
+            );
+        }
+        info!(flow = %name, node = %node, fence = fence, "flow placed on another node");
+        Ok(plan)
+    }
+
+    /// The plan of flow `name` placed under `fence`, with its snapshot as
+    /// stored now.
+    pub(crate) fn remote_plan(&self, core: &Core, name: &str, fence: u64) -> Result<RemotePlan> {
+        let run = self
+            .remote
+            .lock()
+            .ok()
+            .and_then(|r| r.get(name).cloned())
+            .filter(|r| r.fence == REMOTE_FENCE | fence)
+            .ok_or_else(|| fenced(name, fence))?;
+        let mut plan = run.plan.clone();
+        plan.stored = super::manager::load_recovery(core, name, plan.sources.len())?;
+        Ok(plan)
     }
 
     /// One tick of flow `name`'s remote run under `fence`: refused unless
@@ -191,6 +215,25 @@ impl FlowManager {
             .filter(|r| r.fence == REMOTE_FENCE | fence)
             .ok_or_else(|| fenced(name, fence))?;
         let mut sink = run.sink.lock().map_err(|_| fenced(name, fence))?;
+        // What another node sends is checked as a guest's output is.
+        for b in &commit.output {
+            sandflow_contract::validate_batch(&sink.output, b).map_err(|e| {
+                SqlSnafu {
+                    message: format!("flow '{name}': malformed output from its node: {e}"),
+                }
+                .build()
+            })?;
+        }
+        if commit.positions.len() != run.plan.sources.len() {
+            return SqlSnafu {
+                message: format!(
+                    "flow '{name}': {} positions for {} sources",
+                    commit.positions.len(),
+                    run.plan.sources.len()
+                ),
+            }
+            .fail();
+        }
         let rows = sink
             .commit(Commit {
                 output: &commit.output,
@@ -228,6 +271,14 @@ impl FlowManager {
             .lock()
             .ok()
             .and_then(|r| r.get(name).map(|r| r.node.clone()))
+    }
+
+    /// The node and fence of flow `name`'s placement elsewhere, if any.
+    pub(crate) fn placement(&self, name: &str) -> Option<(String, u64)> {
+        self.remote.lock().ok().and_then(|r| {
+            r.get(name)
+                .map(|r| (r.node.clone(), r.fence & !REMOTE_FENCE))
+        })
     }
 
     /// Forgets a placement (the flow is dropped, replaced or runs here
@@ -272,4 +323,149 @@ pub(crate) fn backfill(core: &Core, database: &str, name: &str) -> Result<(u64, 
         }
     }
     Ok((following.seq, batches))
+}
+
+/// Wakes a hosted run: new input may have come.
+pub type Wake = Arc<dyn Fn() + Send + Sync>;
+
+/// Makes a hosted run's change log, given the run's wake-up.
+pub type MakeLog = Box<dyn FnOnce(Wake) -> Box<dyn ChangeLog> + Send>;
+
+/// A flow of another node's database, run here (this node is its flow
+/// node): the sandbox guest and the runner as for a local flow, with the
+/// change log and the sink given by whoever hosts it (the change streams,
+/// the storage node's commit call).
+pub struct HostedRun {
+    slot: Arc<Slot>,
+    driver: Arc<Driver>,
+    failure: Arc<Mutex<Option<Failure>>>,
+    rows: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl std::fmt::Debug for HostedRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostedRun").finish_non_exhaustive()
+    }
+}
+
+impl HostedRun {
+    /// Why the run stopped, if it failed (or was fenced off).
+    pub fn failure(&self) -> Option<Failure> {
+        self.failure.lock().ok().and_then(|f| f.clone())
+    }
+
+    /// Sink rows the run committed.
+    pub fn rows_written(&self) -> u64 {
+        self.rows.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for HostedRun {
+    /// Stops the run at once (what it has not committed is redone by the
+    /// next run, from the storage node's snapshot).
+    fn drop(&mut self) {
+        self.driver.remove(&self.slot);
+    }
+}
+
+impl FlowManager {
+    /// Runs `plan` (a flow of another node's database) here, reading
+    /// `make_log`'s change log and committing through `sink`.
+    pub(crate) async fn host(
+        &self,
+        name: &str,
+        plan: &RemotePlan,
+        make_log: MakeLog,
+        sink: Box<dyn SinkCommitter>,
+    ) -> Result<HostedRun> {
+        let (sandbox, engine) = self.sandbox().await?;
+        let limits = plan.limits;
+        let state = plan.stored.as_ref().map(|s| s.state.clone());
+        let (bytes, options) = (plan.plan.clone(), plan.guest_options.clone());
+        let schemas: Vec<SourceSchema> = plan.sources.iter().map(|s| s.schema.clone()).collect();
+        let (sb, component) = (sandbox.clone(), engine);
+        let instance = tokio::task::spawn_blocking(move || match state {
+            Some(state) => sb.restore_flow(&component, &state, limits),
+            None => sb.create_flow(&component, &bytes, &schemas, &options, limits),
+        })
+        .await
+        .map_err(|e| {
+            SqlSnafu {
+                message: format!("flow setup task failed: {e}"),
+            }
+            .build()
+        })?
+        .map_err(|e| {
+            SqlSnafu {
+                message: format!("flow '{name}' cannot start here: {e}"),
+            }
+            .build()
+        })?;
+        let log = Some((self.logs.clone(), name.to_string()));
+        let guest = SandboxGuest {
+            instance,
+            log: log.clone(),
+        };
+        let waker = Arc::new(SandboxWaker {
+            sandbox,
+            component: engine,
+            limits,
+            log,
+        });
+        let sources = plan.sources.len();
+        let recovery = match &plan.stored {
+            Some(s) => Recovery {
+                positions: s.positions.clone(),
+                written: s.written.clone(),
+                from_snapshot: true,
+            },
+            None => Recovery {
+                positions: vec![Position::START; sources],
+                written: vec![Position::START; sources],
+                from_snapshot: false,
+            },
+        };
+        let mut cfg = RunnerConfig::new(name);
+        cfg.tick_interval_ms = plan.tick_interval_ms;
+        cfg.snapshot_interval_ms = self.settings.snapshot_interval.as_millis() as i64;
+        cfg.output_rows_per_tick = limits.output_rows_per_tick;
+        cfg.state_size_limit = limits.state_size;
+        let cell: Arc<OnceLock<Box<dyn Fn() + Send + Sync>>> = Arc::new(OnceLock::new());
+        let wake = cell.clone();
+        let log = make_log(Arc::new(move || {
+            if let Some(w) = wake.get() {
+                w()
+            }
+        }));
+        let runner = Runner::new(
+            cfg,
+            self.clock.clone(),
+            log,
+            sink,
+            waker,
+            Box::new(guest),
+            recovery,
+        );
+        let failure: Arc<Mutex<Option<Failure>>> = Arc::new(Mutex::new(None));
+        let rows = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (f, r) = (failure.clone(), rows.clone());
+        let after: AfterStep = Box::new(move |runner, _| {
+            let status = runner.status();
+            r.store(status.rows_written, Ordering::Relaxed);
+            if let Some(failure) = &status.failure {
+                if let Ok(mut f) = f.lock() {
+                    *f = Some(failure.clone());
+                }
+            }
+        });
+        let slot = self.driver.add(runner, after);
+        let _ = cell.set(Box::new(self.driver.waker(&slot)));
+        self.driver.wake(&slot);
+        Ok(HostedRun {
+            slot,
+            driver: self.driver.clone(),
+            failure,
+            rows,
+        })
+    }
 }

@@ -656,7 +656,7 @@ pub(crate) fn authorize(core: &Core, who: &Principal, database: &str, stmt: &Stm
             access.check(who, Privilege::Create, &name.database, None)
         }
         Stmt::Admin { function, args } => match (function.as_str(), args.first()) {
-            ("flush_flow" | "pause_flow" | "resume_flow", Some(name)) => {
+            ("flush_flow" | "pause_flow" | "resume_flow" | "move_flow", Some(name)) => {
                 core.flows.check_flow_access(core, who, name)
             }
             ("flush_table", Some(name)) => {

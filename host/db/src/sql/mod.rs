@@ -659,12 +659,29 @@ async fn admin(
             }
             admin_output(function, name, 0)
         }
-        "move_flow" => UnsupportedSnafu {
-            message: "ADMIN MOVE_FLOW('flow', 'node') is not implemented yet: in this version \
-                      every node runs the flows of its own databases; placing flows on other \
-                      nodes comes with the cluster's flow placement",
+        "move_flow" => {
+            let [name, node] = args else {
+                return SqlSnafu {
+                    message: "MOVE_FLOW takes the flow's name and a node's id: \
+                              ADMIN MOVE_FLOW('flow', 'node') (SHOW NODES lists them)",
+                }
+                .fail();
+            };
+            core.flows.definition(name)?;
+            let source = core.nodes.read().ok().and_then(|n| n.clone());
+            let Some(source) = source else {
+                return UnsupportedSnafu {
+                    message: "ADMIN MOVE_FLOW needs a cluster: this server runs alone (start it \
+                              with --etcd, --node-id and --nats)",
+                }
+                .fail();
+            };
+            source
+                .move_flow(name, node)
+                .await
+                .map_err(|message| SqlSnafu { message }.build())?;
+            admin_output(function, name, 1)
         }
-        .fail(),
         other => UnsupportedSnafu {
             message: format!(
                 "ADMIN {other} is not supported; supported: ADMIN FLUSH_FLOW('name'), \
