@@ -957,6 +957,12 @@ struct HttpSink {
 }
 
 impl sandflow::flow::remote::SinkCommitter for HttpSink {
+    /// Every tick commits, also one without output: the storage node then
+    /// knows how far the run has read (what `ADMIN FLUSH_FLOW` waits for).
+    fn journaling(&self) -> bool {
+        true
+    }
+
     fn commit(
         &mut self,
         c: sandflow::flow::remote::Commit<'_>,

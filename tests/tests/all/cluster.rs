@@ -487,6 +487,18 @@ fn flows_run_on_flow_nodes_and_move_when_one_dies() {
         nodes(&storage)
     );
 
+    // ADMIN FLUSH_FLOW on the storage node waits for the flow nodes.
+    for i in 20..30 {
+        storage.sql(&format!("INSERT INTO m VALUES ('g{}', {i}, {i}000)", i % 4));
+    }
+    for i in 0..flows.len() {
+        storage.sql(&format!("ADMIN FLUSH_FLOW('f{i}')"));
+    }
+    assert!(
+        sinks_exact(&storage, &flows),
+        "a flush returned before the sink caught up"
+    );
+
     // The internal calls need the cluster's secret.
     for path in ["/internal/v1/plan", "/internal/v1/commit"] {
         let (status, body) = storage
@@ -628,4 +640,128 @@ fn flows_run_on_flow_nodes_and_move_when_one_dies() {
         storage.logs()
     );
     assert!(f3.stop(), "{}", f3.logs());
+}
+
+/// One storage node, three flow nodes, 30 flows of two tenants (databases),
+/// writers through psql and HTTP while a flow node is killed: after a flush
+/// every sink equals its query, and every acknowledged row is counted once.
+#[test]
+fn thirty_flows_of_two_tenants_survive_a_flow_node_killed_during_ingest() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    let etcd = Etcd::start();
+    let nats = Nats::start();
+    let with_nats = |mut o: Options| {
+        o.args.extend(["--nats".to_string(), nats.url()]);
+        o
+    };
+    let storage = Arc::new(Server::start_with(
+        temp_data_dir(),
+        with_nats(node(&etcd, "storage-1", "storage", "2s")),
+    ));
+    let mut flow_nodes: Vec<Server> = (1..=3)
+        .map(|i| {
+            Server::start_with(
+                temp_data_dir(),
+                with_nats(node(&etcd, &format!("flow-{i}"), "flow", "2s")),
+            )
+        })
+        .collect();
+    let mut flows: Vec<(String, String)> = Vec::new();
+    for tenant in ["t1", "t2"] {
+        storage.sql(&format!("CREATE DATABASE {tenant}"));
+        storage.sql(&format!(
+            "CREATE TABLE {tenant}.m (host STRING, v BIGINT, ts TIMESTAMP TIME INDEX, PRIMARY KEY (host))"
+        ));
+        for i in 0..15 {
+            let (columns, query) = match i % 3 {
+                0 => ("n", format!("SELECT count(*) AS n FROM {tenant}.m")),
+                1 => (
+                    "host, n, total",
+                    format!(
+                        "SELECT host, count(v) AS n, sum(v) AS total FROM {tenant}.m GROUP BY host"
+                    ),
+                ),
+                _ => (
+                    "host, top",
+                    format!(
+                        "SELECT host, max(v) AS top FROM {tenant}.m WHERE v % {} = 0 GROUP BY host",
+                        i + 1
+                    ),
+                ),
+            };
+            storage.sql(&format!(
+                "CREATE FLOW {tenant}_f{i} SINK TO {tenant}.s{i} AS {query}"
+            ));
+            flows.push((format!("{tenant}.s{i}({columns})"), query));
+        }
+    }
+    let flows_ref: Vec<(&str, &str)> = flows
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
+    let on_flow_nodes = || {
+        storage.sql("SELECT count(*) FROM information_schema.flows WHERE node LIKE 'flow-%'")
+            == "30"
+    };
+    assert!(
+        poll_until(Duration::from_secs(60), on_flow_nodes),
+        "{}",
+        storage.sql("SELECT flow_name, node FROM information_schema.flows")
+    );
+
+    // Writers: psql into t1, HTTP into t2, counting what was acknowledged.
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = [Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0))];
+    let writers: Vec<_> = (0..2)
+        .map(|w| {
+            let (storage, stop, acked) = (storage.clone(), stop.clone(), acked[w].clone());
+            std::thread::spawn(move || {
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let sql = format!("INSERT INTO t{}.m VALUES ('h{}', {i}, {i})", w + 1, i % 7);
+                    let ok = match w {
+                        0 => storage.psql(&sql).is_ok(),
+                        _ => storage.http_sql(&sql).0 == 200,
+                    };
+                    if ok {
+                        acked.fetch_add(1, Ordering::Relaxed);
+                    }
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(2));
+    flow_nodes[0].kill9();
+    std::thread::sleep(Duration::from_secs(4));
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.join().unwrap();
+    }
+    assert!(
+        poll_until(Duration::from_secs(30), || storage.sql(
+            "SELECT count(*) FROM information_schema.flows WHERE node IN ('flow-2', 'flow-3')"
+        ) == "30"),
+        "{}",
+        storage.sql("SELECT flow_name, node FROM information_schema.flows")
+    );
+    for i in 0..15 {
+        for tenant in ["t1", "t2"] {
+            storage.sql(&format!("ADMIN FLUSH_FLOW('{tenant}_f{i}')"));
+        }
+    }
+    assert!(
+        sinks_exact(&storage, &flows_ref),
+        "a sink differs from its query"
+    );
+    for (t, acked) in acked.iter().enumerate() {
+        let n = acked.load(Ordering::Relaxed);
+        assert!(n > 0);
+        assert_eq!(
+            storage.sql(&format!("SELECT n FROM t{}.s0", t + 1)),
+            n.to_string()
+        );
+    }
+    flow_nodes.clear();
 }

@@ -399,7 +399,7 @@ impl FlowInfo {
     }
 }
 
-pub(super) struct FlowHandle {
+pub(crate) struct FlowHandle {
     pub(super) def: FlowDef,
     pub(super) status: SharedStatus,
     source_ids: Vec<u64>,
@@ -1759,6 +1759,9 @@ impl FlowManager {
             return Err(flow_err(format!(
                 "flow '{name}' is paused; continue it with ADMIN RESUME_FLOW('{name}')"
             )));
+        }
+        if let Some((node, _)) = self.placement(name) {
+            return self.flush_remote(name, &node, &handle).await;
         }
         let Some(slot) = &handle.slot else {
             return Err(failed());

@@ -34,6 +34,9 @@ use sandflow_contract::SourceSchema;
 
 pub use sandflow_flows::{ChangeLog, Chunk, Commit, Failure, SinkCommitter, Stored};
 
+/// The longest `ADMIN FLUSH_FLOW` waits for a flow on another node.
+pub const REMOTE_FLUSH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Set in the fence of a flow placed on another node.
 pub const REMOTE_FENCE: u64 = 1 << 63;
 
@@ -271,6 +274,74 @@ impl FlowManager {
             .lock()
             .ok()
             .and_then(|r| r.get(name).map(|r| r.node.clone()))
+    }
+
+    /// `ADMIN FLUSH_FLOW` of a flow placed on another node: waits until the
+    /// sink shows every change its sources' logs hold (that node commits
+    /// them within its tick interval once the change streams carry them),
+    /// at most [`REMOTE_FLUSH_TIMEOUT`]. Returns the sink rows written since
+    /// the last flush.
+    pub(super) async fn flush_remote(
+        &self,
+        name: &str,
+        node: &str,
+        handle: &FlowHandle,
+    ) -> Result<u64> {
+        let run = self
+            .remote
+            .lock()
+            .ok()
+            .and_then(|r| r.get(name).cloned())
+            .ok_or_else(|| fenced(name, 0))?;
+        let core = run
+            .sink
+            .lock()
+            .ok()
+            .and_then(|s| s.core.upgrade())
+            .ok_or_else(|| {
+                SqlSnafu {
+                    message: "the database is closing",
+                }
+                .build()
+            })?;
+        let deadline = std::time::Instant::now() + REMOTE_FLUSH_TIMEOUT;
+        loop {
+            let caught_up = {
+                let core = core.clone();
+                let (name, sources) = (name.to_string(), handle.sources.clone());
+                crate::sql::provider::blocking(move || {
+                    let Some(stored) = super::manager::load_recovery(&core, &name, sources.len())?
+                    else {
+                        return Ok(false);
+                    };
+                    for (t, written) in sources.iter().zip(&stored.written) {
+                        if core.store.read_log_part(t, *written)?.is_some() {
+                            return Ok(false);
+                        }
+                    }
+                    Ok(true)
+                })
+                .await?
+            };
+            if caught_up {
+                break;
+            }
+            if std::time::Instant::now() >= deadline {
+                return SqlSnafu {
+                    message: format!(
+                        "flow '{name}' on node {node} did not write back its sources' changes \
+                         within {}s; see information_schema.flows and that node's log",
+                        REMOTE_FLUSH_TIMEOUT.as_secs()
+                    ),
+                }
+                .fail();
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let mut s = handle.status.lock().unwrap_or_else(|p| p.into_inner());
+        let rows = s.rows_written.saturating_sub(s.rows_at_flush);
+        s.rows_at_flush = s.rows_written;
+        Ok(rows)
     }
 
     /// The node and fence of flow `name`'s placement elsewhere, if any.
