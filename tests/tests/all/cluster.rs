@@ -42,6 +42,29 @@ fn ids(s: &Server) -> Vec<String> {
     nodes(s).into_iter().map(|r| r[0].clone()).collect()
 }
 
+/// `sandflow start` with `args` on a fresh directory, which must fail: its
+/// standard error.
+fn start_fails(args: &[&str]) -> String {
+    let dir = temp_data_dir();
+    let out = Command::new(server_bin())
+        .args(["start", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .args([
+            "--postgres-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+        ])
+        .args(["--mysql-addr", "127.0.0.1:0", "--auth", "none"])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run sandflow");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{stderr}");
+    stderr
+}
+
 #[test]
 fn nodes_join_show_their_roles_and_leave() {
     let etcd = Etcd::start();
@@ -158,30 +181,14 @@ fn a_crashed_node_drops_out_when_its_lease_runs_out_and_its_id_waits_for_that() 
 fn a_node_id_held_by_a_live_node_is_refused() {
     let etcd = Etcd::start();
     let a = Server::start_with(temp_data_dir(), node(&etcd, "n1", "all", "2s"));
-    let dir = temp_data_dir();
-    let out = Command::new(server_bin())
-        .args(["start", "--data-dir"])
-        .arg(dir.path().join("data"))
-        .args([
-            "--postgres-addr",
-            "127.0.0.1:0",
-            "--http-addr",
-            "127.0.0.1:0",
-        ])
-        .args(["--mysql-addr", "127.0.0.1:0", "--auth", "none"])
-        .args([
-            "--etcd",
-            &etcd.url(),
-            "--node-id",
-            "n1",
-            "--lease-ttl",
-            "2s",
-        ])
-        .stdin(Stdio::null())
-        .output()
-        .expect("run sandflow");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{stderr}");
+    let stderr = start_fails(&[
+        "--etcd",
+        &etcd.url(),
+        "--node-id",
+        "n1",
+        "--lease-ttl",
+        "2s",
+    ]);
     assert!(
         stderr.contains("node id 'n1' is held by a live node at 127.0.0.1:")
             && stderr.contains("another --node-id"),
@@ -193,25 +200,7 @@ fn a_node_id_held_by_a_live_node_is_refused() {
 
 #[test]
 fn cluster_settings_need_etcd_and_etcd_needs_a_reachable_server() {
-    let run = |args: &[&str]| {
-        let dir = temp_data_dir();
-        let out = Command::new(server_bin())
-            .args(["start", "--data-dir"])
-            .arg(dir.path().join("data"))
-            .args([
-                "--postgres-addr",
-                "127.0.0.1:0",
-                "--http-addr",
-                "127.0.0.1:0",
-            ])
-            .args(["--mysql-addr", "127.0.0.1:0", "--auth", "none"])
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .expect("run sandflow");
-        assert!(!out.status.success());
-        String::from_utf8_lossy(&out.stderr).into_owned()
-    };
+    let run = start_fails;
     let e = run(&["--node-id", "x"]);
     assert!(
         e.contains("--node-id belongs to a cluster node: set --etcd too"),

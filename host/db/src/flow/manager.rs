@@ -736,6 +736,19 @@ impl FlowManager {
             status.failures += 1;
         }
         status.pending_since_ms = None;
+        self.runless_handle(core, h, def, status);
+    }
+
+    /// Replaces `h` by a handle of the same flow, as `def`, with `status`
+    /// and no local run: the same readers (they keep the logs from its
+    /// snapshot on), a new incarnation.
+    fn runless_handle(
+        &self,
+        core: &Arc<Core>,
+        h: &Arc<FlowHandle>,
+        def: FlowDef,
+        status: FlowStatus,
+    ) -> Arc<FlowHandle> {
         let status = Arc::new(Mutex::new(status));
         self.register_metrics(core, &def.name, &status);
         let name = def.name.clone();
@@ -751,41 +764,19 @@ impl FlowManager {
             sources: h.sources.clone(),
         });
         if let Ok(mut f) = self.flows.write() {
-            f.insert(name, handle);
+            f.insert(name, handle.clone());
         }
+        handle
     }
 
-    /// The handle of `h`'s flow once it runs on `node`: no local run, the
-    /// same readers (they keep the logs from its snapshot on), its status
-    /// carried over.
-    pub(super) fn remote_handle(
-        &self,
-        core: &Arc<Core>,
-        h: &Arc<FlowHandle>,
-        node: &str,
-    ) -> Arc<FlowHandle> {
+    /// The handle of `h`'s flow once it runs on another node: no local run,
+    /// its status carried over.
+    pub(super) fn remote_handle(&self, core: &Arc<Core>, h: &Arc<FlowHandle>) -> Arc<FlowHandle> {
         let mut status = h.status.lock().map(|s| s.clone()).unwrap_or_default();
         status.error = None;
         status.pending_since_ms = None;
         status.asleep = false;
-        let status = Arc::new(Mutex::new(status));
-        self.register_metrics(core, &h.def.name, &status);
-        let handle = Arc::new(FlowHandle {
-            def: h.def.clone(),
-            status,
-            source_ids: h.source_ids.clone(),
-            sink_id: h.sink_id,
-            slot: None,
-            _readers: h._readers.clone(),
-            incarnation: self.incarnations.fetch_add(1, Ordering::Relaxed),
-            recording: h.recording.clone(),
-            sources: h.sources.clone(),
-        });
-        if let Ok(mut f) = self.flows.write() {
-            f.insert(h.def.name.clone(), handle.clone());
-        }
-        let _ = node;
-        handle
+        self.runless_handle(core, h, h.def.clone(), status)
     }
 
     /// Before an ALTER TABLE of table `id`: stops the flows that read or

@@ -140,7 +140,7 @@ impl FlowManager {
         let mine = REMOTE_FENCE | fence;
         core.store
             .under_commit_lock(|| cell.store(mine, Ordering::SeqCst))?;
-        let handle = self.remote_handle(core, &h, node);
+        let handle = self.remote_handle(core, &h);
         let committer = StoreSink {
             core: Arc::downgrade(core),
             name: name.to_string(),
@@ -187,16 +187,20 @@ impl FlowManager {
         Ok(plan)
     }
 
-    /// The plan of flow `name` placed under `fence`, with its snapshot as
-    /// stored now.
-    pub(crate) fn remote_plan(&self, core: &Core, name: &str, fence: u64) -> Result<RemotePlan> {
-        let run = self
-            .remote
+    /// Flow `name`'s placement, if it is under `fence`.
+    fn placed_under(&self, name: &str, fence: u64) -> Result<Arc<RemoteRun>> {
+        self.remote
             .lock()
             .ok()
             .and_then(|r| r.get(name).cloned())
             .filter(|r| r.fence == REMOTE_FENCE | fence)
-            .ok_or_else(|| fenced(name, fence))?;
+            .ok_or_else(|| fenced(name, fence))
+    }
+
+    /// The plan of flow `name` placed under `fence`, with its snapshot as
+    /// stored now.
+    pub(crate) fn remote_plan(&self, core: &Core, name: &str, fence: u64) -> Result<RemotePlan> {
+        let run = self.placed_under(name, fence)?;
         let mut plan = run.plan.clone();
         plan.stored = super::manager::load_recovery(core, name, plan.sources.len())?;
         Ok(plan)
@@ -210,13 +214,7 @@ impl FlowManager {
         fence: u64,
         commit: RemoteCommit,
     ) -> Result<u64> {
-        let run = self
-            .remote
-            .lock()
-            .ok()
-            .and_then(|r| r.get(name).cloned())
-            .filter(|r| r.fence == REMOTE_FENCE | fence)
-            .ok_or_else(|| fenced(name, fence))?;
+        let run = self.placed_under(name, fence)?;
         let mut sink = run.sink.lock().map_err(|_| fenced(name, fence))?;
         // What another node sends is checked as a guest's output is.
         for b in &commit.output {
