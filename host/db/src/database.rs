@@ -645,6 +645,15 @@ impl Database {
         self.core.flows.placement(name)
     }
 
+    /// The run of flow `name` on another node under `fence` failed for good:
+    /// the flow is kept failed with `message` (ADMIN RESUME_FLOW restarts
+    /// it).
+    pub fn remote_failed(&self, name: &str, fence: u64, message: &str) -> Result<()> {
+        self.core
+            .flows
+            .remote_failed(&self.core, name, fence, message)
+    }
+
     /// The remote plan of flow `name` under `fence` again (its snapshot
     /// read now), if it is placed under that fence.
     pub fn remote_plan(&self, name: &str, fence: u64) -> Result<crate::flow::remote::RemotePlan> {

@@ -328,6 +328,7 @@ pub fn internal_router(db: &Arc<Database>, secret: String) -> Router {
         .route("/v1/plan", post(plan_call))
         .route("/v1/commit", post(commit_call))
         .route("/v1/backfill", get(backfill_call))
+        .route("/v1/failed", post(failed_call))
         // Commits carry snapshots.
         .layer(DefaultBodyLimit::max(1 << 30))
         .with_state(Internal {
@@ -393,6 +394,28 @@ async fn commit_call(State(s): State<Internal>, headers: HeaderMap, body: Bytes)
     };
     match db.remote_commit(&meta.flow, meta.fence, commit).await {
         Ok(rows) => answer(StatusCode::OK, rows.to_string()),
+        Err(e) => placement_error(e),
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct FailedRequest {
+    flow: String,
+    fence: u64,
+    message: String,
+}
+
+async fn failed_call(State(s): State<Internal>, headers: HeaderMap, body: Bytes) -> Response {
+    let db = match admit(&s, &headers) {
+        Ok(db) => db,
+        Err(r) => return r.into_response(),
+    };
+    let req: FailedRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return answer(StatusCode::BAD_REQUEST, format!("bad failure report: {e}")),
+    };
+    match db.remote_failed(&req.flow, req.fence, &req.message) {
+        Ok(()) => answer(StatusCode::OK, ""),
         Err(e) => placement_error(e),
     }
 }
@@ -681,12 +704,18 @@ async fn host_round(
         .filter(|p| p.node == me)
         .map(|p| ((p.storage, p.flow), p.fence))
         .collect();
-    // Runs no longer placed here, placed again, or failed: stopped.
+    // Runs no longer placed here, placed again, or failed: stopped. A run
+    // that failed for good is reported to its storage node, which keeps the
+    // flow failed (a transient failure is simply started again).
+    let mut failed = Vec::new();
     runs.retain(|key, h| {
         let keep = wanted.get(key) == Some(&h.fence) && h.run.failure().is_none();
         if !keep {
             if let Some(f) = h.run.failure() {
                 warn!(flow = %key.1, "run stopped: {f}");
+                if !f.transient && !f.fenced {
+                    failed.push((key.clone(), h.fence, f.message));
+                }
             }
             info!(flow = %key.1, "no longer running the flow here");
         }
@@ -699,6 +728,28 @@ async fn host_round(
         .into_iter()
         .map(|n| (n.info.id, n.info.address))
         .collect();
+    for ((storage, flow), fence, message) in failed {
+        let Some(addr) = addresses.get(&storage) else {
+            continue;
+        };
+        let report = serde_json::to_vec(&FailedRequest {
+            flow: flow.clone(),
+            fence,
+            message,
+        })
+        .map_err(|e| e.to_string())?;
+        if let Err(e) = call(
+            addr,
+            hyper::Method::POST,
+            "/internal/v1/failed",
+            secret,
+            report,
+        )
+        .await
+        {
+            warn!(flow = %flow, "cannot report the failure to {storage}: {e}");
+        }
+    }
     for ((storage, flow), fence) in wanted {
         if runs.contains_key(&(storage.clone(), flow.clone())) {
             continue;

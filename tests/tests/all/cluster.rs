@@ -534,6 +534,60 @@ fn flows_run_on_flow_nodes_and_move_when_one_dies() {
         assert!(e.contains(want), "{sql}: {e}");
     }
 
+    // A flow that fails on its node for good is failed on the storage node
+    // too, with the reason, and no longer placed.
+    storage.sql(
+        "CREATE TABLE m2 (host STRING, v BIGINT, ts TIMESTAMP TIME INDEX, PRIMARY KEY (host))",
+    );
+    storage.sql(
+        "CREATE FLOW lim SINK TO lim_sink WITH (output_rows_limit_per_tick = '3') AS \
+         SELECT host, count(v) AS n FROM m2 GROUP BY host",
+    );
+    let lim_node = || {
+        storage
+            .sql("SELECT coalesce(node, '-') FROM information_schema.flows WHERE flow_name = 'lim'")
+    };
+    assert!(poll_until(Duration::from_secs(20), || lim_node().starts_with("flow-")));
+    storage.sql(
+        "INSERT INTO m2 VALUES ('a', 1, 0), ('b', 1, 0), ('c', 1, 0), ('d', 1, 0), ('e', 1, 0)",
+    );
+    assert!(
+        poll_until(Duration::from_secs(20), || storage.sql(
+            "SELECT status FROM information_schema.flows WHERE flow_name = 'lim'"
+        ) == "failed"),
+        "{}",
+        storage
+            .sql("SELECT status, last_error FROM information_schema.flows WHERE flow_name = 'lim'")
+    );
+    let error =
+        storage.sql("SELECT last_error FROM information_schema.flows WHERE flow_name = 'lim'");
+    assert!(
+        error.contains("on node flow-") && error.contains("output_rows_limit_per_tick"),
+        "{error}"
+    );
+    assert_eq!(lim_node(), "-");
+    storage.sql("DROP FLOW lim");
+
+    // A paused flow stops on its node; resumed, it is placed again.
+    storage.sql("ADMIN PAUSE_FLOW('f1')");
+    let paused = storage.sql("SELECT host, top FROM s2 ORDER BY 1");
+    storage.sql("INSERT INTO m VALUES ('paused', 1000, 0)");
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(storage.sql("SELECT host, top FROM s2 ORDER BY 1"), paused);
+    assert_eq!(
+        storage.sql(
+            "SELECT status, node IS NULL FROM information_schema.flows WHERE flow_name = 'f1'"
+        ),
+        "paused|t"
+    );
+    storage.sql("ADMIN RESUME_FLOW('f1')");
+    assert!(
+        poll_until(Duration::from_secs(20), || sinks_exact(&storage, &flows)
+            && nodes_of(&storage).iter().all(|n| n.starts_with("flow-"))),
+        "after RESUME_FLOW: {:?}",
+        nodes_of(&storage)
+    );
+
     // A third flow node joins: the flows spread over it too.
     let mut f3 = Server::start_with(
         temp_data_dir(),

@@ -711,6 +711,11 @@ impl FlowManager {
         }
     }
 
+    /// [`FlowManager::stop_failed`] for the remote runs' module.
+    pub(super) fn stop_failed_pub(&self, core: &Arc<Core>, h: &Arc<FlowHandle>, message: String) {
+        self.stop_failed(core, h, message, true);
+    }
+
     /// Stops `h`'s flow and keeps it, failed with `message` (a failure
     /// counted if `failure`), until DROP FLOW, CREATE OR REPLACE FLOW or
     /// ADMIN RESUME_FLOW.
@@ -730,6 +735,8 @@ impl FlowManager {
         failure: bool,
     ) {
         self.halt(h);
+        // A placement on another node ends too: its commits are refused.
+        self.forget_remote(&def.name);
         let mut status = h.status.lock().map(|s| s.clone()).unwrap_or_default();
         status.error = error;
         if failure {

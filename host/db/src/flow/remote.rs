@@ -342,6 +342,23 @@ impl FlowManager {
         Ok(rows)
     }
 
+    /// The run of flow `name` on another node under `fence` failed for good
+    /// (a trap, a limit): the flow is kept, failed with `message`, until
+    /// ADMIN RESUME_FLOW, as a local run's failure is.
+    pub(crate) fn remote_failed(
+        &self,
+        core: &Arc<Core>,
+        name: &str,
+        fence: u64,
+        message: &str,
+    ) -> Result<()> {
+        let run = self.placed_under(name, fence)?;
+        let message = format!("on node {}: {message}", run.node);
+        tracing::warn!(flow = %name, "flow failed {message}");
+        self.stop_failed_pub(core, &run.handle, message);
+        Ok(())
+    }
+
     /// The node and fence of flow `name`'s placement elsewhere, if any.
     pub(crate) fn placement(&self, name: &str) -> Option<(String, u64)> {
         self.remote.lock().ok().and_then(|r| {
