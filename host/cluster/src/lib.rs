@@ -447,6 +447,50 @@ impl Member {
         Ok(())
     }
 
+    /// Claims database `name` for this node (a database lives on one storage
+    /// node). Returns the node that has it, if another one.
+    pub async fn claim_database(&self, name: &str) -> Result<Option<String>> {
+        let key = format!("{PREFIX}databases/{}", hex::encode(name));
+        let me = self.config.node_id.clone();
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key.as_str(), me.as_str(), None)])
+            .or_else([TxnOp::get(key.as_str(), None)]);
+        let mut client = self.client.clone();
+        let resp = client.txn(txn).await.context(EtcdSnafu {
+            what: "claim a database",
+        })?;
+        if resp.succeeded() {
+            return Ok(None);
+        }
+        for op in resp.op_responses() {
+            if let etcd_client::TxnOpResponse::Get(g) = op {
+                if let Some(kv) = g.kvs().first() {
+                    let owner = String::from_utf8_lossy(kv.value()).into_owned();
+                    return Ok((owner != me).then_some(owner));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Gives database `name` up, if this node has it.
+    pub async fn release_database(&self, name: &str) -> Result<()> {
+        let key = format!("{PREFIX}databases/{}", hex::encode(name));
+        let txn = Txn::new()
+            .when([Compare::value(
+                key.as_str(),
+                CompareOp::Equal,
+                self.config.node_id.as_str(),
+            )])
+            .and_then([TxnOp::delete(key.as_str(), None)]);
+        let mut client = self.client.clone();
+        client.txn(txn).await.context(EtcdSnafu {
+            what: "release a database",
+        })?;
+        Ok(())
+    }
+
     /// The cluster's secret: the one in etcd, or `candidate` when there is
     /// none yet (then stored for every node).
     pub async fn secret(&self, candidate: &str) -> Result<String> {

@@ -854,6 +854,11 @@ impl Database {
     }
 
     /// Whether a database of that name exists.
+    /// The names of the databases.
+    pub fn database_names(&self) -> Result<Vec<String>> {
+        self.core.catalog.database_names()
+    }
+
     pub fn database_exists(&self, name: &str) -> bool {
         self.core.catalog.database_exists(name).unwrap_or(false)
     }

@@ -39,6 +39,16 @@ pub trait NodeSource: Send + Sync + Debug {
     /// `ADMIN MOVE_FLOW`: places flow `flow` of this node's databases on
     /// node `node`; an error message says why not.
     async fn move_flow(&self, flow: &str, node: &str) -> Result<(), String>;
+
+    /// `CREATE DATABASE name` here: claims the name for this node (a
+    /// database lives on one storage node); an error message names the node
+    /// that has it.
+    async fn claim_database(&self, _name: &str) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// `DROP DATABASE name` here: gives the name up.
+    async fn release_database(&self, _name: &str) {}
 }
 
 /// The node id of a database that runs alone.

@@ -50,6 +50,30 @@ impl NodeSource for EtcdNodes {
         self.member.node_id().to_string()
     }
 
+    async fn claim_database(&self, name: &str) -> Result<(), String> {
+        let me = self.member.node_id();
+        if !self.member.role().stores() {
+            return Err(format!(
+                "node {me} (role {}) holds no databases: create '{name}' on a storage node \
+                 (SHOW NODES lists them)",
+                self.member.role()
+            ));
+        }
+        match self.member.claim_database(name).await {
+            Ok(None) => Ok(()),
+            Ok(Some(owner)) => Err(format!(
+                "database '{name}' lives on storage node {owner}: use it there, or pick another name"
+            )),
+            Err(e) => Err(format!("cannot claim database '{name}' in the cluster: {e}")),
+        }
+    }
+
+    async fn release_database(&self, name: &str) {
+        if let Err(e) = self.member.release_database(name).await {
+            warn!("cannot give up database '{name}' in the cluster: {e}");
+        }
+    }
+
     async fn move_flow(&self, flow: &str, node: &str) -> Result<(), String> {
         let Some(db) = self.db.upgrade() else {
             return Err("the server is shutting down".into());
@@ -85,6 +109,22 @@ pub async fn join(
         member: member.clone(),
         db: Arc::downgrade(db),
     }));
+    // Its databases (but the default one, which every node has) are its own.
+    if config.role.stores() {
+        for name in db.database_names().unwrap_or_default() {
+            if name == sandflow::schema::DEFAULT_DATABASE {
+                continue;
+            }
+            match member.claim_database(&name).await {
+                Ok(None) => {}
+                Ok(Some(owner)) => warn!(
+                    "database '{name}' is also on storage node {owner}, which claimed it first: \
+                     the two are different databases; rename one"
+                ),
+                Err(e) => warn!("cannot claim database '{name}' in the cluster: {e}"),
+            }
+        }
+    }
     let m = Arc::downgrade(&member);
     db.metrics().gauge_fn(
         "sandflow_cluster_lease_renewal_failures",

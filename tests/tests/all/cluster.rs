@@ -124,6 +124,26 @@ fn nodes_join_show_their_roles_and_leave() {
         nodes(&flow)
     );
 
+    // A database lives on one storage node; a flow node holds none.
+    storage.sql("CREATE DATABASE shop");
+    let e = flow.sql_err("CREATE DATABASE anything");
+    assert!(
+        e.contains("node flow-1 (role flow) holds no databases"),
+        "{e}"
+    );
+    let mut storage2 =
+        Server::start_with(temp_data_dir(), node(&etcd, "storage-2", "storage", "2s"));
+    let e = storage2.sql_err("CREATE DATABASE shop");
+    assert!(
+        e.contains("database 'shop' lives on storage node storage-1"),
+        "{e}"
+    );
+    storage.sql("DROP DATABASE shop");
+    storage2.sql("CREATE DATABASE shop");
+    let e = storage.sql_err("CREATE DATABASE shop");
+    assert!(e.contains("lives on storage node storage-2"), "{e}");
+    assert!(storage2.stop(), "{}", storage2.logs());
+
     // A clean stop leaves at once (the lease is revoked, not waited out).
     assert!(flow.stop(), "unclean stop:\n{}", flow.logs());
     let gone = Instant::now();

@@ -381,6 +381,15 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
             options,
         } => {
             let quotas = access::quotas_of(&options)?;
+            let source = core.nodes.read().ok().and_then(|n| n.clone());
+            if let Some(source) =
+                source.filter(|_| !core.catalog.database_exists(&name).unwrap_or(true))
+            {
+                source
+                    .claim_database(&name)
+                    .await
+                    .map_err(|message| SqlSnafu { message }.build())?;
+            }
             let c = core.clone();
             let created = blocking(move || {
                 let created = c.catalog.create_database(&c.store, &name, if_not_exists)?;
@@ -400,6 +409,7 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
         }
         Stmt::DropDatabase { name, if_exists } => {
             let c = core.clone();
+            let released = name.clone();
             let dropped = blocking(move || {
                 let dropped = c.catalog.drop_database(&c.store, &name, if_exists)?;
                 if dropped.is_some() {
@@ -408,6 +418,12 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
                 Ok(dropped)
             })
             .await?;
+            if dropped.is_some() {
+                let source = core.nodes.read().ok().and_then(|n| n.clone());
+                if let Some(source) = source {
+                    source.release_database(&released).await;
+                }
+            }
             for t in dropped.unwrap_or_default() {
                 core.forget_defaults(t.id());
                 core.flows.table_dropped(core, &t);
