@@ -130,7 +130,7 @@ class Node(Proc):
 def setup(c):
     c.execute("CREATE TABLE m (k STRING, ts TIMESTAMP TIME INDEX, v DOUBLE, PRIMARY KEY (k))")
     c.execute(
-        "CREATE FLOW r WITH (memory_limit = '2GiB') SINK TO r_sink AS "
+        "CREATE FLOW r SINK TO r_sink WITH (memory_limit = '2GiB') AS "
         + ROLLUP_SANDFLOW.format(src="m")
     )
 
