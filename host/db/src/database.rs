@@ -89,12 +89,15 @@ impl Core {
         &self.metrics
     }
 
+    /// The cluster's node source, if the server installed one.
+    pub(crate) fn node_source(&self) -> Option<Arc<dyn crate::nodes::NodeSource>> {
+        self.nodes.read().ok().and_then(|n| n.clone())
+    }
+
     /// The id of the node this database runs on (`local` alone).
     pub(crate) fn node_id(&self) -> String {
-        self.nodes
-            .read()
-            .ok()
-            .and_then(|n| n.as_ref().map(|s| s.local_id()))
+        self.node_source()
+            .map(|s| s.local_id())
             .unwrap_or_else(|| crate::nodes::STANDALONE_ID.to_string())
     }
 
@@ -853,12 +856,12 @@ impl Database {
         self.ctx.clone()
     }
 
-    /// Whether a database of that name exists.
     /// The names of the databases.
     pub fn database_names(&self) -> Result<Vec<String>> {
         self.core.catalog.database_names()
     }
 
+    /// Whether a database of that name exists.
     pub fn database_exists(&self, name: &str) -> bool {
         self.core.catalog.database_exists(name).unwrap_or(false)
     }

@@ -3,8 +3,7 @@
 //! The database does not know etcd or the cluster: whoever runs it (the
 //! server) may install a [`NodeSource`] that answers with the cluster's live
 //! nodes. Without one, the database is a node of its own: one row, `local`,
-//! role `all`. Either way the row of this process counts its flows from the
-//! flow manager, which is fresher than what the cluster last heard.
+//! role `all`, counting its running flows.
 
 use std::fmt::Debug;
 
@@ -23,8 +22,6 @@ pub struct NodeRow {
     pub lease_seconds: Option<i64>,
     /// Flows the node runs.
     pub flows: u64,
-    /// Whether this row is this process.
-    pub local: bool,
 }
 
 /// Where the nodes come from when the database is part of a cluster.
@@ -54,14 +51,13 @@ pub trait NodeSource: Send + Sync + Debug {
 /// The node id of a database that runs alone.
 pub const STANDALONE_ID: &str = "local";
 
-/// The row of a database that runs alone.
-pub(crate) fn standalone_row() -> NodeRow {
+/// The row of a database that runs alone, running `flows` flows.
+pub(crate) fn standalone_row(flows: u64) -> NodeRow {
     NodeRow {
         id: STANDALONE_ID.into(),
         role: "all".into(),
         address: None,
         lease_seconds: None,
-        flows: 0,
-        local: true,
+        flows,
     }
 }

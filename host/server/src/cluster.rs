@@ -34,9 +34,6 @@ impl NodeSource for EtcdNodes {
         Ok(nodes
             .into_iter()
             .map(|n| NodeRow {
-                // As published (at most a second old): a node's count
-                // includes the flows of other nodes it runs.
-                local: false,
                 id: n.info.id,
                 role: n.info.role.to_string(),
                 address: Some(n.info.address),

@@ -711,15 +711,16 @@ impl FlowManager {
         }
     }
 
-    /// [`FlowManager::stop_failed`] for the remote runs' module.
-    pub(super) fn stop_failed_pub(&self, core: &Arc<Core>, h: &Arc<FlowHandle>, message: String) {
-        self.stop_failed(core, h, message, true);
-    }
-
     /// Stops `h`'s flow and keeps it, failed with `message` (a failure
     /// counted if `failure`), until DROP FLOW, CREATE OR REPLACE FLOW or
     /// ADMIN RESUME_FLOW.
-    fn stop_failed(&self, core: &Arc<Core>, h: &Arc<FlowHandle>, message: String, failure: bool) {
+    pub(super) fn stop_failed(
+        &self,
+        core: &Arc<Core>,
+        h: &Arc<FlowHandle>,
+        message: String,
+        failure: bool,
+    ) {
         self.stop_as(core, h, h.def.clone(), Some(message), failure);
     }
 
@@ -2418,7 +2419,7 @@ pub(super) struct Prepared {
     pub(super) limits: FlowLimits,
     pub(super) output: Vec<crate::runtime::Field>,
     sources: Vec<Arc<Table>>,
-    pub(super) source_fields: Vec<Vec<crate::runtime::Field>>,
+    source_fields: Vec<Vec<crate::runtime::Field>>,
     pub(super) sink: SinkPlan,
     pub(super) mapping: Vec<sink::SinkColumn>,
     options: FlowOptions,

@@ -355,7 +355,7 @@ impl FlowManager {
         let run = self.placed_under(name, fence)?;
         let message = format!("on node {}: {message}", run.node);
         tracing::warn!(flow = %name, "flow failed {message}");
-        self.stop_failed_pub(core, &run.handle, message);
+        self.stop_failed(core, &run.handle, message, true);
         Ok(())
     }
 
@@ -395,20 +395,8 @@ pub(crate) fn backfill(core: &Core, database: &str, name: &str) -> Result<(u64, 
         }
         .build()
     })?;
-    let following = core
-        .store
-        .follow(std::slice::from_ref(&table), None, true, &mut |_| {
-            Box::new(|_| {})
-        })?;
-    let mut batches = Vec::new();
-    if let Some(Some(mut cursor)) = following.cursors.into_iter().next() {
-        while let Some((b, _)) = cursor.next_part(&table)? {
-            if b.num_rows() > 0 {
-                batches.push(b);
-            }
-        }
-    }
-    Ok((following.seq, batches))
+    let snapshot = core.store.scan(&table)?;
+    Ok((snapshot.seq, snapshot.batches))
 }
 
 /// Wakes a hosted run: new input may have come.
@@ -425,7 +413,6 @@ pub struct HostedRun {
     slot: Arc<Slot>,
     driver: Arc<Driver>,
     failure: Arc<Mutex<Option<Failure>>>,
-    rows: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl std::fmt::Debug for HostedRun {
@@ -438,11 +425,6 @@ impl HostedRun {
     /// Why the run stopped, if it failed (or was fenced off).
     pub fn failure(&self) -> Option<Failure> {
         self.failure.lock().ok().and_then(|f| f.clone())
-    }
-
-    /// Sink rows the run committed.
-    pub fn rows_written(&self) -> u64 {
-        self.rows.load(Ordering::Relaxed)
     }
 }
 
@@ -533,12 +515,9 @@ impl FlowManager {
             recovery,
         );
         let failure: Arc<Mutex<Option<Failure>>> = Arc::new(Mutex::new(None));
-        let rows = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let (f, r) = (failure.clone(), rows.clone());
+        let f = failure.clone();
         let after: AfterStep = Box::new(move |runner, _| {
-            let status = runner.status();
-            r.store(status.rows_written, Ordering::Relaxed);
-            if let Some(failure) = &status.failure {
+            if let Some(failure) = &runner.status().failure {
                 if let Ok(mut f) = f.lock() {
                     *f = Some(failure.clone());
                 }
@@ -551,7 +530,6 @@ impl FlowManager {
             slot,
             driver: self.driver.clone(),
             failure,
-            rows,
         })
     }
 }

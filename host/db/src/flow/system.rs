@@ -17,6 +17,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit}
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::catalog::{SchemaProvider, Session, TableProvider};
 use datafusion::datasource::MemTable;
+use datafusion::error::DataFusionError;
 use datafusion::logical_expr::{Expr, TableType};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::sql::sqlparser::ast::{
@@ -28,7 +29,6 @@ use super::manager::FlowInfo;
 use crate::catalog::DEFAULT_CATALOG;
 use crate::database::Core;
 use crate::nodes::NodeRow;
-use datafusion::error::DataFusionError;
 
 /// The hidden schema that holds sandflow's system tables.
 pub const SYSTEM_SCHEMA: &str = "__sandflow_system";
@@ -560,24 +560,21 @@ impl TableProvider for NodesTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
-        let source = self.core.nodes.read().ok().and_then(|n| n.clone());
-        let mut nodes = match source {
+        let mut nodes = match self.core.node_source() {
             Some(source) => source.nodes().await.map_err(|e| {
                 DataFusionError::External(format!("cannot list the cluster's nodes: {e}").into())
             })?,
-            None => vec![crate::nodes::standalone_row()],
+            None => {
+                let running = self
+                    .core
+                    .flows
+                    .infos()
+                    .iter()
+                    .filter(|f| f.is_running() && f.remote_node.is_none())
+                    .count() as u64;
+                vec![crate::nodes::standalone_row(running)]
+            }
         };
-        // This process's own count is fresher than what the cluster heard.
-        let running = self
-            .core
-            .flows
-            .infos()
-            .iter()
-            .filter(|f| f.is_running() && f.remote_node.is_none())
-            .count() as u64;
-        for n in nodes.iter_mut().filter(|n| n.local) {
-            n.flows = running;
-        }
         nodes.sort_by(|a, b| a.id.cmp(&b.id));
         let mem = MemTable::try_new(self.schema(), vec![vec![nodes_batch(&nodes)?]])?;
         mem.scan(state, projection, filters, limit).await

@@ -381,9 +381,9 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
             options,
         } => {
             let quotas = access::quotas_of(&options)?;
-            let source = core.nodes.read().ok().and_then(|n| n.clone());
-            if let Some(source) =
-                source.filter(|_| !core.catalog.database_exists(&name).unwrap_or(true))
+            if let Some(source) = core
+                .node_source()
+                .filter(|_| !core.catalog.database_exists(&name).unwrap_or(true))
             {
                 source
                     .claim_database(&name)
@@ -419,8 +419,7 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
             })
             .await?;
             if dropped.is_some() {
-                let source = core.nodes.read().ok().and_then(|n| n.clone());
-                if let Some(source) = source {
+                if let Some(source) = core.node_source() {
                     source.release_database(&released).await;
                 }
             }
@@ -684,8 +683,7 @@ async fn admin(
                 .fail();
             };
             core.flows.definition(name)?;
-            let source = core.nodes.read().ok().and_then(|n| n.clone());
-            let Some(source) = source else {
+            let Some(source) = core.node_source() else {
                 return UnsupportedSnafu {
                     message: "ADMIN MOVE_FLOW needs a cluster: this server runs alone (start it \
                               with --etcd, --node-id and --nats)",
@@ -701,7 +699,8 @@ async fn admin(
         other => UnsupportedSnafu {
             message: format!(
                 "ADMIN {other} is not supported; supported: ADMIN FLUSH_FLOW('name'), \
-                 ADMIN PAUSE_FLOW('name'), ADMIN RESUME_FLOW('name'), ADMIN FLUSH_TABLE('table')"
+                 ADMIN PAUSE_FLOW('name'), ADMIN RESUME_FLOW('name'), ADMIN FLUSH_TABLE('table'), \
+                 ADMIN MOVE_FLOW('flow', 'node')"
             ),
         }
         .fail(),
