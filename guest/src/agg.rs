@@ -825,6 +825,138 @@ pub(crate) fn encode_row(
     }
 }
 
+/// Rows `0..rows` of `cols` each encoded as [`encode_row`] does, one after the other:
+/// row `i` is `bytes[offsets[i]..offsets[i + 1]]`. Column by column, so that a column of
+/// integers without NULLs costs a copy per value.
+pub(crate) struct Encoded {
+    bytes: Vec<u8>,
+    /// Every row's length when all are alike (no NULLs, no strings), else each row's start
+    /// and the end in `offsets`.
+    width: Option<usize>,
+    offsets: Vec<u32>,
+}
+
+impl Encoded {
+    pub fn new(cols: &[Cow<'_, Column>], types: &[DataType], rows: usize) -> Encoded {
+        let fixed = cols.iter().zip(types).all(|(c, t)| match t.storage() {
+            Storage::Bytes => false,
+            Storage::Ints => c.ints.len() >= rows && !c.nulls.iter().any(|n| *n != 0),
+            Storage::Floats => c.floats.len() >= rows && !c.nulls.iter().any(|n| *n != 0),
+        });
+        // Each row's start.
+        let mut offsets: Vec<u32> = Vec::new();
+        let width = 9 * cols.len().min(types.len());
+        if fixed {
+            offsets.push((rows * width) as u32);
+        } else {
+            offsets.reserve(rows + 1);
+            let mut lens = vec![0u32; rows];
+            for (c, t) in cols.iter().zip(types) {
+                for (i, l) in lens.iter_mut().enumerate() {
+                    *l += match get(c, t.storage(), i) {
+                        S::Null => 1,
+                        S::I(_) | S::F(_) => 9,
+                        S::B(b) => 5 + b.len() as u32,
+                    };
+                }
+            }
+            offsets.push(0);
+            let mut at = 0u32;
+            for l in lens {
+                at += l;
+                offsets.push(at);
+            }
+        }
+        let total = offsets.last().copied().unwrap_or(0) as usize;
+        let mut bytes = vec![0u8; total];
+        if fixed {
+            let w = width;
+            for (j, (c, t)) in cols.iter().zip(types).enumerate() {
+                let o = 9 * j;
+                let rows_of = bytes.chunks_exact_mut(w.max(1));
+                if t.storage() == Storage::Floats {
+                    for (r, f) in rows_of.zip(&c.floats) {
+                        let f = if f.is_nan() { f64::NAN } else { f + 0.0 };
+                        if let Some(d) = r.get_mut(o..o + 9) {
+                            d[0] = 1;
+                            d[1..].copy_from_slice(&f.to_bits().to_le_bytes());
+                        }
+                    }
+                } else {
+                    for (r, x) in rows_of.zip(&c.ints) {
+                        if let Some(d) = r.get_mut(o..o + 9) {
+                            d[0] = 1;
+                            d[1..].copy_from_slice(&x.to_le_bytes());
+                        }
+                    }
+                }
+            }
+            return Encoded {
+                bytes,
+                width: Some(w),
+                offsets,
+            };
+        }
+        // Where the next value of each row goes.
+        let mut at: Vec<u32> = offsets.get(..rows).unwrap_or(&[]).to_vec();
+        for (c, t) in cols.iter().zip(types) {
+            for (i, a) in at.iter_mut().enumerate() {
+                let start = *a as usize;
+                let (tag, value): (u8, &[u8]) = match get(c, t.storage(), i) {
+                    S::Null => (0, &[]),
+                    S::B(b) => {
+                        if let Some(dst) = bytes.get_mut(start + 1..start + 5) {
+                            dst.copy_from_slice(&(b.len() as u32).to_le_bytes());
+                        }
+                        *a += 4;
+                        (1, b)
+                    }
+                    v => {
+                        let x = match v {
+                            S::F(f) => if f.is_nan() { f64::NAN } else { f + 0.0 }.to_bits(),
+                            S::I(x) => x as u64,
+                            _ => 0,
+                        };
+                        if let Some(dst) = bytes.get_mut(start + 1..start + 9) {
+                            dst.copy_from_slice(&x.to_le_bytes());
+                        }
+                        *a += 8;
+                        (1, &[])
+                    }
+                };
+                if let Some(dst) = bytes.get_mut(start) {
+                    *dst = tag;
+                }
+                *a += 1;
+                if !value.is_empty() {
+                    let v = *a as usize;
+                    if let Some(dst) = bytes.get_mut(v..v + value.len()) {
+                        dst.copy_from_slice(value);
+                    }
+                    *a += value.len() as u32;
+                }
+            }
+        }
+        Encoded {
+            bytes,
+            width: None,
+            offsets,
+        }
+    }
+
+    /// Row `i`'s encoding.
+    #[inline]
+    pub fn row(&self, i: usize) -> &[u8] {
+        if let Some(w) = self.width {
+            return self.bytes.get(i * w..(i + 1) * w).unwrap_or(&[]);
+        }
+        match (self.offsets.get(i), self.offsets.get(i + 1)) {
+            (Some(&a), Some(&b)) => self.bytes.get(a as usize..b as usize).unwrap_or(&[]),
+            _ => &[],
+        }
+    }
+}
+
 /// Decodes column `want` of an encoded key.
 pub(crate) fn decode_key(mut b: &[u8], types: &[DataType], want: usize) -> Out {
     for (ci, t) in types.iter().enumerate() {

@@ -1,7 +1,15 @@
 //! Incremental equi-joins over arrangements.
 //!
-//! An [`Arrangement`] is one input's rows indexed by join key: each distinct row once, with
-//! its multiplicity (the sum of its diffs so far). It is the join's state for that input.
+//! An [`Arrangement`] is one input's rows indexed by join key: per key, its rows' changes
+//! in one byte array, consolidated (each distinct row once, with its multiplicity: the sum
+//! of its diffs so far, in row order) whenever the other side reads the key, and appended
+//! to unsorted in between ([`Rows`] states why that answers alike). It is the join's state
+//! for that input. A key of one integer column is looked up by its value.
+//!
+//! **Speed.** Per change: one lookup of its key in each arrangement, its row encoded once
+//! and appended to its key's bytes; no allocation per row, no index by row. The joins
+//! benchmark (`make bench`) and `cargo run -p sandflow-engine --release --example
+//! join_workload` (the engine alone) measure it.
 //!
 //! **The rule of its times.** Every change of a tick carries the tick's time, and a tick's
 //! changes are applied before the next tick starts, so an arrangement holds exactly one
@@ -29,142 +37,397 @@ use std::borrow::Cow;
 
 use std::collections::BTreeMap;
 
-use crate::agg::{check_key, decode_key, encode_row, to_ms, Out};
+use crate::agg::{check_key, decode_key, to_ms, Encoded, Out};
 use crate::codec::{Reader, Writer};
 use crate::column::{broadcast, take_chunk, Chunk, ColBuilder, Diffs, S};
 use crate::expr::Expr;
-use crate::hash::FxHashMap;
+use crate::hash::{FxHashMap, IntMap};
 use crate::plan::{JoinKind, JoinSpec};
 use crate::types::{bad, internal, Column, DataType, FlowError, Storage};
 
-/// One stored row.
-#[derive(Debug, Clone)]
-struct Slot {
-    row: Vec<u8>,
-    /// The row's hash, and the next slot whose row has the same hash.
-    hash: u64,
-    next: u32,
-    key: u32,
-    /// Index of this slot in its key's list.
-    pos: u32,
+/// Bytes of an entry before its row: the multiplicity (`i64`), the match count (`i64`) and
+/// the row's length (`u32`), little-endian.
+const HEAD: usize = 20;
+
+/// No entry.
+const NONE: u32 = u32::MAX;
+
+/// One entry of a key's rows, read: its multiplicity, match count and row.
+struct Entry<'a> {
     mult: i64,
     matches: i64,
+    row: &'a [u8],
+}
+
+/// One join key's rows: a list of *entries*, each one change of a row (how many copies it
+/// adds or removes, how many rows of the other side the row matches, its bytes), stored one
+/// after the other in `data` and addressed by their offset there.
+///
+/// The first `clean` entries are *consolidated*: sorted by row bytes, each row once, none
+/// with a multiplicity of 0. Changes are appended after them unsorted (a row may then
+/// appear more than once, or with a negative multiplicity): every computation over the
+/// entries is linear in them, and all entries of one row carry the same `matches` (the
+/// count depends on the row's bytes and the other side only, and a stored row's count is
+/// moved only after its key was consolidated), so the appended form answers like the
+/// consolidated one. [`Rows::consolidate`] runs before the other side reads the key, so
+/// what a reader sees, and the order of the rows a join emits, depends on the rows only,
+/// not on the history of changes (a restored arrangement emits what the original does);
+/// and when the appended part outgrows the consolidated one, so that memory follows the
+/// distinct rows.
+#[derive(Debug, Clone, Default)]
+struct Rows {
+    key: Vec<u8>,
+    data: Vec<u8>,
+    count: u32,
+    clean: u32,
+    clean_bytes: u32,
+    /// Offset of the last entry when it is an appended one, else [`NONE`].
+    last: u32,
+    /// Whether an appended entry removes copies (so that consolidating may shrink).
+    retractions: bool,
+    /// The sum of all multiplicities: 0 after a removal means the key is most likely empty.
+    net: i64,
+}
+
+fn le_i64(b: &[u8], at: usize) -> i64 {
+    b.get(at..at + 8)
+        .and_then(|x| <[u8; 8]>::try_from(x).ok())
+        .map_or(0, i64::from_le_bytes)
+}
+
+impl Rows {
+    fn new(key: &[u8]) -> Rows {
+        Rows {
+            key: key.to_vec(),
+            last: NONE,
+            ..Rows::default()
+        }
+    }
+
+    /// The entry at `off`, and the offset of the next one.
+    fn at(&self, off: u32) -> Option<(Entry<'_>, u32)> {
+        let o = off as usize;
+        let head = self.data.get(o..o + HEAD)?;
+        let len = u32::from_le_bytes(<[u8; 4]>::try_from(head.get(16..20)?).ok()?) as usize;
+        let row = self.data.get(o + HEAD..o + HEAD + len)?;
+        Some((
+            Entry {
+                mult: le_i64(head, 0),
+                matches: le_i64(head, 8),
+                row,
+            },
+            (o + HEAD + len) as u32,
+        ))
+    }
+
+    /// The offsets of the entries from `from` on.
+    fn offsets_from(&self, from: u32) -> impl Iterator<Item = u32> + '_ {
+        let mut off = from;
+        std::iter::from_fn(move || {
+            let (_, next) = self.at(off)?;
+            let this = off;
+            off = next;
+            Some(this)
+        })
+    }
+
+    fn set(&mut self, off: u32, field: usize, v: i64) {
+        let o = off as usize + field;
+        if let Some(d) = self.data.get_mut(o..o + 8) {
+            d.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+
+    fn set_matches(&mut self, off: u32, v: i64) {
+        self.set(off, 8, v);
+    }
+
+    fn append(&mut self, row: &[u8], mult: i64, matches: i64) {
+        let size = HEAD + row.len();
+        if self.data.capacity() - self.data.len() < size {
+            self.data.reserve(size.max(self.data.len()).max(3 * size));
+        }
+        self.last = self.data.len() as u32;
+        let mut head = [0u8; HEAD];
+        head[..8].copy_from_slice(&mult.to_le_bytes());
+        head[8..16].copy_from_slice(&matches.to_le_bytes());
+        head[16..].copy_from_slice(&(row.len() as u32).to_le_bytes());
+        self.data.extend_from_slice(&head);
+        self.data.extend_from_slice(row);
+        self.count += 1;
+    }
+
+    /// Appends a change; returns the change in bytes held.
+    fn push(&mut self, row: &[u8], mult: i64, matches: i64) -> isize {
+        let before = self.data.len();
+        self.net = self.net.wrapping_add(mult);
+        // The same row as the last appended change (e.g. rows that differ only in columns
+        // projected away, one after the other): one entry.
+        if let Some((e, _)) = self.at(self.last).filter(|(e, _)| e.row == row) {
+            let sum = e.mult.wrapping_add(mult);
+            if sum == 0 {
+                self.data.truncate(self.last as usize);
+                self.count -= 1;
+                self.last = NONE;
+            } else {
+                self.set(self.last, 0, sum);
+            }
+        } else {
+            self.retractions |= mult < 0;
+            self.append(row, mult, matches);
+        }
+        self.data.len() as isize - before as isize
+    }
+
+    fn dirty(&self) -> bool {
+        self.clean != self.count
+    }
+
+    /// Whether to consolidate now: when the appended entries removed every copy, or
+    /// outgrew the consolidated ones (past twice as many when some remove copies, past
+    /// four times as many otherwise: appended rows that only add are mostly distinct rows,
+    /// which consolidating would only sort).
+    fn overgrown(&self) -> bool {
+        if self.retractions && self.net == 0 {
+            // Every copy removed: consolidating empties the key.
+            return true;
+        }
+        let appended = self.count - self.clean;
+        if self.retractions {
+            appended > 2 * self.clean + 32
+        } else {
+            appended > 4 * self.clean + 128
+        }
+    }
+
+    /// The entries consolidated (see the type's documentation). `Err` when `strict` and a
+    /// row appears twice.
+    fn merged(&self, strict: bool) -> Result<Rows, ()> {
+        let row = |off: &u32| self.at(*off).map_or(&[][..], |(e, _)| e.row);
+        let head: Vec<u32> = self.offsets_from(0).take(self.clean as usize).collect();
+        let mut tail: Vec<u32> = self.offsets_from(self.clean_bytes).collect();
+        tail.sort_by(|a, b| row(a).cmp(row(b)));
+        // (offset of the row's first entry, summed multiplicity), in row order.
+        let mut sums: Vec<(u32, i64)> = Vec::with_capacity(head.len() + tail.len());
+        let (mut h, mut t) = (head.iter().peekable(), tail.iter().peekable());
+        loop {
+            let next = match (h.peek(), t.peek()) {
+                (Some(a), Some(b)) if row(a) <= row(b) => h.next(),
+                (Some(_), Some(_)) | (None, Some(_)) => t.next(),
+                (Some(_), None) => h.next(),
+                (None, None) => None,
+            };
+            let Some(&off) = next else { break };
+            let mult = self.at(off).map_or(0, |(e, _)| e.mult);
+            match sums.last_mut() {
+                Some(last) if row(&last.0) == row(&off) => {
+                    if strict {
+                        return Err(());
+                    }
+                    last.1 = last.1.wrapping_add(mult);
+                }
+                _ => sums.push((off, mult)),
+            }
+        }
+        let mut out = Rows::new(&self.key);
+        for (off, mult) in sums {
+            if mult == 0 {
+                continue;
+            }
+            out.net = out.net.wrapping_add(mult);
+            if let Some((e, _)) = self.at(off) {
+                out.append(e.row, mult, e.matches);
+            }
+        }
+        out.clean = out.count;
+        out.clean_bytes = out.data.len() as u32;
+        out.last = NONE;
+        Ok(out)
+    }
+
+    /// Consolidates the entries. Returns the change in bytes held.
+    fn consolidate(&mut self) -> isize {
+        if !self.dirty() {
+            return 0;
+        }
+        let before = self.data.len();
+        if let Ok(m) = self.merged(false) {
+            *self = m;
+        }
+        self.data.len() as isize - before as isize
+    }
 }
 
 /// One side's rows by join key. See the module's documentation for its rule.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Arrangement {
-    /// Row hash → the first slot of the rows with that hash (chained by
-    /// `Slot::next`): each row's bytes are kept once, in its slot.
-    by_row: FxHashMap<u64, u32>,
-    slots: Vec<Option<Slot>>,
-    free: Vec<u32>,
-    by_key: FxHashMap<Vec<u8>, u32>,
-    /// Per key id: its encoding and its slots.
-    keys: Vec<(Vec<u8>, Vec<u32>)>,
+    by_key: KeyIndex,
+    /// Per key id: its rows (a freed id holds an empty `Rows`).
+    keys: Vec<Rows>,
     key_free: Vec<u32>,
     bytes: usize,
     /// With a time key under EXPIRE AFTER: each key's time (ms) → the keys created with it.
     by_time: BTreeMap<i64, Vec<Vec<u8>>>,
 }
 
-impl Arrangement {
-    fn key_slots(&self, key: &[u8]) -> &[u32] {
-        match self.by_key.get(key) {
-            Some(&k) => self.keys.get(k as usize).map_or(&[], |(_, s)| s.as_slice()),
-            None => &[],
+/// Bytes a key costs besides its rows.
+const KEY_BYTES: usize = 64;
+
+/// Encoded join key → key id. A key of one integer column compared with `=` (never NULL
+/// here) is looked up by its value.
+#[derive(Debug, Clone)]
+enum KeyIndex {
+    Bytes(FxHashMap<Vec<u8>, u32>),
+    Int(IntMap),
+}
+
+impl Default for KeyIndex {
+    fn default() -> Self {
+        KeyIndex::Bytes(FxHashMap::default())
+    }
+}
+
+/// The value of an encoded non-NULL integer key (tag byte 1, then 8 bytes).
+fn int_key(key: &[u8]) -> i64 {
+    le_i64(key, 1)
+}
+
+impl KeyIndex {
+    fn get(&self, key: &[u8]) -> Option<u32> {
+        match self {
+            KeyIndex::Bytes(m) => m.get(key).copied(),
+            KeyIndex::Int(m) => m.get(int_key(key)),
         }
     }
 
-    fn slot(&self, s: u32) -> Option<&Slot> {
-        self.slots.get(s as usize).and_then(|x| x.as_ref())
-    }
-
-    fn slot_mut(&mut self, s: u32) -> Option<&mut Slot> {
-        self.slots.get_mut(s as usize).and_then(|x| x.as_mut())
-    }
-
-    /// The slot holding `row`, whose hash is `hash`.
-    fn find(&self, row: &[u8], hash: u64) -> Option<u32> {
-        let mut s = *self.by_row.get(&hash)?;
-        while s != NONE {
-            let slot = self.slot(s)?;
-            if slot.row == row {
-                return Some(s);
+    fn insert(&mut self, key: &[u8], k: u32) {
+        match self {
+            KeyIndex::Bytes(m) => {
+                m.insert(key.to_vec(), k);
             }
-            s = slot.next;
+            KeyIndex::Int(m) => {
+                m.insert(int_key(key), k);
+            }
         }
-        None
+    }
+
+    fn remove(&mut self, key: &[u8]) {
+        match self {
+            KeyIndex::Bytes(m) => {
+                m.remove(key);
+            }
+            KeyIndex::Int(m) => {
+                m.remove(int_key(key));
+            }
+        }
+    }
+}
+
+impl Arrangement {
+    fn new(int_keys: bool) -> Arrangement {
+        Arrangement {
+            by_key: if int_keys {
+                KeyIndex::Int(IntMap::default())
+            } else {
+                KeyIndex::Bytes(FxHashMap::default())
+            },
+            ..Arrangement::default()
+        }
+    }
+
+    /// The encoded keys that have rows.
+    fn keys(&self) -> impl Iterator<Item = &[u8]> {
+        self.keys
+            .iter()
+            .filter(|r| r.count > 0)
+            .map(|r| r.key.as_slice())
+    }
+
+    /// The id of `key`, its rows consolidated for reading; `None` when it has no rows.
+    fn probe(&mut self, key: &[u8]) -> Option<u32> {
+        let k = self.by_key.get(key)?;
+        let rows = self.keys.get_mut(k as usize)?;
+        if rows.dirty() {
+            let delta = rows.consolidate();
+            let empty = rows.count == 0;
+            self.bytes = self.bytes.saturating_add_signed(delta);
+            if empty {
+                self.drop_key(k);
+                return None;
+            }
+        }
+        Some(k)
+    }
+
+    fn rows(&self, k: u32) -> Option<&Rows> {
+        self.keys.get(k as usize)
+    }
+
+    /// The entry at `off` of key `k`.
+    fn entry(&self, k: u32, off: u32) -> Option<Entry<'_>> {
+        Some(self.keys.get(k as usize)?.at(off)?.0)
+    }
+
+    fn set_matches(&mut self, k: u32, off: u32, v: i64) {
+        if let Some(rows) = self.keys.get_mut(k as usize) {
+            rows.set_matches(off, v);
+        }
+    }
+
+    /// The id of `key`, created when new.
+    fn key_id(&mut self, key: &[u8]) -> u32 {
+        if let Some(k) = self.by_key.get(key) {
+            return k;
+        }
+        let rows = Rows::new(key);
+        let k = match self.key_free.pop() {
+            Some(k) => {
+                if let Some(e) = self.keys.get_mut(k as usize) {
+                    *e = rows;
+                }
+                k
+            }
+            None => {
+                self.keys.push(rows);
+                (self.keys.len() - 1) as u32
+            }
+        };
+        self.by_key.insert(key, k);
+        self.bytes += 2 * key.len() + KEY_BYTES;
+        k
     }
 
     /// Adds `diff` copies of `row` (whose key is `key`); a new row starts with `matches`.
     fn update(&mut self, row: &[u8], key: &[u8], diff: i64, matches: i64) {
-        let hash = row_hash(row);
-        if let Some(s) = self.find(row, hash) {
-            let gone = match self.slot_mut(s) {
-                Some(slot) => {
-                    slot.mult = slot.mult.wrapping_add(diff);
-                    slot.mult == 0
-                }
-                None => false,
-            };
-            if gone {
-                self.remove(s);
-            }
-            return;
-        }
         if diff == 0 {
             return;
         }
-        let k = match self.by_key.get(key) {
-            Some(&k) => k,
-            None => {
-                let k = match self.key_free.pop() {
-                    Some(k) => {
-                        if let Some(e) = self.keys.get_mut(k as usize) {
-                            *e = (key.to_vec(), Vec::new());
-                        }
-                        k
-                    }
-                    None => {
-                        self.keys.push((key.to_vec(), Vec::new()));
-                        (self.keys.len() - 1) as u32
-                    }
-                };
-                self.by_key.insert(key.to_vec(), k);
-                self.bytes += 2 * key.len() + 48;
-                k
-            }
+        let k = self.key_id(key);
+        let Some(rows) = self.keys.get_mut(k as usize) else {
+            return;
         };
-        let list = match self.keys.get_mut(k as usize) {
-            Some((_, l)) => l,
-            None => return,
+        let mut delta = rows.push(row, diff, matches);
+        if rows.overgrown() {
+            delta += rows.consolidate();
+        }
+        let empty = rows.count == 0;
+        self.bytes = self.bytes.saturating_add_signed(delta);
+        if empty {
+            self.drop_key(k);
+        }
+    }
+
+    /// Forgets key `k` and its rows.
+    fn drop_key(&mut self, k: u32) {
+        let Some(rows) = self.keys.get_mut(k as usize) else {
+            return;
         };
-        let next = self.by_row.get(&hash).copied().unwrap_or(NONE);
-        let slot = Slot {
-            row: row.to_vec(),
-            hash,
-            next,
-            key: k,
-            pos: list.len() as u32,
-            mult: diff,
-            matches,
-        };
-        let s = match self.free.pop() {
-            Some(s) => {
-                if let Some(x) = self.slots.get_mut(s as usize) {
-                    *x = Some(slot);
-                }
-                s
-            }
-            None => {
-                self.slots.push(Some(slot));
-                (self.slots.len() - 1) as u32
-            }
-        };
-        list.push(s);
-        self.by_row.insert(hash, s);
-        self.bytes += row.len() + 80;
+        let rows = std::mem::take(rows);
+        self.bytes = self
+            .bytes
+            .saturating_sub(rows.data.len() + 2 * rows.key.len() + KEY_BYTES);
+        self.by_key.remove(&rows.key);
+        self.key_free.push(k);
     }
 
     /// Drops every row of the keys whose time is before `threshold`.
@@ -174,81 +437,37 @@ impl Arrangement {
                 break;
             }
             for key in entry.remove() {
-                let Some(&k) = self.by_key.get(&key) else {
-                    continue;
-                };
-                let slots = self
-                    .keys
-                    .get(k as usize)
-                    .map(|(_, l)| l.clone())
-                    .unwrap_or_default();
-                for s in slots {
-                    self.remove(s);
+                if let Some(k) = self.by_key.get(&key) {
+                    self.drop_key(k);
                 }
             }
         }
     }
 
-    fn remove(&mut self, s: u32) {
-        let Some(slot) = self.slots.get_mut(s as usize).and_then(|x| x.take()) else {
-            return;
-        };
-        self.free.push(s);
-        // Unlink it from its hash chain.
-        if self.by_row.get(&slot.hash) == Some(&s) {
-            if slot.next == NONE {
-                self.by_row.remove(&slot.hash);
-            } else {
-                self.by_row.insert(slot.hash, slot.next);
-            }
-        } else {
-            let mut at = self.by_row.get(&slot.hash).copied().unwrap_or(NONE);
-            while at != NONE {
-                let Some(Some(prev)) = self.slots.get_mut(at as usize) else {
-                    break;
-                };
-                if prev.next == s {
-                    prev.next = slot.next;
-                    break;
-                }
-                at = prev.next;
-            }
-        }
-        self.bytes = self.bytes.saturating_sub(slot.row.len() + 80);
-        let Some((key, list)) = self.keys.get_mut(slot.key as usize) else {
-            return;
-        };
-        let pos = slot.pos as usize;
-        if pos < list.len() {
-            list.swap_remove(pos);
-            if let Some(&moved) = list.get(pos) {
-                if let Some(Some(m)) = self.slots.get_mut(moved as usize) {
-                    m.pos = pos as u32;
-                }
-            }
-        }
-        if list.is_empty() {
-            let key = std::mem::take(key);
-            self.bytes = self.bytes.saturating_sub(2 * key.len() + 48);
-            self.by_key.remove(&key);
-            self.key_free.push(slot.key);
-        }
-    }
-
-    fn live(&self) -> impl Iterator<Item = &Slot> {
-        self.slots.iter().flatten()
-    }
-
-    /// Writes the rows key by key, each key's rows in their order, so that a restored
-    /// arrangement lists them as this one does (and a join emits in the same order).
+    /// Writes the rows key by key, each key's rows consolidated (in row order), so that a
+    /// restored arrangement lists them as this one does when they are read.
     fn write(&self, w: &mut Writer) {
-        w.u64(self.live().count() as u64);
-        for (key, list) in &self.keys {
-            for s in list.iter().filter_map(|s| self.slot(*s)) {
-                w.bytes(&s.row);
-                w.bytes(key);
-                w.i64(s.mult);
-                w.i64(s.matches);
+        let merged: Vec<Cow<'_, Rows>> = self
+            .keys
+            .iter()
+            .filter(|r| r.count > 0)
+            .map(|r| {
+                if r.dirty() {
+                    Cow::Owned(r.merged(false).unwrap_or_default())
+                } else {
+                    Cow::Borrowed(r)
+                }
+            })
+            .collect();
+        w.u64(merged.iter().map(|r| r.count as u64).sum());
+        for rows in &merged {
+            for off in rows.offsets_from(0) {
+                if let Some((e, _)) = rows.at(off) {
+                    w.bytes(e.row);
+                    w.bytes(&rows.key);
+                    w.i64(e.mult);
+                    w.i64(e.matches);
+                }
             }
         }
     }
@@ -257,34 +476,70 @@ impl Arrangement {
         r: &mut Reader<'_>,
         types: &[DataType],
         key_types: &[DataType],
+        int_keys: bool,
     ) -> Result<Self, FlowError> {
-        let corrupt = |m: String| bad(format!("snapshot: join state: {m}"));
+        let corrupt = |m: &str| bad(format!("snapshot: join state: {m}"));
         let n = r.len(8 + 8 + 16)?;
-        let mut a = Arrangement::default();
+        let mut a = Arrangement::new(int_keys);
         let all_nullable = vec![true; types.len().max(key_types.len())];
         for _ in 0..n {
             let row = r.bytes()?;
             let key = r.bytes()?;
             let mult = r.i64()?;
             let matches = r.i64()?;
-            check_key(row, types, &all_nullable).map_err(corrupt)?;
-            check_key(key, key_types, &all_nullable).map_err(corrupt)?;
-            if mult == 0 || a.find(row, row_hash(row)).is_some() {
-                return Err(corrupt("a row is stored twice or with no copies".into()));
+            check_key(row, types, &all_nullable).map_err(|m| corrupt(&m))?;
+            check_key(key, key_types, &all_nullable).map_err(|m| corrupt(&m))?;
+            if mult == 0 {
+                return Err(corrupt("a row is stored with no copies"));
             }
-            a.update(row, key, mult, matches);
+            let k = a.key_id(key);
+            if let Some(rows) = a.keys.get_mut(k as usize) {
+                rows.append(row, mult, matches);
+            }
+        }
+        a.bytes = 0;
+        for rows in &mut a.keys {
+            *rows = rows
+                .merged(true)
+                .map_err(|()| corrupt("a row is stored twice"))?;
+            a.bytes += rows.data.len() + 2 * rows.key.len() + KEY_BYTES;
         }
         Ok(a)
     }
 }
 
-/// No slot.
-const NONE: u32 = u32::MAX;
-
-/// The hash of an encoded row (fixed: no seed).
-fn row_hash(row: &[u8]) -> u64 {
-    use std::hash::BuildHasher;
-    crate::hash::FxBuild::default().hash_one(row)
+/// The columns of encoded rows (as [`encode_row`](crate::agg::encode_row) writes them).
+fn decode_rows(rows: &[&[u8]], types: &[DataType]) -> Vec<Column> {
+    // Numbers only, none NULL (a NULL is one byte, and only strings vary): 9 bytes each,
+    // read column by column.
+    let w = 9 * types.len();
+    if types.iter().all(|t| t.storage() != Storage::Bytes) && rows.iter().all(|r| r.len() == w) {
+        return types
+            .iter()
+            .enumerate()
+            .map(|(j, t)| {
+                let values = rows.iter().map(|r| le_i64(r, 9 * j + 1));
+                match t.storage() {
+                    Storage::Floats => Column {
+                        floats: values.map(|x| f64::from_bits(x as u64)).collect(),
+                        ..Column::default()
+                    },
+                    _ => Column {
+                        ints: values.collect(),
+                        ..Column::default()
+                    },
+                }
+            })
+            .collect();
+    }
+    let mut builders: Vec<ColBuilder> = types
+        .iter()
+        .map(|t| ColBuilder::new(*t, rows.len()))
+        .collect();
+    for r in rows {
+        decode_into(r, types, &mut builders);
+    }
+    builders.into_iter().map(|b| b.finish()).collect()
 }
 
 /// Pushes the values of an encoded row (as [`encode_row`] writes them) to `out`.
@@ -409,7 +664,21 @@ impl JoinOp {
             key_types,
             out_types,
             state: [Arrangement::default(), Arrangement::default()],
-        })
+        }
+        .with_arrangements())
+    }
+
+    /// Whether the arrangements index keys by integer value: one key column of integers
+    /// compared with `=` (so never NULL when stored).
+    fn int_keys(&self) -> bool {
+        matches!(self.key_types.as_slice(), [t] if t.storage() == Storage::Ints)
+            && self.null_eq.iter().all(|eq| !eq)
+    }
+
+    fn with_arrangements(mut self) -> JoinOp {
+        let int_keys = self.int_keys();
+        self.state = [Arrangement::new(int_keys), Arrangement::new(int_keys)];
+        self
     }
 
     pub fn out_types(&self) -> &[DataType] {
@@ -504,30 +773,31 @@ impl JoinOp {
             .iter()
             .map(|e| e.eval(c))
             .collect::<Result<_, _>>()?;
-        // Each row's key (a range of `key_bytes`), or None when a NULL keeps it from
-        // matching anything.
-        let mut keys: Vec<Option<(usize, usize)>> = Vec::with_capacity(c.rows);
-        let mut key_bytes: Vec<u8> = Vec::new();
+        // Each row's key, and whether a NULL keeps it from matching anything.
+        let key_enc = Encoded::new(&key_cols, &self.key_types, c.rows);
+        let mut null_key = vec![false; c.rows];
+        for (k, eq) in key_cols.iter().zip(&self.null_eq) {
+            if !*eq && k.nulls.iter().any(|n| *n != 0) {
+                for (i, n) in null_key.iter_mut().enumerate() {
+                    *n |= k.is_null(i);
+                }
+            }
+        }
         let mut pair_rows: Vec<u32> = Vec::new();
-        let mut pair_slots: Vec<u32> = Vec::new();
-        let mut buf = Vec::new();
-        for i in 0..c.rows {
-            let null = key_cols
-                .iter()
-                .zip(&self.null_eq)
-                .any(|(k, eq)| !*eq && k.is_null(i));
+        // (key id, entry offset) in the other side's arrangement.
+        let mut pair_slots: Vec<(u32, u32)> = Vec::new();
+        for (i, &null) in null_key.iter().enumerate() {
             if null {
-                keys.push(None);
                 continue;
             }
-            let start = key_bytes.len();
-            encode_row(&mut key_bytes, &key_cols, &self.key_types, i);
-            let key = key_bytes.get(start..).unwrap_or(&[]);
-            for &s in self.state[other].key_slots(key) {
-                pair_rows.push(i as u32);
-                pair_slots.push(s);
+            if let Some(k) = self.state[other].probe(key_enc.row(i)) {
+                if let Some(rows) = self.state[other].rows(k) {
+                    for off in rows.offsets_from(0) {
+                        pair_rows.push(i as u32);
+                        pair_slots.push((k, off));
+                    }
+                }
             }
-            keys.push(Some((start, key_bytes.len())));
         }
         let diffs = c.diffs.each(c.rows);
         let mut matches = vec![0i64; c.rows];
@@ -535,20 +805,17 @@ impl JoinOp {
             // The candidate pairs, left columns first, with the diffs of the joined rows.
             let delta = take_chunk(c, &self.types[this], &pair_rows);
             let other_types = &self.types[other];
-            let mut builders: Vec<ColBuilder> = other_types
-                .iter()
-                .map(|t| ColBuilder::new(*t, pair_slots.len()))
-                .collect();
             let mut pair_diffs = Vec::with_capacity(pair_slots.len());
-            for (&i, &s) in pair_rows.iter().zip(&pair_slots) {
-                let slot = self.state[other]
-                    .slot(s)
+            let mut stored_rows: Vec<&[u8]> = Vec::with_capacity(pair_slots.len());
+            for (&i, &(k, e)) in pair_rows.iter().zip(&pair_slots) {
+                let entry = self.state[other]
+                    .entry(k, e)
                     .ok_or_else(|| internal("join index points at a removed row"))?;
-                decode_into(&slot.row, other_types, &mut builders);
+                stored_rows.push(entry.row);
                 let d = diffs.get(i as usize).copied().unwrap_or(0);
-                pair_diffs.push(d.wrapping_mul(slot.mult));
+                pair_diffs.push(d.wrapping_mul(entry.mult));
             }
-            let stored: Vec<Column> = builders.into_iter().map(|b| b.finish()).collect();
+            let stored = decode_rows(&stored_rows, other_types);
             let cols = match side {
                 Side::Left => delta.cols.into_iter().chain(stored).collect(),
                 Side::Right => stored.into_iter().chain(delta.cols).collect(),
@@ -576,7 +843,7 @@ impl JoinOp {
             if this_mode != Mode::Nothing {
                 for (p, (&i, &s)) in pair_rows.iter().zip(&pair_slots).enumerate() {
                     if passes(p) {
-                        let m = self.state[other].slot(s).map_or(0, |x| x.mult);
+                        let m = self.state[other].entry(s.0, s.1).map_or(0, |x| x.mult);
                         if let Some(x) = matches.get_mut(i as usize) {
                             *x = x.wrapping_add(m);
                         }
@@ -585,19 +852,19 @@ impl JoinOp {
             }
             if other_mode != Mode::Nothing {
                 // Move the other side's match counts; emit its rows that cross 0.
-                let mut first: FxHashMap<u32, i64> = FxHashMap::default();
+                let mut first: FxHashMap<(u32, u32), i64> = FxHashMap::default();
                 let mut order = Vec::new();
                 for (p, (&i, &s)) in pair_rows.iter().zip(&pair_slots).enumerate() {
                     if !passes(p) {
                         continue;
                     }
                     let d = diffs.get(i as usize).copied().unwrap_or(0);
-                    if let Some(slot) = self.state[other].slot_mut(s) {
+                    if let Some(was) = self.state[other].entry(s.0, s.1).map(|e| e.matches) {
                         first.entry(s).or_insert_with(|| {
                             order.push(s);
-                            slot.matches
+                            was
                         });
-                        slot.matches = slot.matches.wrapping_add(d);
+                        self.state[other].set_matches(s.0, s.1, was.wrapping_add(d));
                     }
                 }
                 let mut builders: Vec<ColBuilder> = self.types[other]
@@ -606,15 +873,16 @@ impl JoinOp {
                     .collect();
                 let mut out_diffs = Vec::new();
                 for s in order {
-                    let (Some(slot), Some(&was)) = (self.state[other].slot(s), first.get(&s))
+                    let (Some(entry), Some(&was)) =
+                        (self.state[other].entry(s.0, s.1), first.get(&s))
                     else {
                         continue;
                     };
                     let d =
-                        (other_mode.emits(slot.matches) as i64) - (other_mode.emits(was) as i64);
+                        (other_mode.emits(entry.matches) as i64) - (other_mode.emits(was) as i64);
                     if d != 0 {
-                        decode_into(&slot.row, &self.types[other], &mut builders);
-                        out_diffs.push(d.wrapping_mul(slot.mult));
+                        decode_into(entry.row, &self.types[other], &mut builders);
+                        out_diffs.push(d.wrapping_mul(entry.mult));
                     }
                 }
                 if !out_diffs.is_empty() {
@@ -661,16 +929,16 @@ impl JoinOp {
         }
         // Store the changes.
         let cols: Vec<Cow<'_, Column>> = c.cols.iter().map(Cow::Borrowed).collect();
-        for (i, range) in keys.iter().enumerate() {
-            let Some(key) = range.and_then(|(a, b)| key_bytes.get(a..b)) else {
+        let row_enc = Encoded::new(&cols, &self.types[this], c.rows);
+        for (i, &null) in null_key.iter().enumerate() {
+            if null {
                 continue;
-            };
-            buf.clear();
-            encode_row(&mut buf, &cols, &self.types[this], i);
+            }
+            let key = key_enc.row(i);
             let d = diffs.get(i).copied().unwrap_or(0);
             let m = matches.get(i).copied().unwrap_or(0);
-            let new_key = self.expire.is_some() && !self.state[this].by_key.contains_key(key);
-            self.state[this].update(&buf, key, d, m);
+            let new_key = self.expire.is_some() && self.state[this].by_key.get(key).is_none();
+            self.state[this].update(row_enc.row(i), key, d, m);
             if new_key {
                 if let Some(t) = self.key_time(key) {
                     self.state[this]
@@ -731,12 +999,13 @@ impl JoinOp {
     }
 
     pub fn read(&mut self, r: &mut Reader<'_>) -> Result<(), FlowError> {
-        let left = Arrangement::read(r, &self.types[0], &self.key_types)?;
-        let right = Arrangement::read(r, &self.types[1], &self.key_types)?;
+        let int_keys = self.int_keys();
+        let left = Arrangement::read(r, &self.types[0], &self.key_types, int_keys)?;
+        let right = Arrangement::read(r, &self.types[1], &self.key_types, int_keys)?;
         self.state = [left, right];
         if self.expire.is_some() {
             for side in 0..2 {
-                let keys: Vec<Vec<u8>> = self.state[side].by_key.keys().cloned().collect();
+                let keys: Vec<Vec<u8>> = self.state[side].keys().map(<[u8]>::to_vec).collect();
                 for key in keys {
                     if let Some(t) = self.key_time(&key) {
                         self.state[side].by_time.entry(t).or_default().push(key);
@@ -745,5 +1014,127 @@ impl JoinOp {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    /// A small deterministic generator (xorshift).
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+    }
+
+    /// An encoded non-NULL Int64 (as `encode_row` writes it).
+    fn int(x: i64) -> Vec<u8> {
+        let mut b = vec![1];
+        b.extend_from_slice(&x.to_le_bytes());
+        b
+    }
+
+    /// What a reader of `key` sees: (row, multiplicity) in the order it reads them.
+    fn read_key(a: &mut Arrangement, key: &[u8]) -> Vec<(Vec<u8>, i64)> {
+        let Some(k) = a.probe(key) else {
+            return Vec::new();
+        };
+        let rows = a.rows(k).expect("probed key has rows");
+        rows.offsets_from(0)
+            .filter_map(|off| rows.at(off))
+            .map(|(e, _)| (e.row.to_vec(), e.mult))
+            .collect()
+    }
+
+    #[test]
+    fn an_arrangement_reads_as_the_sum_of_its_changes_in_row_order() {
+        for (seed, int_keys) in (1..40u64).zip([true, false].into_iter().cycle()) {
+            let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            let mut a = Arrangement::new(int_keys);
+            let mut want: BTreeMap<Vec<u8>, BTreeMap<Vec<u8>, i64>> = BTreeMap::new();
+            for step in 0..3_000 {
+                let key = int(rng.below(5) as i64);
+                // Few distinct rows per key, so that rows repeat, cancel and come back.
+                let mut row = key.clone();
+                row.extend_from_slice(&int(rng.below(7) as i64));
+                let diff = [1, 1, 2, -1, -1, -2][rng.below(6) as usize];
+                a.update(&row, &key, diff, 0);
+                let sums = want.entry(key.clone()).or_default();
+                *sums.entry(row).or_default() += diff;
+                sums.retain(|_, m| *m != 0);
+                // Read a key now and then (reading consolidates it).
+                if step % 7 == 0 {
+                    let probe = int(rng.below(5) as i64);
+                    let expect: Vec<(Vec<u8>, i64)> = want
+                        .get(&probe)
+                        .map(|m| m.iter().map(|(r, m)| (r.clone(), *m)).collect())
+                        .unwrap_or_default();
+                    assert_eq!(read_key(&mut a, &probe), expect, "seed {seed} step {step}");
+                }
+            }
+            // A snapshot restores to what the original reads.
+            let mut w = Writer::default();
+            a.write(&mut w);
+            let types = [DataType::Int64, DataType::Int64];
+            let mut restored =
+                Arrangement::read(&mut Reader::new(&w.buf), &types, &types[..1], int_keys)
+                    .expect("restores");
+            for k in 0..5 {
+                let key = int(k);
+                let original = read_key(&mut a, &key);
+                assert_eq!(read_key(&mut restored, &key), original, "seed {seed}");
+                let expect: Vec<(Vec<u8>, i64)> = want
+                    .get(&key)
+                    .map(|m| m.iter().map(|(r, m)| (r.clone(), *m)).collect())
+                    .unwrap_or_default();
+                assert_eq!(original, expect, "seed {seed}");
+            }
+        }
+    }
+
+    #[test]
+    fn removing_every_row_of_a_key_frees_its_state_without_a_reader() {
+        for int_keys in [true, false] {
+            let mut a = Arrangement::new(int_keys);
+            for v in 0..300 {
+                let mut row = int(v % 2);
+                row.extend_from_slice(&int(v));
+                a.update(&row, &int(v % 2), 1, 0);
+            }
+            assert!(a.bytes > 300 * 18, "{}", a.bytes);
+            for v in (0..300).rev() {
+                let mut row = int(v % 2);
+                row.extend_from_slice(&int(v));
+                a.update(&row, &int(v % 2), -1, 0);
+            }
+            assert_eq!(a.bytes, 0, "int keys: {int_keys}");
+            assert_eq!(a.keys().count(), 0);
+        }
+    }
+
+    #[test]
+    fn a_snapshot_with_a_row_twice_is_refused() {
+        let mut w = Writer::default();
+        w.u64(2);
+        for _ in 0..2 {
+            let mut row = int(1);
+            row.extend_from_slice(&int(2));
+            w.bytes(&row);
+            w.bytes(&int(1));
+            w.i64(1);
+            w.i64(0);
+        }
+        let types = [DataType::Int64, DataType::Int64];
+        let err = Arrangement::read(&mut Reader::new(&w.buf), &types, &types[..1], true)
+            .expect_err("a row stored twice");
+        assert!(err.to_string().contains("stored twice"), "{err}");
     }
 }
