@@ -417,6 +417,51 @@ impl Arrangement {
         }
     }
 
+    /// For each row of `keys` that may match (not `null_key`), every entry with its key:
+    /// the row's index in `pair_rows`, (key id, entry offset) in `pair_slots`. Out of line,
+    /// as the engine's other per-row loops (guest/README.md, "Speed").
+    #[inline(never)]
+    fn probe_rows(
+        &mut self,
+        keys: &Encoded,
+        null_key: &[bool],
+        pair_rows: &mut Vec<u32>,
+        pair_slots: &mut Vec<(u32, u32)>,
+    ) {
+        for (i, &null) in null_key.iter().enumerate() {
+            if null {
+                continue;
+            }
+            let Some(k) = self.probe(keys.row(i)) else {
+                continue;
+            };
+            if let Some(rows) = self.rows(k) {
+                for off in rows.offsets_from(0) {
+                    pair_rows.push(i as u32);
+                    pair_slots.push((k, off));
+                }
+            }
+        }
+    }
+
+    /// Stores each row of `rows` that may match (not `null_key`) under its key, with its
+    /// diff and match count.
+    #[inline(never)]
+    fn store_rows(
+        &mut self,
+        rows: &Encoded,
+        keys: &Encoded,
+        null_key: &[bool],
+        diffs: &[i64],
+        matches: &[i64],
+    ) {
+        for (i, ((&null, &d), &m)) in null_key.iter().zip(diffs).zip(matches).enumerate() {
+            if !null {
+                self.update(rows.row(i), keys.row(i), d, m);
+            }
+        }
+    }
+
     /// Forgets key `k` and its rows.
     fn drop_key(&mut self, k: u32) {
         let Some(rows) = self.keys.get_mut(k as usize) else {
@@ -786,19 +831,7 @@ impl JoinOp {
         let mut pair_rows: Vec<u32> = Vec::new();
         // (key id, entry offset) in the other side's arrangement.
         let mut pair_slots: Vec<(u32, u32)> = Vec::new();
-        for (i, &null) in null_key.iter().enumerate() {
-            if null {
-                continue;
-            }
-            if let Some(k) = self.state[other].probe(key_enc.row(i)) {
-                if let Some(rows) = self.state[other].rows(k) {
-                    for off in rows.offsets_from(0) {
-                        pair_rows.push(i as u32);
-                        pair_slots.push((k, off));
-                    }
-                }
-            }
-        }
+        self.state[other].probe_rows(&key_enc, &null_key, &mut pair_rows, &mut pair_slots);
         let diffs = c.diffs.each(c.rows);
         let mut matches = vec![0i64; c.rows];
         if !pair_rows.is_empty() {
@@ -930,6 +963,10 @@ impl JoinOp {
         // Store the changes.
         let cols: Vec<Cow<'_, Column>> = c.cols.iter().map(Cow::Borrowed).collect();
         let row_enc = Encoded::new(&cols, &self.types[this], c.rows);
+        if self.expire.is_none() {
+            self.state[this].store_rows(&row_enc, &key_enc, &null_key, &diffs, &matches);
+            return Ok(());
+        }
         for (i, &null) in null_key.iter().enumerate() {
             if null {
                 continue;
@@ -937,7 +974,7 @@ impl JoinOp {
             let key = key_enc.row(i);
             let d = diffs.get(i).copied().unwrap_or(0);
             let m = matches.get(i).copied().unwrap_or(0);
-            let new_key = self.expire.is_some() && self.state[this].by_key.get(key).is_none();
+            let new_key = self.state[this].by_key.get(key).is_none();
             self.state[this].update(row_enc.row(i), key, d, m);
             if new_key {
                 if let Some(t) = self.key_time(key) {
