@@ -113,13 +113,23 @@ fn count_and_sum(input: Rel, group: i32, sum_of: i32) -> Rel {
 /// Substrait bytes of `SELECT k, count(*), sum(v) FROM t GROUP BY k`.
 pub fn reference_plan() -> Vec<u8> {
     let agg = count_and_sum(read_two_ints("t", ["k", "v"]), 0, 1);
+    plan_bytes(agg, &["count", "sum"], &["k", "count(*)", "sum(t.v)"])
+}
+
+/// The bytes of a plan whose root is `root`, with functions `functions` (anchors 0, 1, ...)
+/// and output column names `names`.
+fn plan_bytes(root: Rel, functions: &[&str], names: &[&str]) -> Vec<u8> {
     #[allow(deprecated)]
     let plan = Plan {
-        extensions: vec![ext(0, "count"), ext(1, "sum")],
+        extensions: functions
+            .iter()
+            .enumerate()
+            .map(|(i, f)| ext(i as u32, f))
+            .collect(),
         relations: vec![PlanRel {
             rel_type: Some(plan_rel::RelType::Root(RelRoot {
-                input: Some(agg),
-                names: vec!["k".into(), "count(*)".into(), "sum(t.v)".into()],
+                input: Some(root),
+                names: names.iter().map(|n| n.to_string()).collect(),
             })),
         }],
         ..Default::default()
@@ -223,18 +233,11 @@ pub fn join_plan() -> Vec<u8> {
         }))),
     };
     let agg = count_and_sum(join, 3, 1);
-    #[allow(deprecated)]
-    let plan = Plan {
-        extensions: vec![ext(0, "count"), ext(1, "sum"), ext(2, "equal")],
-        relations: vec![PlanRel {
-            rel_type: Some(plan_rel::RelType::Root(RelRoot {
-                input: Some(agg),
-                names: vec!["a".into(), "count(*)".into(), "sum(f.v)".into()],
-            })),
-        }],
-        ..Default::default()
-    };
-    plan.encode_to_vec()
+    plan_bytes(
+        agg,
+        &["count", "sum", "equal"],
+        &["a", "count(*)", "sum(f.v)"],
+    )
 }
 
 /// The join workload's sources: `f (k, v)` (facts) and `d (k, a)` (the dimension).
