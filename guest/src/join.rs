@@ -6,6 +6,9 @@
 //! to unsorted in between ([`Rows`] states why that answers alike). It is the join's state
 //! for that input. A key of one integer column is looked up by its value.
 //!
+//! An inner join of a sub-plan with itself on the same keys (a self-join whose two sides
+//! read the same columns and filters) keeps one arrangement for both inputs.
+//!
 //! **Speed.** Per change: one lookup of its key in each arrangement, its row encoded once
 //! and appended to its key's bytes; no allocation per row, no index by row. The joins
 //! benchmark (`make bench`) and `cargo run -p sandflow-engine --release --example
@@ -666,6 +669,11 @@ pub(crate) struct JoinOp {
     key_types: Vec<DataType>,
     out_types: Vec<DataType>,
     state: [Arrangement; 2],
+    /// An inner join of a sub-plan with itself on the same keys: one arrangement (the
+    /// left's) holds the rows of both inputs. The left changes probe it before they are
+    /// stored (the right input as of the previous tick), the right changes after (the left
+    /// input with this tick's changes), and the right changes are not stored again.
+    shared: bool,
     /// EXPIRE AFTER (ms) and the join key that is a time, with its type.
     expire: Option<(i64, usize, DataType)>,
 }
@@ -683,6 +691,7 @@ impl JoinOp {
             right_keys,
             null_eq,
             residual,
+            same_inputs,
             ..
         } = spec;
         if left_keys.len() != right_keys.len() || left_keys.len() != null_eq.len() {
@@ -699,8 +708,11 @@ impl JoinOp {
             let k = key_types.iter().position(|t| t.is_timestamp())?;
             Some((e, k, *key_types.get(k)?))
         });
+        let shared =
+            same_inputs && kind == JoinKind::Inner && left_keys == right_keys && left == right;
         Ok(JoinOp {
             expire,
+            shared,
             kind,
             keys: [left_keys, right_keys],
             null_eq,
@@ -763,11 +775,22 @@ impl JoinOp {
             }
         }
         let mut out = Vec::new();
-        for c in left {
-            self.apply(Side::Left, &c, threshold, &mut out)?;
+        if self.shared {
+            // Every left change probes the right input as of the previous tick: all of them
+            // before any is stored in the arrangement both inputs share.
+            for c in &left {
+                self.apply(Side::Left, c, threshold, &mut out, false)?;
+            }
+            for c in &left {
+                self.store_shared(c, threshold)?;
+            }
+        } else {
+            for c in &left {
+                self.apply(Side::Left, c, threshold, &mut out, true)?;
+            }
         }
         for c in right {
-            self.apply(Side::Right, &c, threshold, &mut out)?;
+            self.apply(Side::Right, &c, threshold, &mut out, true)?;
         }
         Ok(out)
     }
@@ -792,12 +815,15 @@ impl JoinOp {
         c
     }
 
+    /// Joins the changes `c` of one input with the other input's arrangement, then stores
+    /// them (unless `store` is false).
     fn apply(
         &mut self,
         side: Side,
         c: &Chunk,
         threshold: Option<i64>,
         out: &mut Vec<Chunk>,
+        store: bool,
     ) -> Result<(), FlowError> {
         let c = &self.drop_expired(side, c, threshold)?;
         if c.rows == 0 {
@@ -807,6 +833,8 @@ impl JoinOp {
             Side::Left => (0usize, 1usize),
             Side::Right => (1, 0),
         };
+        // The arrangements to store into and to probe.
+        let (this_arr, other_arr) = if self.shared { (0, 0) } else { (this, other) };
         let this_mode = self.mode(side);
         let other_side = if side == Side::Left {
             Side::Right
@@ -814,24 +842,11 @@ impl JoinOp {
             Side::Left
         };
         let other_mode = self.mode(other_side);
-        let key_cols: Vec<Cow<'_, Column>> = self.keys[this]
-            .iter()
-            .map(|e| e.eval(c))
-            .collect::<Result<_, _>>()?;
-        // Each row's key, and whether a NULL keeps it from matching anything.
-        let key_enc = Encoded::new(&key_cols, &self.key_types, c.rows);
-        let mut null_key = vec![false; c.rows];
-        for (k, eq) in key_cols.iter().zip(&self.null_eq) {
-            if !*eq && k.nulls.iter().any(|n| *n != 0) {
-                for (i, n) in null_key.iter_mut().enumerate() {
-                    *n |= k.is_null(i);
-                }
-            }
-        }
+        let (key_enc, null_key) = self.keys_of(this, c)?;
         let mut pair_rows: Vec<u32> = Vec::new();
         // (key id, entry offset) in the other side's arrangement.
         let mut pair_slots: Vec<(u32, u32)> = Vec::new();
-        self.state[other].probe_rows(&key_enc, &null_key, &mut pair_rows, &mut pair_slots);
+        self.state[other_arr].probe_rows(&key_enc, &null_key, &mut pair_rows, &mut pair_slots);
         let diffs = c.diffs.each(c.rows);
         let mut matches = vec![0i64; c.rows];
         if !pair_rows.is_empty() {
@@ -841,7 +856,7 @@ impl JoinOp {
             let mut pair_diffs = Vec::with_capacity(pair_slots.len());
             let mut stored_rows: Vec<&[u8]> = Vec::with_capacity(pair_slots.len());
             for (&i, &(k, e)) in pair_rows.iter().zip(&pair_slots) {
-                let entry = self.state[other]
+                let entry = self.state[other_arr]
                     .entry(k, e)
                     .ok_or_else(|| internal("join index points at a removed row"))?;
                 stored_rows.push(entry.row);
@@ -876,7 +891,7 @@ impl JoinOp {
             if this_mode != Mode::Nothing {
                 for (p, (&i, &s)) in pair_rows.iter().zip(&pair_slots).enumerate() {
                     if passes(p) {
-                        let m = self.state[other].entry(s.0, s.1).map_or(0, |x| x.mult);
+                        let m = self.state[other_arr].entry(s.0, s.1).map_or(0, |x| x.mult);
                         if let Some(x) = matches.get_mut(i as usize) {
                             *x = x.wrapping_add(m);
                         }
@@ -892,12 +907,12 @@ impl JoinOp {
                         continue;
                     }
                     let d = diffs.get(i as usize).copied().unwrap_or(0);
-                    if let Some(was) = self.state[other].entry(s.0, s.1).map(|e| e.matches) {
+                    if let Some(was) = self.state[other_arr].entry(s.0, s.1).map(|e| e.matches) {
                         first.entry(s).or_insert_with(|| {
                             order.push(s);
                             was
                         });
-                        self.state[other].set_matches(s.0, s.1, was.wrapping_add(d));
+                        self.state[other_arr].set_matches(s.0, s.1, was.wrapping_add(d));
                     }
                 }
                 let mut builders: Vec<ColBuilder> = self.types[other]
@@ -907,7 +922,7 @@ impl JoinOp {
                 let mut out_diffs = Vec::new();
                 for s in order {
                     let (Some(entry), Some(&was)) =
-                        (self.state[other].entry(s.0, s.1), first.get(&s))
+                        (self.state[other_arr].entry(s.0, s.1), first.get(&s))
                     else {
                         continue;
                     };
@@ -960,12 +975,52 @@ impl JoinOp {
                 out.push(self.side_rows(side, rows, pad));
             }
         }
-        // Store the changes.
-        let cols: Vec<Cow<'_, Column>> = c.cols.iter().map(Cow::Borrowed).collect();
-        let row_enc = Encoded::new(&cols, &self.types[this], c.rows);
-        if self.expire.is_none() {
-            self.state[this].store_rows(&row_enc, &key_enc, &null_key, &diffs, &matches);
+        if self.shared && side == Side::Right {
+            // Stored with the left input's changes, which are the same.
             return Ok(());
+        }
+        if store {
+            self.store(this_arr, this, c, &key_enc, &null_key, &diffs, &matches);
+        }
+        Ok(())
+    }
+
+    /// Each row's encoded key (of input `side`: 0 left, 1 right), and whether a NULL keeps
+    /// it from matching anything.
+    fn keys_of(&self, side: usize, c: &Chunk) -> Result<(Encoded, Vec<bool>), FlowError> {
+        let key_cols: Vec<Cow<'_, Column>> = self.keys[side]
+            .iter()
+            .map(|e| e.eval(c))
+            .collect::<Result<_, _>>()?;
+        let key_enc = Encoded::new(&key_cols, &self.key_types, c.rows);
+        let mut null_key = vec![false; c.rows];
+        for (k, eq) in key_cols.iter().zip(&self.null_eq) {
+            if !*eq && k.nulls.iter().any(|n| *n != 0) {
+                for (i, n) in null_key.iter_mut().enumerate() {
+                    *n |= k.is_null(i);
+                }
+            }
+        }
+        Ok((key_enc, null_key))
+    }
+
+    /// Stores the changes `c` of input `side` into arrangement `arr`.
+    #[allow(clippy::too_many_arguments)]
+    fn store(
+        &mut self,
+        arr: usize,
+        side: usize,
+        c: &Chunk,
+        key_enc: &Encoded,
+        null_key: &[bool],
+        diffs: &[i64],
+        matches: &[i64],
+    ) {
+        let cols: Vec<Cow<'_, Column>> = c.cols.iter().map(Cow::Borrowed).collect();
+        let row_enc = Encoded::new(&cols, &self.types[side], c.rows);
+        if self.expire.is_none() {
+            self.state[arr].store_rows(&row_enc, key_enc, null_key, diffs, matches);
+            return;
         }
         for (i, &null) in null_key.iter().enumerate() {
             if null {
@@ -974,11 +1029,11 @@ impl JoinOp {
             let key = key_enc.row(i);
             let d = diffs.get(i).copied().unwrap_or(0);
             let m = matches.get(i).copied().unwrap_or(0);
-            let new_key = self.state[this].by_key.get(key).is_none();
-            self.state[this].update(row_enc.row(i), key, d, m);
+            let new_key = self.state[arr].by_key.get(key).is_none();
+            self.state[arr].update(row_enc.row(i), key, d, m);
             if new_key {
                 if let Some(t) = self.key_time(key) {
-                    self.state[this]
+                    self.state[arr]
                         .by_time
                         .entry(t)
                         .or_default()
@@ -986,6 +1041,16 @@ impl JoinOp {
                 }
             }
         }
+    }
+
+    /// Stores the left input's changes `c` into the shared arrangement (see `shared`).
+    fn store_shared(&mut self, c: &Chunk, threshold: Option<i64>) -> Result<(), FlowError> {
+        let c = &self.drop_expired(Side::Left, c, threshold)?;
+        let (key_enc, null_key) = self.keys_of(0, c)?;
+        let diffs = c.diffs.each(c.rows);
+        // An inner join keeps no match counts.
+        let matches = vec![0i64; c.rows];
+        self.store(0, 0, c, &key_enc, &null_key, &diffs, &matches);
         Ok(())
     }
 
@@ -1039,7 +1104,13 @@ impl JoinOp {
         let int_keys = self.int_keys();
         let left = Arrangement::read(r, &self.types[0], &self.key_types, int_keys)?;
         let right = Arrangement::read(r, &self.types[1], &self.key_types, int_keys)?;
-        self.state = [left, right];
+        // Shared: the left arrangement holds both inputs (a snapshot of an engine that did
+        // not share holds them twice).
+        self.state = if self.shared {
+            [left, Arrangement::new(int_keys)]
+        } else {
+            [left, right]
+        };
         if self.expire.is_some() {
             for side in 0..2 {
                 let keys: Vec<Vec<u8>> = self.state[side].keys().map(<[u8]>::to_vec).collect();
@@ -1154,6 +1225,105 @@ mod tests {
             }
             assert_eq!(a.bytes, 0, "int keys: {int_keys}");
             assert_eq!(a.keys().count(), 0);
+        }
+    }
+
+    /// The consolidated sum of chunks: row (as its values) → multiplicity.
+    fn total(chunks: &[Chunk]) -> BTreeMap<Vec<i64>, i64> {
+        let mut m: BTreeMap<Vec<i64>, i64> = BTreeMap::new();
+        for c in chunks {
+            for i in 0..c.rows {
+                let row: Vec<i64> = c.cols.iter().map(|col| col.ints[i]).collect();
+                *m.entry(row).or_default() += c.diffs.get(i);
+            }
+        }
+        m.retain(|_, d| *d != 0);
+        m
+    }
+
+    #[test]
+    fn a_self_join_with_one_arrangement_equals_one_with_two() {
+        let types = vec![DataType::Int64, DataType::Int64];
+        let op = |same_inputs: bool| {
+            let spec = JoinSpec {
+                left: 0,
+                right: 0,
+                kind: JoinKind::Inner,
+                left_keys: vec![Expr::Col(0, DataType::Int64)],
+                right_keys: vec![Expr::Col(0, DataType::Int64)],
+                null_eq: vec![false],
+                residual: None,
+                same_inputs,
+            };
+            JoinOp::new(spec, types.clone(), types.clone(), None).expect("join")
+        };
+        let (mut shared, mut apart) = (op(true), op(false));
+        assert!(shared.shared && !apart.shared);
+        let mut rng = Rng(7);
+        let (mut out_shared, mut out_apart) = (Vec::new(), Vec::new());
+        let mut live: Vec<(i64, i64)> = Vec::new();
+        for tick in 0..60 {
+            // Several chunks a tick (the left changes must all see the previous tick).
+            let chunks: Vec<Chunk> = (0..1 + rng.below(3))
+                .map(|_| {
+                    let (mut ks, mut vs, mut ds) = (Vec::new(), Vec::new(), Vec::new());
+                    for _ in 0..1 + rng.below(6) {
+                        if !live.is_empty() && rng.below(3) == 0 {
+                            let (k, v) = live.swap_remove(rng.below(live.len() as u64) as usize);
+                            ks.push(k);
+                            vs.push(v);
+                            ds.push(-1);
+                        } else {
+                            let (k, v) = (rng.below(4) as i64, rng.below(5) as i64);
+                            live.push((k, v));
+                            ks.push(k);
+                            vs.push(v);
+                            ds.push(1);
+                        }
+                    }
+                    Chunk {
+                        rows: ks.len(),
+                        cols: vec![
+                            Column {
+                                ints: ks,
+                                ..Column::default()
+                            },
+                            Column {
+                                ints: vs,
+                                ..Column::default()
+                            },
+                        ],
+                        diffs: Diffs::Each(ds),
+                    }
+                })
+                .collect();
+            out_shared.extend(
+                shared
+                    .step(chunks.clone(), chunks.clone(), tick)
+                    .expect("step"),
+            );
+            out_apart.extend(apart.step(chunks.clone(), chunks, tick).expect("step"));
+            assert_eq!(total(&out_shared), total(&out_apart), "tick {tick}");
+        }
+        // The result is the self-join of what is live.
+        let mut want: BTreeMap<Vec<i64>, i64> = BTreeMap::new();
+        for a in &live {
+            for b in live.iter().filter(|b| b.0 == a.0) {
+                *want.entry(vec![a.0, a.1, b.0, b.1]).or_default() += 1;
+            }
+        }
+        assert_eq!(total(&out_shared), want);
+        assert!(
+            shared.state_size() < apart.state_size(),
+            "one arrangement, not two"
+        );
+        // A snapshot of either restores into a shared join.
+        for from in [&shared, &apart] {
+            let mut w = Writer::default();
+            from.write(&mut w);
+            let mut restored = op(true);
+            restored.read(&mut Reader::new(&w.buf)).expect("restores");
+            assert_eq!(restored.state_size(), shared.state_size());
         }
     }
 

@@ -173,6 +173,9 @@ pub(crate) struct JoinSpec {
     pub right_keys: Vec<Expr>,
     pub null_eq: Vec<bool>,
     pub residual: Option<Expr>,
+    /// Both inputs are the same sub-plan (e.g. a table joined with itself, with the same
+    /// projections and filters): they carry the same rows at every tick.
+    pub same_inputs: bool,
 }
 
 /// A column of an intermediate schema: type and nullability.
@@ -395,6 +398,7 @@ fn lower_join(
         .right
         .as_ref()
         .ok_or_else(|| bad("join without a right input"))?;
+    let same_inputs = left_rel == right_rel;
     let (left, left_schema) = lower_stage(left_rel, ctx)?;
     let (right, right_schema) = lower_stage(right_rel, ctx)?;
     let nl = left_schema.len();
@@ -494,6 +498,7 @@ fn lower_join(
         right_keys,
         null_eq,
         residual,
+        same_inputs,
     }));
     if let Some(f) = &j.post_join_filter {
         if kind != JoinKind::Inner {
