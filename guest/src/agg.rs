@@ -2333,6 +2333,76 @@ pub(crate) fn validate(spec: &AggSpec) -> Result<(), FlowError> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn encoded_rows_are_what_encode_row_writes() {
+        let rows = 7;
+        let ints = |nulls: bool| Column {
+            ints: (0..rows as i64).map(|i| i * 1000 - 3).collect(),
+            nulls: if nulls {
+                vec![0, 1, 0, 0, 1, 0, 0]
+            } else {
+                vec![]
+            },
+            ..Column::default()
+        };
+        let floats = |nulls: bool| Column {
+            floats: vec![1.5, -0.0, f64::NAN, 0.0, f64::INFINITY, -2.25, 1e300],
+            nulls: if nulls {
+                vec![1, 0, 0, 0, 0, 0, 1]
+            } else {
+                vec![]
+            },
+            ..Column::default()
+        };
+        let strings = |nulls: bool| {
+            let mut c = Column {
+                offsets: vec![0],
+                nulls: if nulls {
+                    vec![0, 0, 1, 0, 0, 0, 0]
+                } else {
+                    vec![]
+                },
+                ..Column::default()
+            };
+            for s in ["", "a", "host-1", "é", "", "xyz", "long string value"] {
+                c.bytes.extend_from_slice(s.as_bytes());
+                c.offsets.push(c.bytes.len() as u32);
+            }
+            c
+        };
+        for nulls in [false, true] {
+            for (cols, types) in [
+                (vec![ints(nulls)], vec![DataType::Int64]),
+                (
+                    vec![ints(nulls), floats(nulls)],
+                    vec![DataType::Int64, DataType::Float64],
+                ),
+                (vec![strings(nulls)], vec![DataType::Utf8]),
+                (
+                    vec![strings(nulls), ints(nulls), floats(!nulls), strings(!nulls)],
+                    vec![
+                        DataType::Utf8,
+                        DataType::Int64,
+                        DataType::Float64,
+                        DataType::Binary,
+                    ],
+                ),
+            ] {
+                let cols: Vec<Cow<'_, Column>> = cols.into_iter().map(Cow::Owned).collect();
+                let enc = Encoded::new(&cols, &types, rows);
+                for i in 0..rows {
+                    let mut want = Vec::new();
+                    encode_row(&mut want, &cols, &types, i);
+                    assert_eq!(
+                        enc.row(i),
+                        want.as_slice(),
+                        "row {i} of {types:?}, nulls {nulls}"
+                    );
+                }
+            }
+        }
+    }
+
     fn key(cols: &[Column], types: &[DataType]) -> Vec<u8> {
         let cows: Vec<Cow<'_, Column>> = cols.iter().map(Cow::Borrowed).collect();
         let mut buf = Vec::new();
