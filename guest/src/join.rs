@@ -75,8 +75,9 @@ struct Entry<'a> {
 /// consolidated one. [`Rows::consolidate`] runs before the other side reads the key, so
 /// what a reader sees, and the order of the rows a join emits, depends on the rows only,
 /// not on the history of changes (a restored arrangement emits what the original does);
-/// and when the appended part outgrows the consolidated one, so that memory follows the
-/// distinct rows.
+/// when the key's changes sum to zero (its rows were all removed: the key goes); and when
+/// the appended part outgrows the consolidated one ([`Rows::overgrown`]), so that memory
+/// follows the distinct rows.
 #[derive(Debug, Clone, Default)]
 struct Rows {
     key: Vec<u8>,
@@ -590,7 +591,8 @@ fn decode_rows(rows: &[&[u8]], types: &[DataType]) -> Vec<Column> {
     builders.into_iter().map(|b| b.finish()).collect()
 }
 
-/// Pushes the values of an encoded row (as [`encode_row`] writes them) to `out`.
+/// Pushes the values of an encoded row (as [`encode_row`](crate::agg::encode_row) writes them)
+/// to `out`.
 pub(crate) fn decode_into(mut b: &[u8], types: &[DataType], out: &mut [ColBuilder]) {
     for (t, o) in types.iter().zip(out.iter_mut()) {
         let Some((&tag, rest)) = b.split_first() else {
