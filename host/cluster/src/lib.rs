@@ -307,19 +307,12 @@ impl Member {
     /// The live nodes, by id.
     pub async fn nodes(&self) -> Result<Vec<NodeStatus>> {
         let mut client = self.client.clone();
-        let prefix = node_key("");
-        let resp = client
-            .get(prefix.as_str(), Some(GetOptions::new().with_prefix()))
-            .await
-            .context(EtcdSnafu {
-                what: "list the nodes",
-            })?;
-        let mut out = Vec::with_capacity(resp.kvs().len());
-        for kv in resp.kvs() {
-            let info: NodeInfo = serde_json::from_slice(kv.value()).context(BadEntrySnafu {
-                key: String::from_utf8_lossy(kv.key()).into_owned(),
-            })?;
-            let lease_left = match client.lease_time_to_live(kv.lease(), None).await {
+        let entries = self
+            .list::<NodeInfo>(&node_key(""), "list the nodes")
+            .await?;
+        let mut out = Vec::with_capacity(entries.len());
+        for (info, meta) in entries {
+            let lease_left = match client.lease_time_to_live(meta.lease, None).await {
                 Ok(r) if r.ttl() >= 0 => Some(Duration::from_secs(r.ttl() as u64)),
                 Ok(_) => None,
                 Err(e) => {
@@ -378,26 +371,52 @@ fn placement_key(storage: &str, flow: &str) -> String {
     )
 }
 
+/// Where an etcd entry stands: its lease (0: none) and last revision.
+struct EntryMeta {
+    lease: i64,
+    revision: i64,
+}
+
 impl Member {
     /// Every flow's placement, of every storage node.
     pub async fn placements(&self) -> Result<Vec<Placement>> {
+        let entries = self
+            .list::<Placement>(&format!("{PREFIX}placement/"), "list the placements")
+            .await?;
+        Ok(entries
+            .into_iter()
+            .map(|(mut p, meta)| {
+                p.fence = meta.revision as u64;
+                p
+            })
+            .collect())
+    }
+
+    /// The entries under `prefix`, each parsed from JSON, with its lease and
+    /// last revision; `what` names the listing in an error.
+    async fn list<T: serde::de::DeserializeOwned>(
+        &self,
+        prefix: &str,
+        what: &str,
+    ) -> Result<Vec<(T, EntryMeta)>> {
         let mut client = self.client.clone();
-        let prefix = format!("{PREFIX}placement/");
         let resp = client
-            .get(prefix.as_str(), Some(GetOptions::new().with_prefix()))
+            .get(prefix, Some(GetOptions::new().with_prefix()))
             .await
-            .context(EtcdSnafu {
-                what: "list the placements",
-            })?;
-        let mut out = Vec::with_capacity(resp.kvs().len());
-        for kv in resp.kvs() {
-            let mut p: Placement = serde_json::from_slice(kv.value()).context(BadEntrySnafu {
-                key: String::from_utf8_lossy(kv.key()).into_owned(),
-            })?;
-            p.fence = kv.mod_revision() as u64;
-            out.push(p);
-        }
-        Ok(out)
+            .context(EtcdSnafu { what })?;
+        resp.kvs()
+            .iter()
+            .map(|kv| {
+                let value = serde_json::from_slice(kv.value()).context(BadEntrySnafu {
+                    key: String::from_utf8_lossy(kv.key()).into_owned(),
+                })?;
+                let meta = EntryMeta {
+                    lease: kv.lease(),
+                    revision: kv.mod_revision(),
+                };
+                Ok((value, meta))
+            })
+            .collect()
     }
 
     /// Places flow `flow` of storage node `storage` on `node`, if its
