@@ -24,9 +24,11 @@
 //!    time, so the gap is the twentieth. The tick drains the guest's output at
 //!    the tick time (at most `output_rows_per_tick` rows), checks its state
 //!    size (at flushes, stops and snapshots, else at most every
-//!    [`STATE_SIZE_EVERY_MS`]: the engine walks its state to answer), and
-//!    commits the output with the positions (and, every
-//!    `snapshot_interval` or when forced, the state) through the sink port.
+//!    [`STATE_SIZE_EVERY_MS`] and after the commit: the engine walks its
+//!    state to answer), and commits the output with the positions (and the
+//!    state: when forced, or periodically, every `snapshot_interval` or
+//!    [`SNAPSHOT_COST_FACTOR`] times what the last snapshot took, whichever
+//!    is longer) through the sink port.
 //! 3. Says when to wake it next: the next tick, the guest's wake-up, or the
 //!    moment it may fall asleep (`sleep_after` without anything to do: the
 //!    state is kept as a snapshot and the guest released until input comes).
@@ -52,6 +54,13 @@ pub const TICK_COST_FACTOR: f64 = 4.0;
 /// commit, so a flow adds at most this many commits per interval however
 /// cheap its ticks are.
 pub const TICKS_PER_INTERVAL: i64 = 20;
+
+/// A periodic snapshot comes at most once per this many times what the
+/// last one took to serialise and commit (in the clock's time), even when
+/// `snapshot_interval` is shorter: snapshots take at most about 1 / factor
+/// of a flow's time, and a large state's snapshot does not stall its ticks
+/// every interval. The replay after a crash grows with the spacing.
+pub const SNAPSHOT_COST_FACTOR: u32 = 50;
 
 /// How often (ms) a tick asks the guest for its state size (and checks
 /// `state_size_limit`) besides flushes, stops and snapshots: the engine
@@ -185,6 +194,8 @@ pub struct Runner {
     last_tick: Option<i64>,
     /// What recent ticks cost in the clock's time (ms, smoothed).
     tick_cost_ms: f64,
+    /// What the last snapshot took to serialise and commit (clock ms).
+    snapshot_cost_ms: i64,
     last_snapshot: Option<i64>,
     /// When the state size was last asked for.
     last_measured: Option<i64>,
@@ -239,6 +250,7 @@ impl Runner {
             needs_snapshot: !recovery.from_snapshot,
             last_tick: None,
             tick_cost_ms: 0.0,
+            snapshot_cost_ms: 0,
             last_snapshot: None,
             last_measured: None,
             last_activity: now,
@@ -485,27 +497,17 @@ impl Runner {
             || self.needs_snapshot
             || self
                 .last_snapshot
-                .is_none_or(|t| now - t >= self.cfg.snapshot_interval_ms);
-        // The state size: at flushes, stops and snapshots, else at most
-        // every STATE_SIZE_EVERY_MS.
-        let measure = measure
-            || snapshot_due
-            || self
+                .is_none_or(|t| now - t >= self.snapshot_spacing());
+        // The state size: at flushes, stops and snapshots before the
+        // commit; else at most every STATE_SIZE_EVERY_MS, after the commit,
+        // so that the walk over the state does not delay what the tick shows.
+        let measure = measure || snapshot_due;
+        let measure_after = !measure
+            && self
                 .last_measured
                 .is_none_or(|t| now - t >= STATE_SIZE_EVERY_MS);
         if measure {
-            let state_size = self.guest()?.state_size()?;
-            if let Some(max) = self.cfg.state_size_limit {
-                if state_size > max {
-                    return Err(Failure::permanent(format!(
-                        "flow state grew to {state_size} bytes, over its state_size_limit of \
-                         {max} bytes, and the flow was stopped; raise state_size_limit, add \
-                         EXPIRE AFTER or reduce the number of groups"
-                    )));
-                }
-            }
-            self.status.state_size = state_size;
-            self.last_measured = Some(now);
+            self.measure_state(now)?;
         }
         let moved = self.status.snapshot_positions.as_deref() != Some(&self.consumed[..]);
         let wanted = self.sink.wants_snapshot();
@@ -526,12 +528,19 @@ impl Runner {
             && !force_snapshot;
         let written = if apart {
             let written = self.commit(now, &output, None, true)?;
+            let started = self.clock.now_ms();
             let state = self.guest()?.snapshot()?;
             self.commit(now, &[], Some(&state), false)?;
+            self.snapshot_cost_ms = (self.clock.now_ms() - started).max(0);
             written
         } else {
             let snapshot = match take_snapshot {
-                true => Some(self.guest()?.snapshot()?),
+                true => {
+                    let started = self.clock.now_ms();
+                    let state = self.guest()?.snapshot()?;
+                    self.snapshot_cost_ms = (self.clock.now_ms() - started).max(0);
+                    Some(state)
+                }
                 false => None,
             };
             if rows > 0 || snapshot.is_some() || journaling {
@@ -549,7 +558,27 @@ impl Runner {
         self.status.pending_since_ms = None;
         self.status.last_execution_ms = Some(now);
         self.status.rows_written += written;
+        if measure_after {
+            self.measure_state(now)?;
+        }
         Ok(written)
+    }
+
+    /// Asks the guest for its state size and checks `state_size_limit`.
+    fn measure_state(&mut self, now: i64) -> Result<(), Failure> {
+        let state_size = self.guest()?.state_size()?;
+        if let Some(max) = self.cfg.state_size_limit {
+            if state_size > max {
+                return Err(Failure::permanent(format!(
+                    "flow state grew to {state_size} bytes, over its state_size_limit of \
+                     {max} bytes, and the flow was stopped; raise state_size_limit, add \
+                     EXPIRE AFTER or reduce the number of groups"
+                )));
+            }
+        }
+        self.status.state_size = state_size;
+        self.last_measured = Some(now);
+        Ok(())
     }
 
     /// Commits through the sink port at the runner's positions and fence.
@@ -568,6 +597,14 @@ impl Runner {
             fence: self.cfg.fence,
             ticked,
         })
+    }
+
+    /// How long after a periodic snapshot the next one is due (ms):
+    /// `snapshot_interval`, or [`SNAPSHOT_COST_FACTOR`] times what the last
+    /// one took if that is longer.
+    pub fn snapshot_spacing(&self) -> i64 {
+        let by_cost = (SNAPSHOT_COST_FACTOR as i64).saturating_mul(self.snapshot_cost_ms);
+        self.cfg.snapshot_interval_ms.max(by_cost)
     }
 
     /// How long a flow with new input waits after its last tick (ms): see
@@ -930,6 +967,65 @@ mod tests {
         );
         assert_eq!(s.value, Some(8));
         assert_eq!(s.snapshot.as_ref().map(|(p, _)| p.clone()), Some(p(3)));
+    }
+
+    #[test]
+    fn periodic_snapshots_are_spaced_by_what_the_last_one_cost() {
+        let clock = Arc::new(VirtualClock::new(0));
+        let log = Log(Arc::new(Mutex::new(vec![vec![(1, vec![5])]])));
+        let sink = Sink::default();
+        let mut r = runner(&clock, &log, &sink, fresh(1));
+        r.step(Event::Input);
+        // From here each commit costs 40 ms: the periodic snapshot at 1 s
+        // (its own commit) costs 40, so the next one is due 50 x 40 = 2 s
+        // after it, not 1 s.
+        sink.0.lock().unwrap().clock = Some((clock.clone(), 40));
+        let snapshots = |s: &Sink| s.0.lock().unwrap().commits.iter().filter(|c| c.2).count();
+        for (seq, at) in [(2, 1_000), (3, 2_000), (4, 2_900), (5, 3_000)] {
+            log.0.lock().unwrap()[0].push((seq, vec![1]));
+            clock.set(at).unwrap();
+            r.step(Event::Input);
+            let expected = match at {
+                1_000 => 2,
+                2_000 | 2_900 => 2,
+                _ => 3,
+            };
+            assert_eq!(
+                snapshots(&sink),
+                expected,
+                "snapshots after the tick at {at}"
+            );
+        }
+        assert_eq!(r.snapshot_spacing(), 2_000);
+        assert_eq!(sink.0.lock().unwrap().value, Some(9));
+    }
+
+    #[test]
+    fn a_periodic_state_check_comes_after_the_ticks_output() {
+        let clock = Arc::new(VirtualClock::new(0));
+        let log = Log(Arc::new(Mutex::new(vec![vec![(1, vec![5])]])));
+        let sink = Sink::default();
+        let mut r = runner(&clock, &log, &sink, fresh(1));
+        r.step(Event::Input);
+        // The guest reports 16 bytes; a limit of 8 fails the flow at the
+        // next check, a second later, after that tick's output is written.
+        r.cfg.state_size_limit = Some(8);
+        log.0.lock().unwrap()[0].push((2, vec![2]));
+        clock.set(1_500).unwrap();
+        r.cfg.snapshot_interval_ms = 10_000;
+        r.step(Event::Input);
+        assert_eq!(
+            sink.0.lock().unwrap().value,
+            Some(7),
+            "the output is committed"
+        );
+        let failure = r.status().failure.as_ref().map(|f| f.to_string());
+        assert!(
+            failure
+                .as_deref()
+                .is_some_and(|f| f.contains("state_size_limit")),
+            "{failure:?}"
+        );
     }
 
     #[test]
