@@ -928,6 +928,7 @@ mod tests {
             schema: TableSchema::new(columns, time_index, pk, false).unwrap(),
             options: BTreeMap::new(),
             version: 0,
+            time_first: true,
         })
     }
 
@@ -955,6 +956,7 @@ mod tests {
             schema,
             options: BTreeMap::new(),
             version: 0,
+            time_first: true,
         });
         let batch = shapes[0]
             .batch(&t, Precision::Seconds, 7_500_000_000)

@@ -1204,7 +1204,7 @@ async fn literal_inserts_equal_datafusions_inserts() {
 /// must be the ones a full scan filters out. Each query is compared with
 /// the same query written so that nothing narrows the scan.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn key_equality_scans_equal_full_scans() {
+async fn key_equality_and_time_range_scans_equal_full_scans() {
     let db = Database::open_config(sandflow::DatabaseConfig::in_memory())
         .await
         .unwrap();
@@ -1241,6 +1241,36 @@ async fn key_equality_scans_equal_full_scans() {
             "host || '' = 'b' AND ts = '2024-01-01T00:00:00Z'",
         ),
         ("host IS NULL AND n = 1", "host IS NULL AND n + 0 = 1"),
+        // Time ranges (the key starts with the time index).
+        ("ts >= '1970-01-01T00:00:01Z'", "CAST(ts AS BIGINT) >= 1000"),
+        ("ts > '1970-01-01T00:00:00Z'", "CAST(ts AS BIGINT) > 0"),
+        ("ts < '1970-01-01T00:00:01Z'", "CAST(ts AS BIGINT) < 1000"),
+        ("ts <= '1970-01-01T00:00:01Z'", "CAST(ts AS BIGINT) <= 1000"),
+        ("'1970-01-01T00:00:01Z' > ts", "1000 > CAST(ts AS BIGINT)"),
+        (
+            "ts BETWEEN '1970-01-01T00:00:00Z' AND '1970-01-01T00:00:01Z'",
+            "CAST(ts AS BIGINT) BETWEEN 0 AND 1000",
+        ),
+        (
+            "ts >= '1970-01-01T00:00:01Z' AND ts < '2025-01-01T00:00:00Z'",
+            "CAST(ts AS BIGINT) >= 1000 AND CAST(ts AS BIGINT) < 1735689600000",
+        ),
+        (
+            "ts > '1970-01-01T00:00:00Z' AND ts < '1970-01-01T00:00:01Z'",
+            "CAST(ts AS BIGINT) > 0 AND CAST(ts AS BIGINT) < 1000",
+        ),
+        (
+            "ts > '2030-01-01T00:00:00Z'",
+            "CAST(ts AS BIGINT) > 1893456000000",
+        ),
+        (
+            "ts >= '1970-01-01T00:00:00Z' AND host = 'a'",
+            "CAST(ts AS BIGINT) >= 0 AND host || '' = 'a'",
+        ),
+        (
+            "ts = '1970-01-01T00:00:00Z' AND host = 'a'",
+            "CAST(ts AS BIGINT) = 0 AND host || '' = 'a'",
+        ),
     ];
     for (narrowed, full) in cases {
         let q = |w: &str| format!("SELECT host, n, v, ts FROM t WHERE {w} ORDER BY host, n, ts");

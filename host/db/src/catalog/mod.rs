@@ -388,6 +388,10 @@ impl DdlBatch<'_> {
             .fail();
         }
         let id = self.next_table_id;
+        // A sink's placeholder time index is always 0: keyed by it first,
+        // rows would still be in primary-key order, and `k = ..` could no
+        // longer narrow a scan.
+        let time_first = schema.time_index_column().name != crate::flow::sink::TS_PLACEHOLDER;
         let info = TableInfo {
             id,
             database: database.to_string(),
@@ -395,6 +399,7 @@ impl DdlBatch<'_> {
             schema,
             options,
             version: 0,
+            time_first,
         };
         let json = serde_json::to_vec(&info).map_err(|e| {
             InternalSnafu {

@@ -1987,6 +1987,7 @@ impl FlowManager {
                     schema: schema.clone(),
                     options: Default::default(),
                     version: 0,
+                    time_first: schema.time_index_column().name != sink::TS_PLACEHOLDER,
                 });
                 (SinkPlan::Create(schema), draft)
             }

@@ -509,6 +509,7 @@ mod tests {
             schema,
             options: Default::default(),
             version: 0,
+            time_first: true,
         })
     }
 

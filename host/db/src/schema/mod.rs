@@ -229,10 +229,21 @@ pub struct TableInfo {
     /// refused (see `WriteSet::relayout`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub version: u64,
+    /// The key's column order: time index first, then the primary key
+    /// (every table created since this field exists, except sinks whose
+    /// time index is the constant `__ts_placeholder`), or, when false, the
+    /// primary key first (those sinks, and tables created before, whose
+    /// stored rows keep that order). See `Table::key_columns`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub time_first: bool,
 }
 
 fn is_zero(v: &u64) -> bool {
     *v == 0
+}
+
+fn is_false(v: &bool) -> bool {
+    !*v
 }
 
 /// A table as the running database sees it: its metadata plus derived,
@@ -241,7 +252,16 @@ fn is_zero(v: &u64) -> bool {
 pub struct Table {
     pub info: TableInfo,
     pub arrow_schema: SchemaRef,
-    /// Columns stored in the key, in key order: primary key, then time index.
+    /// Columns stored in the key, in key order: the time index, then the
+    /// primary key (or, for tables created before `TableInfo::time_first`,
+    /// the primary key, then the time index).
+    ///
+    /// Time first, because time-series rows arrive in time order over many
+    /// keys: a batch of increasing times then appends to the end of the
+    /// table's B-tree instead of touching a leaf per key (a 1,000-row
+    /// INSERT over 1,000 keys dirtied ~1,000 pages, ~4.5 KB written per
+    /// row). A flow's sink, keyed by its groups and window, likewise updates
+    /// the current window's rows, which now sit together.
     pub key_columns: Vec<usize>,
     /// Columns stored in the value, in schema order.
     pub value_columns: Vec<usize>,
@@ -251,7 +271,10 @@ impl Table {
     pub fn new(info: TableInfo) -> Arc<Table> {
         let schema = &info.schema;
         let mut key_columns = schema.primary_key.clone();
-        key_columns.push(schema.time_index);
+        match info.time_first {
+            true => key_columns.insert(0, schema.time_index),
+            false => key_columns.push(schema.time_index),
+        }
         let value_columns = (0..schema.columns.len())
             .filter(|i| !key_columns.contains(i))
             .collect();
@@ -297,5 +320,42 @@ impl Table {
     /// `database.name`
     pub fn qualified_name(&self) -> String {
         format!("{}.{}", self.info.database, self.info.name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(time_first: bool) -> TableInfo {
+        let columns = vec![
+            ColumnSchema::new("host", ColumnType::String, true),
+            ColumnSchema::new("v", ColumnType::Float64, true),
+            ColumnSchema::new("ts", ColumnType::TimestampMillisecond, false),
+        ];
+        TableInfo {
+            id: 1,
+            database: "public".into(),
+            name: "t".into(),
+            schema: TableSchema::new(columns, "ts", &["host"], false).unwrap(),
+            options: Default::default(),
+            version: 0,
+            time_first,
+        }
+    }
+
+    #[test]
+    fn new_tables_key_by_time_first_and_older_metadata_keeps_its_order() {
+        let new = info(true);
+        assert_eq!(Table::new(new.clone()).key_columns, [2, 0]);
+        let json = serde_json::to_string(&new).unwrap();
+        let back: TableInfo = serde_json::from_str(&json).unwrap();
+        assert_eq!(Table::new(back).key_columns, [2, 0]);
+        // Metadata written before the field existed has no `time_first`.
+        let old = serde_json::to_string(&info(false)).unwrap();
+        assert!(!old.contains("time_first"), "{old}");
+        let back: TableInfo = serde_json::from_str(&old).unwrap();
+        assert_eq!(Table::new(back).key_columns, [0, 2]);
+        assert_eq!(Table::new(info(false)).value_columns, [1]);
     }
 }

@@ -216,6 +216,88 @@ impl SandTable {
         Some((index, value.to_array().ok()?))
     }
 
+    /// For `time_index op literal` (either way round; op one of `<`, `<=`,
+    /// `>`, `>=`) and `time_index BETWEEN literal AND literal`: the times
+    /// it allows, as (first allowed, first not allowed after it). Only for
+    /// tables whose key starts with the time index.
+    fn time_bounds(&self, e: &Expr) -> Option<(Option<i64>, Option<i64>)> {
+        let index = self.table.schema().time_index;
+        if self.table.key_columns.first() != Some(&index) {
+            return None;
+        }
+        let is_time = |e: &Expr| matches!(e, Expr::Column(c) if self.table.arrow_schema.index_of(&c.name).ok() == Some(index));
+        let time = |e: &Expr| match e {
+            Expr::Literal(v, _) => self.time_literal(v),
+            _ => None,
+        };
+        match e {
+            Expr::Between(b) if !b.negated && is_time(&b.expr) => {
+                let (low, high) = (time(&b.low)?, time(&b.high)?);
+                Some((Some(low), high.checked_add(1)))
+            }
+            Expr::BinaryExpr(b) => {
+                let (op, v) = if is_time(&b.left) {
+                    (b.op, time(&b.right)?)
+                } else if is_time(&b.right) {
+                    (b.op.swap()?, time(&b.left)?)
+                } else {
+                    return None;
+                };
+                match op {
+                    Operator::Gt => Some((Some(v.checked_add(1)?), None)),
+                    Operator::GtEq => Some((Some(v), None)),
+                    Operator::Lt => Some((None, Some(v))),
+                    Operator::LtEq => Some((None, v.checked_add(1))),
+                    _ => None,
+                }
+            }
+            _ => None,
+        }
+    }
+
+    /// A literal of the time index's type (any time zone: the stored count
+    /// is UTC either way) as the stored count of its unit.
+    fn time_literal(&self, v: &datafusion::scalar::ScalarValue) -> Option<i64> {
+        use datafusion::scalar::ScalarValue as S;
+        let ty = self.table.schema().time_index_column().data_type;
+        match (ty, v) {
+            (ColumnType::TimestampSecond, S::TimestampSecond(Some(v), _))
+            | (ColumnType::TimestampMillisecond, S::TimestampMillisecond(Some(v), _))
+            | (ColumnType::TimestampMicrosecond, S::TimestampMicrosecond(Some(v), _))
+            | (ColumnType::TimestampNanosecond, S::TimestampNanosecond(Some(v), _))
+            | (ColumnType::Int64, S::Int64(Some(v))) => Some(*v),
+            _ => None,
+        }
+    }
+
+    /// The key range a time range among the filters allows: (start, end),
+    /// end exclusive. None when the filters bound no time.
+    fn time_range(&self, filters: &[Expr]) -> Option<(Vec<u8>, Option<Vec<u8>>)> {
+        let (mut low, mut high): (Option<i64>, Option<i64>) = (None, None);
+        let mut any = false;
+        for (l, h) in filters.iter().filter_map(|f| self.time_bounds(f)) {
+            any = true;
+            if let Some(l) = l {
+                low = Some(low.map_or(l, |x| x.max(l)));
+            }
+            if let Some(h) = h {
+                high = Some(high.map_or(h, |x| x.min(h)));
+            }
+        }
+        if !any {
+            return None;
+        }
+        let start = match low {
+            Some(l) => crate::storage::codec::time_prefix(&self.table, l)?,
+            None => Vec::new(),
+        };
+        let end = match high {
+            Some(h) => Some(crate::storage::codec::time_prefix(&self.table, h)?),
+            None => None,
+        };
+        Some((start, end))
+    }
+
     /// The key prefix the filters pin down: the values of the leading key
     /// columns that each have an equality with a literal.
     fn key_prefix(&self, filters: &[Expr]) -> Option<Vec<u8>> {
@@ -260,18 +342,22 @@ impl TableProvider for SandTable {
         self.defaults.get(column)
     }
 
-    /// `key_column = literal` narrows the scan to a key range (see
-    /// [`SandTable::key_prefix`]); DataFusion still applies every filter.
+    /// `key_column = literal` on the leading key columns, and a time range
+    /// on a key that starts with the time index, narrow the scan to a key
+    /// range (see [`SandTable::key_prefix`], [`SandTable::time_range`]);
+    /// DataFusion still applies every filter.
     fn supports_filters_pushdown(
         &self,
         filters: &[&Expr],
     ) -> datafusion::common::Result<Vec<TableProviderFilterPushDown>> {
         Ok(filters
             .iter()
-            .map(|f| match self.key_equality(f) {
-                Some(_) => TableProviderFilterPushDown::Inexact,
-                None => TableProviderFilterPushDown::Unsupported,
-            })
+            .map(
+                |f| match self.key_equality(f).is_some() || self.time_bounds(f).is_some() {
+                    true => TableProviderFilterPushDown::Inexact,
+                    false => TableProviderFilterPushDown::Unsupported,
+                },
+            )
             .collect())
     }
 
@@ -283,9 +369,18 @@ impl TableProvider for SandTable {
         _limit: Option<usize>,
     ) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
         let prefix = self.key_prefix(filters);
-        let scan = || match &prefix {
-            Some(p) => self.core.store.scan_prefix(&self.table, p),
-            None => self.core.store.scan(&self.table),
+        let range = match prefix {
+            Some(_) => None,
+            None => self.time_range(filters),
+        };
+        let scan = || match (&prefix, &range) {
+            (Some(p), _) => self.core.store.scan_prefix(&self.table, p),
+            (None, Some((start, end))) => {
+                self.core
+                    .store
+                    .scan_range(&self.table, start, end.as_deref())
+            }
+            (None, None) => self.core.store.scan(&self.table),
         };
         // A transaction reads its own staged writes.
         let shared = state.config().get_extension::<SessionShared>();

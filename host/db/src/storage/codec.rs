@@ -1,9 +1,11 @@
 //! The row codec: how a table row becomes a storage key and value and back.
 //!
-//! Key: the primary key columns in key order, then the time index, each in an
-//! order-preserving ("memcomparable") encoding, so that byte order equals
-//! (primary key, time) order. Append-mode tables add a unique suffix (commit
-//! sequence, row number) so equal keys never collide.
+//! Key: the table's key columns (`Table::key_columns`: the time index, then
+//! the primary key columns in key order; primary key first for tables made
+//! before that order), each in an order-preserving ("memcomparable")
+//! encoding, so that byte order equals (time, primary key) order.
+//! Append-mode tables add a unique suffix (commit sequence, row number) so
+//! equal keys never collide.
 //!
 //! * nullable key column: `0x00` for NULL, `0x01` + payload otherwise
 //! * signed integers, dates, timestamps: 8 bytes big endian, sign bit flipped
@@ -152,7 +154,7 @@ fn key_cell(cell: Cell<'_>, nullable: bool, out: &mut Vec<u8>) {
     }
 }
 
-/// Encodes the key of `row`: primary key then time index (no append suffix).
+/// Encodes the key of `row`: its key columns in key order (no append suffix).
 pub(crate) fn encode_key(
     table: &Table,
     readers: &[ColumnReader<'_>],
@@ -178,6 +180,24 @@ pub(crate) fn key_prefix(table: &Table, values: &[ArrayRef]) -> Vec<u8> {
         key_cell(reader.cell(0), columns[c].nullable, &mut out);
     }
     out
+}
+
+/// The key prefix of the rows whose time index is `time` (a count of the
+/// column's unit), for a table whose key starts with its time index
+/// (`TableInfo::time_first`); None for other tables. Rows with a later
+/// time sort after it, rows with an earlier time before it.
+pub(crate) fn time_prefix(table: &Table, time: i64) -> Option<Vec<u8>> {
+    let index = table.schema().time_index;
+    if table.key_columns.first() != Some(&index) {
+        return None;
+    }
+    let mut out = Vec::with_capacity(9);
+    key_cell(
+        Cell::Int(time),
+        table.schema().columns[index].nullable,
+        &mut out,
+    );
+    Some(out)
 }
 
 /// The suffix that makes append-mode keys unique.
@@ -613,7 +633,7 @@ mod tests {
         Float64Array, Int32Array, StringArray, TimestampMillisecondArray,
     };
 
-    fn table() -> Arc<Table> {
+    fn table(time_first: bool) -> Arc<Table> {
         let schema = TableSchema::new(
             vec![
                 ColumnSchema::new("host", ColumnType::String, true),
@@ -633,12 +653,19 @@ mod tests {
             schema,
             options: Default::default(),
             version: 0,
+            time_first,
         })
     }
 
     #[test]
     fn round_trip_and_order() {
-        let t = table();
+        // Time first: by time, then host. Before: by host, then time.
+        for (time_first, expected) in [(true, [3, 1, 2, 0]), (false, [1, 3, 2, 0])] {
+            round_trip_and_order_of(table(time_first), expected);
+        }
+    }
+
+    fn round_trip_and_order_of(t: Arc<Table>, expected: [usize; 4]) {
         let batch = RecordBatch::try_new(
             t.arrow_schema.clone(),
             vec![
@@ -684,7 +711,7 @@ mod tests {
         assert_eq!(dec.finish().unwrap(), batch);
         entries.sort();
         let order: Vec<usize> = entries.iter().map(|e| e.2).collect();
-        // NULL host first, then "a", "a\0x", "b".
-        assert_eq!(order, vec![1, 3, 2, 0]);
+        // Host: NULL first, then "a", "a\0x", "b". Time: MIN, -3, 0, 5.
+        assert_eq!(order, expected);
     }
 }

@@ -3,7 +3,7 @@
 //! Layers, bottom up:
 //! * [`kv`]: the engine interface (ordered key spaces, atomic durable
 //!   transactions); [`redb`](self::redb) implements it.
-//! * [`codec`]: rows ⇄ (key, value) bytes; keys sort by (primary key, time).
+//! * [`codec`]: rows ⇄ (key, value) bytes; keys sort by (time, primary key).
 //! * [`Store`]: table semantics on top — upsert by (primary key, time index)
 //!   or append, deletes, consistent scans, metadata entries.
 //! * [`log`]: the durable change log of the tables somebody reads, pulled
@@ -28,7 +28,7 @@ use datafusion::arrow::compute::{cast_with_options, CastOptions};
 use datafusion::arrow::record_batch::RecordBatch;
 
 use crate::error::{InternalSnafu, InvalidDataSnafu, Result};
-use crate::schema::{Table, TableId};
+use crate::schema::{ColumnType, Table, TableId};
 use codec::{ColumnReader, RowDecoder};
 pub use feed::{ChangeFeed, TryRecvError};
 pub use kv::{KvReadTxn, KvSpace, KvStorage, KvWriteTxn, Space};
@@ -60,6 +60,58 @@ pub struct ChangeBatch {
 pub struct Snapshot {
     pub seq: u64,
     pub batches: Vec<RecordBatch>,
+}
+
+/// Puts rows read in key order into series order: by primary key, then
+/// time (NULLs first, strings and binary by bytes, floats in total
+/// order), as GreptimeDB scans return them and as tables that key by
+/// primary key first are stored. A table keyed by time first
+/// (`TableInfo::time_first`) is sorted here, so that a scan's order does
+/// not depend on the layout; others are returned as they are.
+fn series_order(table: &Table, batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
+    use datafusion::arrow::compute::{concat_batches, lexsort_to_indices, take_record_batch};
+    use datafusion::arrow::compute::{SortColumn, SortOptions};
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    let schema = table.schema();
+    if !table.info.time_first || rows <= 1 || table.key_columns.len() <= 1 {
+        return Ok(batches);
+    }
+    let fail = |e: datafusion::arrow::error::ArrowError| {
+        InternalSnafu {
+            message: format!("cannot order the scanned rows: {e}"),
+        }
+        .build()
+    };
+    let all = concat_batches(&table.arrow_schema, &batches).map_err(fail)?;
+    let options = Some(SortOptions {
+        descending: false,
+        nulls_first: true,
+    });
+    let mut columns: Vec<SortColumn> = schema
+        .primary_key
+        .iter()
+        .chain(std::iter::once(&schema.time_index))
+        .map(|&c| SortColumn {
+            values: all.column(c).clone(),
+            options,
+        })
+        .collect();
+    // Equal keys (append mode) keep their stored order (commit, row).
+    if schema.append_mode {
+        let position: ArrayRef = Arc::new(datafusion::arrow::array::UInt32Array::from_iter_values(
+            0..rows as u32,
+        ));
+        columns.push(SortColumn {
+            values: position,
+            options,
+        });
+    }
+    let indices = lexsort_to_indices(&columns, None).map_err(fail)?;
+    let sorted = take_record_batch(&all, &indices).map_err(fail)?;
+    Ok((0..rows)
+        .step_by(SCAN_BATCH_ROWS)
+        .map(|at| sorted.slice(at, SCAN_BATCH_ROWS.min(rows - at)))
+        .collect())
 }
 
 /// A change to metadata, committed atomically with the rest of a transaction.
@@ -586,7 +638,13 @@ impl Store {
                     Ok::<(), crate::Error>(())
                 };
             let mut failure = None;
+            // A key that starts with the time index: no row at or after
+            // this key is expired (rows before it are still checked).
+            let end = expire_scan_end(table, cutoff_ms);
             txn.scan(Space::Table(table.id()), &[], &mut |k, v| {
+                if end.as_deref().is_some_and(|e| k >= e) {
+                    return Ok(false);
+                }
                 let step = dec.push(k, v).and_then(|()| {
                     keys.push(k.to_vec());
                     if dec.len() >= SCAN_BATCH_ROWS {
@@ -650,7 +708,14 @@ impl Store {
     /// (`codec::key_prefix`: the rows whose first key columns have given
     /// values).
     pub fn scan_prefix(&self, table: &Table, prefix: &[u8]) -> Result<Snapshot> {
-        self.view()?.scan_from(table, prefix)
+        self.view()?.scan_from(table, prefix, prefix, None)
+    }
+
+    /// Like [`Store::scan`], only the rows whose key is at or after `start`
+    /// and before `end` (no bound when None): with `codec::time_prefix`,
+    /// the rows of a time range.
+    pub fn scan_range(&self, table: &Table, start: &[u8], end: Option<&[u8]>) -> Result<Snapshot> {
+        self.view()?.scan_from(table, start, &[], end)
     }
 
     /// Closes the readers of a dropped table (their feeds end).
@@ -708,18 +773,25 @@ impl ReadView {
     /// A copy of a table's rows (in key order) with the commit
     /// sequence it reflects.
     pub fn scan(&self, table: &Table) -> Result<Snapshot> {
-        self.scan_from(table, &[])
+        self.scan_from(table, &[], &[], None)
     }
 
-    /// The rows whose key starts with `prefix` (all of them for `[]`).
-    fn scan_from(&self, table: &Table, prefix: &[u8]) -> Result<Snapshot> {
+    /// The rows whose key is at or after `start`, starts with `prefix` and
+    /// is before `end` (all of them for `[]`, `[]`, None).
+    fn scan_from(
+        &self,
+        table: &Table,
+        start: &[u8],
+        prefix: &[u8],
+        end: Option<&[u8]>,
+    ) -> Result<Snapshot> {
         let txn = &self.txn;
         let seq = read_seq(txn.as_ref())?;
         let mut batches = Vec::new();
         let mut dec = RowDecoder::new(table, SCAN_BATCH_ROWS.min(1024));
         let mut failure = None;
-        txn.scan(Space::Table(table.id()), prefix, &mut |k, v| {
-            if !k.starts_with(prefix) {
+        txn.scan(Space::Table(table.id()), start, &mut |k, v| {
+            if !k.starts_with(prefix) || end.is_some_and(|e| k >= e) {
                 return Ok(false);
             }
             if let Err(e) = dec.push(k, v) {
@@ -743,6 +815,7 @@ impl ReadView {
         if dec.len() > 0 || batches.is_empty() {
             batches.push(dec.finish()?);
         }
+        let batches = series_order(table, batches)?;
         Ok(Snapshot { seq, batches })
     }
 }
@@ -962,6 +1035,25 @@ fn commit_as(mut txn: Box<dyn KvWriteTxn>, seq: u64) -> Result<()> {
         Ok(())
     })?;
     txn.commit()
+}
+
+/// For a table whose key starts with its time index: a key after every
+/// row whose time is before `cutoff_ms` (rounded up to the column's unit,
+/// with a unit to spare), so that expiry reads only the oldest rows.
+fn expire_scan_end(table: &Table, cutoff_ms: i64) -> Option<Vec<u8>> {
+    let unit_end = match table.schema().time_index_column().data_type {
+        ColumnType::TimestampSecond => cutoff_ms.div_euclid(1000).saturating_add(1),
+        ColumnType::TimestampMillisecond | ColumnType::Int64 => cutoff_ms.saturating_add(1),
+        ColumnType::TimestampMicrosecond => cutoff_ms.saturating_mul(1000).saturating_add(1000),
+        ColumnType::TimestampNanosecond => cutoff_ms
+            .saturating_mul(1_000_000)
+            .saturating_add(1_000_000),
+        _ => return None,
+    };
+    if unit_end == i64::MAX {
+        return None;
+    }
+    codec::time_prefix(table, unit_end)
 }
 
 /// Which rows of `batch` (in the table schema) have a time index before `cutoff_ms`.
@@ -1329,6 +1421,7 @@ pub(crate) fn test_table(
         schema,
         options: Default::default(),
         version: 0,
+        time_first: true,
     });
     store
         .commit_meta(vec![MetaWrite::CreateTable(t.id())])
@@ -1397,6 +1490,165 @@ mod tests {
             }
             self.commits.fetch_add(1, Ordering::SeqCst);
             self.inner.commit()
+        }
+    }
+
+    #[test]
+    fn a_time_first_table_scans_in_the_same_order_as_a_key_first_one() {
+        use crate::schema::{TableInfo, TableSchema};
+        use datafusion::arrow::array::{Float64Array, StringArray};
+        let store = Store::in_memory().unwrap();
+        let make = |id: TableId, time_first: bool, append: bool| {
+            let columns = vec![
+                ColumnSchema::new("host", ColumnType::String, true),
+                ColumnSchema::new("x", ColumnType::Float64, true),
+                ColumnSchema::new("v", ColumnType::Int64, true),
+                ColumnSchema::new("ts", ColumnType::TimestampMillisecond, false),
+            ];
+            let schema = TableSchema::new(columns, "ts", &["host", "x"], append).unwrap();
+            let t = Table::new(TableInfo {
+                id,
+                database: "public".into(),
+                name: format!("t{id}"),
+                schema,
+                options: Default::default(),
+                version: 0,
+                time_first,
+            });
+            store
+                .commit_meta(vec![MetaWrite::CreateTable(t.id())])
+                .unwrap();
+            t
+        };
+        let hosts = [None, Some(""), Some("a"), Some("a b"), Some("é"), Some("b")];
+        let xs = [
+            None,
+            Some(-0.0),
+            Some(0.0),
+            Some(-1.5),
+            Some(f64::NAN),
+            Some(2.0),
+        ];
+        for append in [false, true] {
+            let (old, new) = (
+                make(20 + append as u64 * 2, false, append),
+                make(21 + append as u64 * 2, true, append),
+            );
+            // Several commits of rows over every (host, x) at shuffled times,
+            // some repeated (upserts, or more rows in append mode).
+            let mut seed = 7u64;
+            for round in 0..4i64 {
+                let (mut h, mut x, mut v, mut ts) =
+                    (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                for (i, host) in hosts.iter().enumerate() {
+                    for (j, xv) in xs.iter().enumerate() {
+                        seed = seed
+                            .wrapping_mul(6364136223846793005)
+                            .wrapping_add(1442695040888963407);
+                        h.push(*host);
+                        x.push(*xv);
+                        v.push(Some(round * 100 + (i * 10 + j) as i64));
+                        ts.push((seed >> 33) as i64 % 5 - 2);
+                    }
+                }
+                for t in [&old, &new] {
+                    let batch = RecordBatch::try_new(
+                        t.arrow_schema.clone(),
+                        vec![
+                            Arc::new(StringArray::from(h.clone())),
+                            Arc::new(Float64Array::from(x.clone())),
+                            Arc::new(Int64Array::from(v.clone())),
+                            Arc::new(TimestampMillisecondArray::from(ts.clone())),
+                        ],
+                    )
+                    .unwrap();
+                    let mut set = WriteSet::new();
+                    set.upsert(t.clone(), batch);
+                    store.commit(set).unwrap();
+                }
+            }
+            let rows = |t: &Arc<Table>| {
+                let s = store.scan(t).unwrap();
+                datafusion::arrow::compute::concat_batches(&t.arrow_schema, &s.batches).unwrap()
+            };
+            let (a, b) = (rows(&old), rows(&new));
+            assert!(a.num_rows() > 30, "{}", a.num_rows());
+            assert_eq!(a, b, "append mode: {append}");
+        }
+    }
+
+    #[test]
+    fn expiry_deletes_exactly_the_rows_before_the_cutoff_in_every_time_unit() {
+        use datafusion::arrow::array::{
+            TimestampMicrosecondArray, TimestampNanosecondArray, TimestampSecondArray,
+        };
+        let store = Store::in_memory().unwrap();
+        let cutoff_ms = 10_000;
+        // Times in each unit: just before, at and after the cutoff, for
+        // three keys (keys interleave with times in the key order).
+        let cases: [(ColumnType, i64, Vec<i64>); 4] = [
+            (ColumnType::TimestampSecond, 1, vec![-5, 9, 10, 11, 3_000]),
+            (
+                ColumnType::TimestampMillisecond,
+                1_000,
+                vec![-1, 9_999, 10_000, 10_001],
+            ),
+            (
+                ColumnType::TimestampMicrosecond,
+                1_000_000,
+                vec![9_999_999, 9_999_000, 10_000_000, 10_000_001, -1],
+            ),
+            (
+                ColumnType::TimestampNanosecond,
+                1_000_000_000,
+                vec![9_999_999_999, 9_999_000_001, 10_000_000_000, 10_000_999_999],
+            ),
+        ];
+        for (id, (ty, per_s, times)) in cases.into_iter().enumerate() {
+            let columns = vec![
+                ColumnSchema::new("k", ColumnType::Int64, false),
+                ColumnSchema::new("ts", ty, false),
+            ];
+            let t = test_table(&store, 10 + id as TableId, columns, false);
+            let (mut ks, mut ts) = (Vec::new(), Vec::new());
+            for k in 0..3i64 {
+                for &time in &times {
+                    ks.push(k);
+                    ts.push(time);
+                }
+            }
+            let time: ArrayRef = match ty {
+                ColumnType::TimestampSecond => Arc::new(TimestampSecondArray::from(ts.clone())),
+                ColumnType::TimestampMillisecond => {
+                    Arc::new(TimestampMillisecondArray::from(ts.clone()))
+                }
+                ColumnType::TimestampMicrosecond => {
+                    Arc::new(TimestampMicrosecondArray::from(ts.clone()))
+                }
+                _ => Arc::new(TimestampNanosecondArray::from(ts.clone())),
+            };
+            let batch = RecordBatch::try_new(
+                t.arrow_schema.clone(),
+                vec![Arc::new(Int64Array::from(ks)), time],
+            )
+            .unwrap();
+            let mut set = WriteSet::new();
+            set.upsert(t.clone(), batch);
+            store.commit(set).unwrap();
+            let expired = times
+                .iter()
+                .filter(|&&x| x * 1000 / per_s < cutoff_ms)
+                .count();
+            let info = store.expire(&t, cutoff_ms).unwrap();
+            assert_eq!(info.rows, 3 * expired as u64, "{ty:?}");
+            let left: usize = store
+                .scan(&t)
+                .unwrap()
+                .batches
+                .iter()
+                .map(|b| b.num_rows())
+                .sum();
+            assert_eq!(left, 3 * (times.len() - expired), "{ty:?}");
         }
     }
 

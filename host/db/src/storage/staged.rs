@@ -134,6 +134,7 @@ impl Store {
         if dec.len() > 0 || batches.is_empty() {
             batches.push(dec.finish()?);
         }
+        let batches = super::series_order(table, batches)?;
         Ok(Snapshot { seq, batches })
     }
 
