@@ -2949,7 +2949,7 @@ mod tests {
             for name in ["f", "g"] {
                 let state = store.get_meta(&snapshot_key(name)).unwrap().unwrap();
                 let pos = store.get_meta(&written_key(name)).unwrap().unwrap();
-                let (snapped, _) = sandflow_flows::decode_positions(&state).unwrap();
+                let (snapped, _) = crate::flow::ports::decode_snapshot(&state).unwrap();
                 let (written, _) = sandflow_flows::decode_positions(&pos).unwrap();
                 assert_eq!(snapped, written, "{name}: snapshot at the last write");
             }
