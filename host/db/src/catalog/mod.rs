@@ -391,7 +391,7 @@ impl DdlBatch<'_> {
         // A sink's placeholder time index is always 0: keyed by it first,
         // rows would still be in primary-key order, and `k = ..` could no
         // longer narrow a scan.
-        let time_first = schema.time_index_column().name != crate::flow::sink::TS_PLACEHOLDER;
+        let time_first = schema.time_index_column().name != crate::schema::TS_PLACEHOLDER;
         let info = TableInfo {
             id,
             database: database.to_string(),

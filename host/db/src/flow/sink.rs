@@ -39,8 +39,7 @@ use crate::runtime::Field;
 
 /// The column an auto-created sink adds for the tick time.
 pub const UPDATE_AT: &str = "update_at";
-/// The time index an auto-created sink gets when the output has none.
-pub const TS_PLACEHOLDER: &str = "__ts_placeholder";
+pub use crate::schema::TS_PLACEHOLDER;
 
 /// Where a sink column's values come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -214,6 +214,9 @@ impl TableSchema {
     }
 }
 
+/// The time index an auto-created sink gets when the output has none.
+pub const TS_PLACEHOLDER: &str = "__ts_placeholder";
+
 /// Everything persisted about one table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TableInfo {
