@@ -1493,6 +1493,12 @@ mod tests {
         }
     }
 
+    /// How many rows a scan of `t` returns.
+    fn scanned_rows(store: &Store, t: &Table) -> usize {
+        let s = store.scan(t).unwrap();
+        s.batches.iter().map(|b| b.num_rows()).sum()
+    }
+
     #[test]
     fn a_time_first_table_scans_in_the_same_order_as_a_key_first_one() {
         use crate::schema::{TableInfo, TableSchema};
@@ -1641,14 +1647,11 @@ mod tests {
                 .count();
             let info = store.expire(&t, cutoff_ms).unwrap();
             assert_eq!(info.rows, 3 * expired as u64, "{ty:?}");
-            let left: usize = store
-                .scan(&t)
-                .unwrap()
-                .batches
-                .iter()
-                .map(|b| b.num_rows())
-                .sum();
-            assert_eq!(left, 3 * (times.len() - expired), "{ty:?}");
+            assert_eq!(
+                scanned_rows(&store, &t),
+                3 * (times.len() - expired),
+                "{ty:?}"
+            );
         }
     }
 
@@ -1813,14 +1816,7 @@ mod tests {
             assert_eq!(keys.len(), 10, "commit {seq}");
             assert_ne!(keys[0], 500);
         }
-        let scanned: usize = store
-            .scan(&t)
-            .unwrap()
-            .batches
-            .iter()
-            .map(|b| b.num_rows())
-            .sum();
-        assert_eq!(scanned, 150);
+        assert_eq!(scanned_rows(&store, &t), 150);
         assert!(store.get_meta("app/5").unwrap().is_none());
         assert!(store.get_meta("app/6").unwrap().is_some());
         drop(follow.readers.pop());
