@@ -373,7 +373,21 @@ impl TableProvider for SandTable {
             Some(_) => None,
             None => self.time_range(filters),
         };
+        // Without columns (`count(*)`) the rows' order cannot show: skip
+        // sorting them into series order.
+        let unordered = projection.is_some_and(|p| p.is_empty());
         let scan = || match (&prefix, &range) {
+            _ if unordered => {
+                let (start, end) = match (&prefix, &range) {
+                    (Some(p), _) => (p.as_slice(), None),
+                    (None, Some((s, e))) => (s.as_slice(), e.as_deref()),
+                    (None, None) => (&[][..], None),
+                };
+                let prefix = prefix.as_deref().unwrap_or_default();
+                self.core
+                    .store
+                    .scan_in_key_order(&self.table, start, prefix, end)
+            }
             (Some(p), _) => self.core.store.scan_prefix(&self.table, p),
             (None, Some((start, end))) => {
                 self.core
