@@ -29,7 +29,7 @@ use crate::database::Core;
 use crate::error::{Error, InvalidDataSnafu, UnsupportedSnafu};
 use crate::schema::ColumnType;
 use crate::session::SessionShared;
-use crate::storage::WriteSet;
+use crate::storage::{KeyRange, WriteSet};
 
 fn poisoned() -> Error {
     crate::error::InternalSnafu {
@@ -270,9 +270,9 @@ impl SandTable {
         }
     }
 
-    /// The key range a time range among the filters allows: (start, end),
-    /// end exclusive. None when the filters bound no time.
-    fn time_range(&self, filters: &[Expr]) -> Option<(Vec<u8>, Option<Vec<u8>>)> {
+    /// The key range a time range among the filters allows. None when the
+    /// filters bound no time.
+    fn time_range(&self, filters: &[Expr]) -> Option<KeyRange> {
         let (mut low, mut high): (Option<i64>, Option<i64>) = (None, None);
         let mut any = false;
         for (l, h) in filters.iter().filter_map(|f| self.time_bounds(f)) {
@@ -295,7 +295,11 @@ impl SandTable {
             Some(h) => Some(crate::storage::codec::time_prefix(&self.table, h)?),
             None => None,
         };
-        Some((start, end))
+        Some(KeyRange {
+            start,
+            prefix: Vec::new(),
+            end,
+        })
     }
 
     /// The key prefix the filters pin down: the values of the leading key
@@ -368,34 +372,14 @@ impl TableProvider for SandTable {
         filters: &[Expr],
         _limit: Option<usize>,
     ) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
-        let prefix = self.key_prefix(filters);
-        let range = match prefix {
-            Some(_) => None,
-            None => self.time_range(filters),
+        let keys = match self.key_prefix(filters) {
+            Some(p) => KeyRange::prefix(p),
+            None => self.time_range(filters).unwrap_or_default(),
         };
         // Without columns (`count(*)`) the rows' order cannot show: skip
         // sorting them into series order.
-        let unordered = projection.is_some_and(|p| p.is_empty());
-        let scan = || match (&prefix, &range) {
-            _ if unordered => {
-                let (start, end) = match (&prefix, &range) {
-                    (Some(p), _) => (p.as_slice(), None),
-                    (None, Some((s, e))) => (s.as_slice(), e.as_deref()),
-                    (None, None) => (&[][..], None),
-                };
-                let prefix = prefix.as_deref().unwrap_or_default();
-                self.core
-                    .store
-                    .scan_in_key_order(&self.table, start, prefix, end)
-            }
-            (Some(p), _) => self.core.store.scan_prefix(&self.table, p),
-            (None, Some((start, end))) => {
-                self.core
-                    .store
-                    .scan_range(&self.table, start, end.as_deref())
-            }
-            (None, None) => self.core.store.scan(&self.table),
-        };
+        let series_order = !projection.is_some_and(|p| p.is_empty());
+        let scan = || self.core.store.scan_keys(&self.table, &keys, series_order);
         // A transaction reads its own staged writes.
         let shared = state.config().get_extension::<SessionShared>();
         let snapshot = match shared.as_ref().and_then(|s| s.staged.lock().ok()) {

@@ -62,6 +62,28 @@ pub struct Snapshot {
     pub batches: Vec<RecordBatch>,
 }
 
+/// The rows of a table a scan reads: those whose stored key is at or after
+/// `start`, starts with `prefix` and is before `end` (no bound when None).
+/// The default is every row.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct KeyRange {
+    pub start: Vec<u8>,
+    pub prefix: Vec<u8>,
+    pub end: Option<Vec<u8>>,
+}
+
+impl KeyRange {
+    /// The rows whose key starts with `prefix` (`codec::key_prefix`: the
+    /// rows whose first key columns have given values).
+    pub fn prefix(prefix: Vec<u8>) -> KeyRange {
+        KeyRange {
+            start: prefix.clone(),
+            prefix,
+            end: None,
+        }
+    }
+}
+
 /// Puts rows read in key order into series order: by primary key, then
 /// time (NULLs first, strings and binary by bytes, floats in total
 /// order), as GreptimeDB scans return them and as tables that key by
@@ -704,32 +726,18 @@ impl Store {
         self.view()?.scan(table)
     }
 
-    /// Like [`Store::scan`], only the rows whose key starts with `prefix`
-    /// (`codec::key_prefix`: the rows whose first key columns have given
-    /// values).
-    pub fn scan_prefix(&self, table: &Table, prefix: &[u8]) -> Result<Snapshot> {
-        self.view()?.scan_from(table, prefix, prefix, None, true)
-    }
-
-    /// Like [`Store::scan_range`] with a `prefix` as well, but in the order
-    /// of the stored keys (time first on a time-first table), without
-    /// sorting: for readers to whom the order cannot show, e.g. a query
-    /// that reads no column (`SELECT count(*)`).
-    pub fn scan_in_key_order(
+    /// Like [`Store::scan`], only the rows in `keys`; in series order when
+    /// `series_order` (as every other scan), else in the order of the
+    /// stored keys (time first on a time-first table), without sorting:
+    /// for readers to whom the order cannot show, e.g. a query that reads
+    /// no column (`SELECT count(*)`).
+    pub fn scan_keys(
         &self,
         table: &Table,
-        start: &[u8],
-        prefix: &[u8],
-        end: Option<&[u8]>,
+        keys: &KeyRange,
+        series_order: bool,
     ) -> Result<Snapshot> {
-        self.view()?.scan_from(table, start, prefix, end, false)
-    }
-
-    /// Like [`Store::scan`], only the rows whose key is at or after `start`
-    /// and before `end` (no bound when None): with `codec::time_prefix`,
-    /// the rows of a time range.
-    pub fn scan_range(&self, table: &Table, start: &[u8], end: Option<&[u8]>) -> Result<Snapshot> {
-        self.view()?.scan_from(table, start, &[], end, true)
+        self.view()?.scan_from(table, keys, series_order)
     }
 
     /// Closes the readers of a dropped table (their feeds end).
@@ -787,20 +795,13 @@ impl ReadView {
     /// A copy of a table's rows (in key order) with the commit
     /// sequence it reflects.
     pub fn scan(&self, table: &Table) -> Result<Snapshot> {
-        self.scan_from(table, &[], &[], None, true)
+        self.scan_from(table, &KeyRange::default(), true)
     }
 
-    /// The rows whose key is at or after `start`, starts with `prefix` and
-    /// is before `end` (all of them for `[]`, `[]`, None); in series order
-    /// (see [`series_order`]) when `ordered`, else in key order.
-    fn scan_from(
-        &self,
-        table: &Table,
-        start: &[u8],
-        prefix: &[u8],
-        end: Option<&[u8]>,
-        ordered: bool,
-    ) -> Result<Snapshot> {
+    /// The rows in `keys`; in series order (see [`series_order`]) when
+    /// `ordered`, else in key order.
+    fn scan_from(&self, table: &Table, keys: &KeyRange, ordered: bool) -> Result<Snapshot> {
+        let (start, prefix, end) = (&keys.start[..], &keys.prefix[..], keys.end.as_deref());
         let txn = &self.txn;
         let seq = read_seq(txn.as_ref())?;
         let mut batches = Vec::new();
