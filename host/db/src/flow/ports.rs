@@ -34,14 +34,14 @@ const SNAPSHOT_MAGIC: [u8; 4] = [0xFF, 0xFF, 0xFF, 0xFE];
 const STATE_RAW: u8 = 0;
 const STATE_SNAPPY: u8 = 1;
 
-/// A snapshot as stored: [`SNAPSHOT_MAGIC`], the positions (see
-/// [`encode_positions`]), a method byte, then the guest's state, Snappy
+/// A snapshot as stored: [`SNAPSHOT_MAGIC`], the positions (as
+/// [`encode_positions`] wrote them), a method byte, then the guest's state, Snappy
 /// compressed unless too large for Snappy's 32-bit length. Serialised
 /// state compresses well (a rollup's 82 MB to a fraction), and the write is
 /// on the path of a back-fill and of every periodic snapshot.
-pub(crate) fn encode_snapshot(positions: &[Position], state: &[u8]) -> Vec<u8> {
+pub(crate) fn encode_snapshot(positions: &[u8], state: &[u8]) -> Vec<u8> {
     let mut value = SNAPSHOT_MAGIC.to_vec();
-    value.extend_from_slice(&encode_positions(positions));
+    value.extend_from_slice(positions);
     let compressed = match state.len() < (u32::MAX as usize) / 2 {
         true => snap::raw::Encoder::new().compress_vec(state).ok(),
         false => None,
@@ -491,10 +491,7 @@ impl SinkCommitter for StoreSink {
         }
         let positions = encode_positions(c.positions);
         if let Some(state) = c.snapshot {
-            set.put_meta(
-                snapshot_key(&self.name),
-                encode_snapshot(c.positions, state),
-            );
+            set.put_meta(snapshot_key(&self.name), encode_snapshot(&positions, state));
         }
         set.put_meta(written_key(&self.name), positions);
         let entry = match c.ticked {
@@ -639,13 +636,13 @@ mod tests {
             })
             .collect();
         for state in [repetitive.clone(), noise, Vec::new()] {
-            let stored = encode_snapshot(&positions, &state);
+            let stored = encode_snapshot(&encode_positions(&positions), &state);
             assert_eq!(
                 decode_snapshot(&stored),
                 Some((positions.clone(), state.clone()))
             );
         }
-        let stored = encode_snapshot(&positions, &repetitive);
+        let stored = encode_snapshot(&encode_positions(&positions), &repetitive);
         assert!(stored.len() * 4 < repetitive.len(), "{}", stored.len());
         // Positions then the raw state: what earlier versions wrote.
         let mut old = encode_positions(&positions);
@@ -656,7 +653,7 @@ mod tests {
         );
         // A damaged compressed state comes back as something the guest's
         // checksum refuses, never as a panic.
-        let mut damaged = encode_snapshot(&positions, &repetitive);
+        let mut damaged = encode_snapshot(&encode_positions(&positions), &repetitive);
         let at = damaged.len() / 2;
         damaged[at] ^= 0x5a;
         damaged.truncate(damaged.len() - 3);
