@@ -1182,6 +1182,9 @@ pub fn parse_script(sql: &str, dialect: Dialect) -> Result<Vec<(String, Stmt)>> 
 /// than whitespace and comments, its text (trimmed, without the `;`) and its
 /// tokens, the `;` included (it ends the statement for the parser too).
 fn cut(tokens: Vec<TokenWithSpan>, sql: &str) -> Vec<(String, Vec<TokenWithSpan>)> {
+    // Only what the tokenizer reads as whitespace: a no-break space is a
+    // token (which the parser refuses), not nothing.
+    let trim = |s: &str| s.trim_matches([' ', '\t', '\n', '\r']).to_string();
     let lines = Lines::new(sql);
     let mut out = Vec::new();
     let mut group: Vec<TokenWithSpan> = Vec::new();
@@ -1193,10 +1196,7 @@ fn cut(tokens: Vec<TokenWithSpan>, sql: &str) -> Vec<(String, Vec<TokenWithSpan>
                 let at = lines.offset(t.span.start.line, t.span.start.column);
                 group.push(t);
                 if has_code {
-                    out.push((
-                        sql[start..at].trim().to_string(),
-                        std::mem::take(&mut group),
-                    ));
+                    out.push((trim(&sql[start..at]), std::mem::take(&mut group)));
                 }
                 group.clear();
                 start = at + 1;
@@ -1209,7 +1209,7 @@ fn cut(tokens: Vec<TokenWithSpan>, sql: &str) -> Vec<(String, Vec<TokenWithSpan>
         group.push(t);
     }
     if has_code {
-        out.push((sql[start..].trim().to_string(), group));
+        out.push((trim(&sql[start..]), group));
     }
     out
 }
@@ -2350,6 +2350,10 @@ mod tests {
         assert!(parse_script("  ; -- nothing\n", Dialect::Generic)
             .unwrap()
             .is_empty());
+        // A no-break space is a token, not whitespace: it stays in its
+        // piece (and fails to parse) instead of leaving an empty statement.
+        assert_eq!(split(" \u{a0};\t", Dialect::Postgres).unwrap(), ["\u{a0}"]);
+        assert!(parse_script("\u{a0}", Dialect::Postgres).is_err());
     }
 
     #[test]
