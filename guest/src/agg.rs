@@ -102,7 +102,7 @@ impl Vals {
                     ty.storage() == Storage::Floats,
                     ty.storage() == Storage::Bytes,
                 ),
-                StatKind::StringAgg { .. } => (false, true),
+                StatKind::StringAgg { .. } | StatKind::ArrayAgg { .. } => (false, true),
                 _ => (true, false),
             },
         };
@@ -2124,6 +2124,63 @@ fn check_sketch_input(kind: SketchKind, v: S<'_>) -> Result<(), FlowError> {
     }
 }
 
+/// `array_agg`'s list (see `StatKind::ArrayAgg`) of a group's ordered
+/// pairs (see `Func::OrderedPair`: sort key in bytes 0..9, the value's null
+/// flag in byte 9, then the value), encoded as the contract's `list`.
+fn array_agg_value(
+    set: &MultiSet,
+    reverse: bool,
+    distinct: bool,
+    by_value: bool,
+    nulls_first: bool,
+    ty: DataType,
+) -> Out {
+    use crate::types::list::{push, Item};
+    let live = set.bytes.iter().filter(|(_, c)| **c > 0);
+    let pairs: Vec<(&Vec<u8>, &i64)> = if reverse {
+        live.rev().collect()
+    } else {
+        live.collect()
+    };
+    if pairs.is_empty() {
+        return Out::Null;
+    }
+    let mut out = Vec::new();
+    let mut nulls = 0;
+    for (pair, c) in pairs {
+        let times = if distinct { 1 } else { *c };
+        let item = match (pair.get(9), pair.get(10..)) {
+            (Some(1), Some(v)) if ty.storage() == Storage::Bytes => Item::Bytes(v),
+            (Some(1), Some(v)) => match <[u8; 8]>::try_from(v) {
+                Ok(b) => match from_ord_key((u64::from_be_bytes(b) ^ (1 << 63)) as i64, ty) {
+                    Out::F(f) => Item::Float(f),
+                    Out::I(i) => Item::Int(i),
+                    _ => Item::Null,
+                },
+                Err(_) => Item::Null,
+            },
+            _ if by_value => {
+                nulls += times;
+                continue;
+            }
+            _ => Item::Null,
+        };
+        for _ in 0..times {
+            push(&mut out, item);
+        }
+    }
+    if nulls > 0 {
+        let mut n = vec![0u8; nulls as usize];
+        if nulls_first {
+            n.extend_from_slice(&out);
+            out = n;
+        } else {
+            out.extend_from_slice(&n);
+        }
+    }
+    Out::B(out)
+}
+
 /// Checks restored sketch inputs as [`check_sketch_input`] checks new ones.
 fn check_sketch_inputs(kind: SketchKind, m: &MultiSet, t: DataType) -> Result<(), String> {
     for b in m.bytes.keys() {
@@ -2176,6 +2233,16 @@ fn stat_value(kind: StatKind, set: &MultiSet, t: DataType, param: &[u8]) -> Out 
         }
         return out.map_or(Out::Null, Out::B);
     }
+    if let StatKind::ArrayAgg {
+        reverse,
+        distinct,
+        by_value,
+        nulls_first,
+        ty,
+    } = kind
+    {
+        return array_agg_value(set, reverse, distinct, by_value, nulls_first, ty);
+    }
     if let StatKind::FirstValue { max, ty } = kind {
         // The end of the ordered pairs (see `Func::OrderedPair`): sort key in
         // bytes 0..9, the value's null flag in byte 9, then the value.
@@ -2204,7 +2271,9 @@ fn stat_value(kind: StatKind, set: &MultiSet, t: DataType, param: &[u8]) -> Out 
         _ => 0.0,
     };
     match kind {
-        StatKind::FirstValue { .. } | StatKind::StringAgg { .. } => Out::Null,
+        StatKind::FirstValue { .. } | StatKind::StringAgg { .. } | StatKind::ArrayAgg { .. } => {
+            Out::Null
+        }
         StatKind::BoolAnd => Out::I(values().all(|(v, _)| v != Out::I(0)) as i64),
         StatKind::BoolOr => Out::I(values().any(|(v, _)| v != Out::I(0)) as i64),
         StatKind::Median => {

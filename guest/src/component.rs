@@ -47,6 +47,8 @@ fn dt_in(t: w::DataType) -> n::DataType {
         W::TimestampMicrosecond => N::TimestampMicrosecond,
         W::TimestampNanosecond => N::TimestampNanosecond,
         W::Date32 => N::Date32,
+        // A list is read with its item (`field_in`).
+        W::List => N::Binary,
     }
 }
 
@@ -72,6 +74,7 @@ fn dt_out(t: n::DataType) -> w::DataType {
         N::TimestampMicrosecond => W::TimestampMicrosecond,
         N::TimestampNanosecond => W::TimestampNanosecond,
         N::Date32 => W::Date32,
+        N::List(_) => W::List,
     }
 }
 
@@ -84,10 +87,17 @@ fn err_out(e: n::FlowError) -> w::FlowError {
     }
 }
 
+/// A host's field; a list without a scalar element type reads as binary,
+/// which the engine refuses to compute with.
 fn field_in(f: w::Field) -> n::Field {
     n::Field {
         name: f.name,
-        data_type: dt_in(f.data_type),
+        data_type: match (f.data_type, f.item) {
+            (w::DataType::List, Some(item)) => {
+                n::DataType::list_of(dt_in(item)).unwrap_or(n::DataType::Binary)
+            }
+            (t, _) => dt_in(t),
+        },
         nullable: f.nullable,
     }
 }
@@ -97,6 +107,7 @@ fn field_out(f: n::Field) -> w::Field {
         name: f.name,
         data_type: dt_out(f.data_type),
         nullable: f.nullable,
+        item: f.data_type.item().map(dt_out),
     }
 }
 

@@ -61,6 +61,17 @@ pub(crate) enum StatKind {
     /// order (`reverse`: descending), each as often as it occurs, joined by
     /// the measure's `param`.
     StringAgg { reverse: bool },
+    /// `array_agg(v ORDER BY k)`: every value of type `ty`, NULLs included,
+    /// in that order (`reverse`: descending), as a list. Without an ORDER
+    /// BY, and with DISTINCT (each value once), ordered by the value itself
+    /// (`by_value`), NULLs first or last as `nulls_first` says.
+    ArrayAgg {
+        reverse: bool,
+        distinct: bool,
+        by_value: bool,
+        nulls_first: bool,
+        ty: DataType,
+    },
 }
 
 /// GreptimeDB's sketch aggregates (see `sketch.rs`): their state is computed
@@ -864,6 +875,11 @@ fn lower_rel(rel: &Rel, ctx: &mut Ctx<'_>, ops: &mut Vec<OpSpec>) -> Result<Sche
                 let mut arg = args.first().cloned();
                 let arg_ty = arg.as_ref().map(|a| a.ty());
                 let mut ordered = None;
+                if name == "array_agg" {
+                    let (pair, kind) = array_agg(f, arg.take(), distinct, &in_schema, ctx)?;
+                    arg = Some(pair);
+                    ordered = Some(kind);
+                }
                 if matches!(name.as_str(), "first_value" | "last_value" | "string_agg") {
                     if distinct {
                         return Err(unsupported(format!(
@@ -888,6 +904,15 @@ fn lower_rel(rel: &Rel, ctx: &mut Ctx<'_>, ops: &mut Vec<OpSpec>) -> Result<Sche
                     });
                 }
                 let (kind, out, nullable) = match (name.as_str(), arg_ty) {
+                    ("array_agg", Some(t)) => match (ordered, DataType::list_of(t)) {
+                        (Some(kind), Some(list)) => (AggKind::Stat(kind), list, true),
+                        _ => {
+                            return Err(unsupported(format!(
+                                "array_agg of {t} is not supported in flows: lists of lists \
+                                 are not"
+                            )))
+                        }
+                    },
                     (_, Some(t)) if ordered.is_some() => {
                         (AggKind::Stat(ordered.unwrap_or(StatKind::BoolOr)), t, true)
                     }
@@ -965,12 +990,6 @@ fn lower_rel(rel: &Rel, ctx: &mut Ctx<'_>, ops: &mut Vec<OpSpec>) -> Result<Sche
                         return Err(unsupported(format!(
                             "{name} of {t} is not supported in flows"
                         )))
-                    }
-                    ("array_agg", _) => {
-                        return Err(unsupported(
-                            "array_agg is not supported in flows: it returns a list, and sink \
-                             tables hold no lists; use string_agg(x, ',' ORDER BY ...) instead",
-                        ))
                     }
                     ("approx_distinct", _) => {
                         return Err(unsupported(
@@ -1170,6 +1189,71 @@ fn ordered_pair(
         DataType::Binary,
     );
     Ok((pair, asc))
+}
+
+/// `array_agg(v [ORDER BY k])`, `array_agg(DISTINCT v)`: the argument that
+/// pairs each row's sort key (a constant when the values order themselves)
+/// with its value, and the statistic's kind.
+fn array_agg(
+    f: &substrait::proto::AggregateFunction,
+    value: Option<Expr>,
+    distinct: bool,
+    schema: &Schema,
+    ctx: &Ctx<'_>,
+) -> Result<(Expr, StatKind), FlowError> {
+    use substrait::proto::sort_field::{SortDirection, SortKind};
+    let value = value.ok_or_else(|| unsupported("array_agg needs an argument"))?;
+    let ty = value.ty();
+    if ty.item().is_some() {
+        return Err(unsupported(format!(
+            "array_agg of {ty} is not supported in flows: lists of lists are not"
+        )));
+    }
+    if !(distinct || f.sorts.is_empty()) {
+        let (pair, asc) = ordered_pair("array_agg", f, Some(value), schema, ctx)?;
+        let kind = StatKind::ArrayAgg {
+            reverse: !asc,
+            distinct,
+            by_value: false,
+            nulls_first: false,
+            ty,
+        };
+        return Ok((pair, kind));
+    }
+    // Ordered by the value: DISTINCT may only order by its argument.
+    let direction = match f.sorts.as_slice() {
+        [] => SortDirection::AscNullsLast,
+        [sort] => match sort.sort_kind {
+            Some(SortKind::Direction(d)) => {
+                SortDirection::try_from(d).unwrap_or(SortDirection::AscNullsLast)
+            }
+            _ => SortDirection::AscNullsLast,
+        },
+        _ => {
+            return Err(unsupported(
+                "array_agg(DISTINCT v ORDER BY ...) orders by v alone in flows",
+            ))
+        }
+    };
+    let (reverse, nulls_first) = match direction {
+        SortDirection::AscNullsFirst => (false, true),
+        SortDirection::DescNullsFirst => (true, true),
+        SortDirection::DescNullsLast => (true, false),
+        _ => (false, false),
+    };
+    let pair = Expr::Call(
+        Func::OrderedPair { nulls_low: true },
+        vec![Expr::Lit(Lit::Int(0), DataType::Int64), value],
+        DataType::Binary,
+    );
+    let kind = StatKind::ArrayAgg {
+        reverse,
+        distinct,
+        by_value: true,
+        nulls_first,
+        ty,
+    };
+    Ok((pair, kind))
 }
 
 /// `hop(ts, slide, size)` as a grouping expression, if `e` is one.

@@ -183,6 +183,15 @@ pub fn record_batch(fields: &[Field], rows: &[Vec<Value>]) -> RecordBatch {
         .enumerate()
         .map(|(i, f)| -> ArrayRef {
             match f.data_type {
+                DataType::List(_) => {
+                    let one = [f.clone()];
+                    let rows: Vec<Vec<Value>> = col(i).map(|v| vec![v.clone()]).collect();
+                    let n = rows.len();
+                    let b = Batch::from_rows(&one, &rows, &vec![0; n], &vec![1; n])
+                        .expect("list values fit their column");
+                    sandflow::flow::arrow::column_to_arrow(&b.columns[0], f.data_type, n)
+                        .expect("a list column")
+                }
                 DataType::Boolean => Arc::new(
                     col(i)
                         .map(|v| {
@@ -313,7 +322,8 @@ pub fn rows_of(batches: &[RecordBatch]) -> Vec<Vec<Value>> {
     out
 }
 
-fn value_of(a: &dyn Array, i: usize) -> Value {
+/// Row `i` of an Arrow array as a value, typed like `Batch::to_rows`.
+pub fn value_of(a: &dyn Array, i: usize) -> Value {
     use datafusion::arrow::array::AsArray;
     use datafusion::arrow::datatypes as t;
     if a.is_null(i) {
@@ -349,6 +359,14 @@ fn value_of(a: &dyn Array, i: usize) -> Value {
             Value::Int(a.as_primitive::<t::TimestampNanosecondType>().value(i))
         }
         ArrowType::Date32 => Value::Int(a.as_primitive::<t::Date32Type>().value(i) as i64),
+        ArrowType::List(_) => {
+            let items = a.as_list::<i32>().value(i);
+            Value::List(
+                (0..items.len())
+                    .map(|j| value_of(items.as_ref(), j))
+                    .collect(),
+            )
+        }
         other => panic!("oracle returned a type the harness does not read: {other}"),
     }
 }
@@ -546,6 +564,7 @@ pub fn random_row(rng: &mut StdRng, fields: &[Field]) -> Vec<Value> {
                     Value::Int(1_700_000_000_000_000_000 + rng.random_range(0..600_000_000_000i64))
                 }
                 DataType::Date32 => Value::Int(19_000 + rng.random_range(0..30)),
+                DataType::List(_) => Value::List(vec![Value::Null; rng.random_range(0..3)]),
             }
         })
         .collect()

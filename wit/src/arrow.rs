@@ -8,9 +8,9 @@ use arrow_array::types as at;
 use arrow_array::RecordBatch;
 use arrow_array::{
     Array, ArrayRef, BinaryArray, BooleanArray, Date32Array, Float32Array, Float64Array,
-    Int16Array, Int32Array, Int64Array, Int8Array, StringArray, TimestampMicrosecondArray,
-    TimestampMillisecondArray, TimestampNanosecondArray, TimestampSecondArray, UInt16Array,
-    UInt32Array, UInt64Array, UInt8Array,
+    Int16Array, Int32Array, Int64Array, Int8Array, ListArray, StringArray,
+    TimestampMicrosecondArray, TimestampMillisecondArray, TimestampNanosecondArray,
+    TimestampSecondArray, UInt16Array, UInt32Array, UInt64Array, UInt8Array,
 };
 use arrow_buffer::{NullBuffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType as ArrowType, Field as ArrowField, Schema, SchemaRef, TimeUnit};
@@ -52,6 +52,9 @@ pub fn data_type_from_arrow(t: &ArrowType) -> Option<DataType> {
         ArrowType::Timestamp(TimeUnit::Microsecond, _) => DataType::TimestampMicrosecond,
         ArrowType::Timestamp(TimeUnit::Nanosecond, _) => DataType::TimestampNanosecond,
         ArrowType::Date32 => DataType::Date32,
+        ArrowType::List(f) | ArrowType::LargeList(f) => {
+            DataType::list_of(data_type_from_arrow(f.data_type())?)?
+        }
         _ => return None,
     })
 }
@@ -77,6 +80,10 @@ pub fn data_type_to_arrow(t: DataType) -> ArrowType {
         DataType::TimestampMicrosecond => ArrowType::Timestamp(TimeUnit::Microsecond, None),
         DataType::TimestampNanosecond => ArrowType::Timestamp(TimeUnit::Nanosecond, None),
         DataType::Date32 => ArrowType::Date32,
+        DataType::List(item) => ArrowType::List(Arc::new(ArrowField::new_list_field(
+            data_type_to_arrow(*item),
+            true,
+        ))),
     }
 }
 
@@ -215,8 +222,105 @@ pub fn column_from_arrow(a: &dyn Array, t: DataType) -> Result<Column, ConvertEr
             int_column::<at::TimestampNanosecondType>(a, |v| v)
         }
         ArrowType::Date32 => int_column::<at::Date32Type>(a, i64::from),
+        ArrowType::List(_) => {
+            let l = a.as_list::<i32>();
+            let offsets = l.value_offsets().iter().map(|o| *o as usize);
+            list_column(a, l.values().as_ref(), offsets.collect(), t)?
+        }
+        ArrowType::LargeList(_) => {
+            let l = a.as_list::<i64>();
+            let offsets = l.value_offsets().iter().map(|o| *o as usize);
+            list_column(a, l.values().as_ref(), offsets.collect(), t)?
+        }
         other => return err(format!("Arrow type {other} is not supported in flows")),
     })
+}
+
+/// A list array (`offsets` into its `values`) as a contract list column.
+fn list_column(
+    a: &dyn Array,
+    values: &dyn Array,
+    offsets: Vec<usize>,
+    t: DataType,
+) -> Result<Column, ConvertError> {
+    let Some(item) = t.item() else {
+        return err(format!("{t} is not a list type"));
+    };
+    let v = column_from_arrow(values, item)?;
+    let valid = a.logical_nulls();
+    let mut bytes = Vec::new();
+    let mut out = Vec::with_capacity(a.len() + 1);
+    out.push(0u32);
+    for (row, w) in offsets.windows(2).enumerate() {
+        if valid.as_ref().is_none_or(|n| n.is_valid(row)) {
+            for j in w[0]..w[1] {
+                let it = if v.is_null(j) {
+                    crate::list::Item::Null
+                } else {
+                    match item.storage() {
+                        crate::Storage::Ints => crate::list::Item::Int(v.ints[j]),
+                        crate::Storage::Floats => crate::list::Item::Float(v.floats[j]),
+                        crate::Storage::Bytes => crate::list::Item::Bytes(v.bytes_at(j)),
+                    }
+                };
+                crate::list::push(&mut bytes, it);
+            }
+        }
+        let Ok(end) = u32::try_from(bytes.len()) else {
+            return err("a list column exceeds 4 GiB in one batch; write smaller batches");
+        };
+        out.push(end);
+    }
+    Ok(Column {
+        bytes,
+        offsets: out,
+        nulls: nulls_of(a),
+        ..Column::default()
+    })
+}
+
+/// The elements of a validated list column's rows, as one column of the
+/// element type, and each row's first element (rows + 1 offsets).
+fn list_items(c: &Column, item: DataType, rows: usize) -> Result<(Column, Vec<i32>), ConvertError> {
+    let mut items = Column::default();
+    let mut offsets = Vec::with_capacity(rows + 1);
+    offsets.push(0i32);
+    let mut nulls = Vec::new();
+    if item.storage() == crate::Storage::Bytes {
+        items.offsets.push(0);
+    }
+    for row in 0..rows {
+        let elements =
+            crate::list::items(item, c.bytes_at(row)).map_err(|e| ConvertError(e.to_string()))?;
+        for e in elements {
+            nulls.push(matches!(e, crate::list::Item::Null) as u8);
+            match item.storage() {
+                crate::Storage::Ints => items.ints.push(match e {
+                    crate::list::Item::Int(v) => v,
+                    _ => 0,
+                }),
+                crate::Storage::Floats => items.floats.push(match e {
+                    crate::list::Item::Float(v) => v,
+                    _ => 0.0,
+                }),
+                crate::Storage::Bytes => {
+                    if let crate::list::Item::Bytes(b) = e {
+                        items.bytes.extend_from_slice(b);
+                    }
+                    let end = u32::try_from(items.bytes.len())
+                        .or_else(|_| err("a list column exceeds 4 GiB"))?;
+                    items.offsets.push(end);
+                }
+            }
+        }
+        let end =
+            i32::try_from(nulls.len()).or_else(|_| err("a list column has too many elements"))?;
+        offsets.push(end);
+    }
+    if nulls.iter().any(|n| *n != 0) {
+        items.nulls = nulls;
+    }
+    Ok((items, offsets))
 }
 
 /// A record batch as diff rows for a flow: `fields` says how each column is
@@ -294,6 +398,26 @@ pub fn column_to_arrow(c: &Column, t: DataType, rows: usize) -> Result<ArrayRef,
         }};
     }
     Ok(match t {
+        DataType::List(item) => {
+            if c.offsets.len() != rows + 1 {
+                return err(format!(
+                    "{t} column has {} offsets for {rows} rows",
+                    c.offsets.len()
+                ));
+            }
+            let (items, offsets) = list_items(c, *item, rows)?;
+            let values = column_to_arrow(&items, *item, offsets.last().map_or(0, |o| *o as usize))?;
+            let field = Arc::new(ArrowField::new_list_field(data_type_to_arrow(*item), true));
+            Arc::new(
+                ListArray::try_new(
+                    field,
+                    OffsetBuffer::new(ScalarBuffer::from(offsets)),
+                    values,
+                    nulls,
+                )
+                .map_err(|e| ConvertError(e.to_string()))?,
+            )
+        }
         DataType::Boolean => {
             let b = BooleanArray::new(ints()?.iter().map(|v| *v != 0).collect(), nulls);
             Arc::new(b)
@@ -426,6 +550,86 @@ mod tests {
         assert_eq!(batch.columns[4].ints[1], -1, "u64::MAX travels bit-cast");
         let back = batch_to_arrow(&batch, &fields).unwrap();
         assert_eq!(back, rb);
+    }
+
+    #[test]
+    fn lists_round_trip_through_the_contract_format_and_bad_ones_are_refused() {
+        use arrow_array::builder::{Float64Builder, ListBuilder, StringBuilder};
+        let mut ints = ListBuilder::new(Float64Builder::new());
+        ints.append_value([Some(1.5), None, Some(-0.0)]);
+        ints.append_null();
+        ints.append_value([]);
+        let mut strs = ListBuilder::new(StringBuilder::new());
+        strs.append_value([Some("é"), None]);
+        strs.append_value([Some("")]);
+        strs.append_null();
+        let (ints, strs) = (Arc::new(ints.finish()), Arc::new(strs.finish()));
+        let schema = Arc::new(Schema::new(vec![
+            ArrowField::new("f", ints.data_type().clone(), true),
+            ArrowField::new("s", strs.data_type().clone(), true),
+        ]));
+        let rb = RecordBatch::try_new(schema, vec![ints, strs]).unwrap();
+        let fields = fields_from_arrow(&rb.schema()).unwrap();
+        assert_eq!(
+            fields[0].data_type,
+            DataType::list_of(DataType::Float64).unwrap()
+        );
+        assert_eq!(fields[1].data_type.to_string(), "List<Utf8>");
+        let batch = batch_from_arrow(&rb, &fields, 0, vec![1]).unwrap();
+        crate::validate_batch(&fields, &batch).unwrap();
+        let rows = batch.to_rows(&fields);
+        use crate::Value as V;
+        assert_eq!(
+            rows[0].0,
+            vec![
+                V::List(vec![V::Float(1.5), V::Null, V::Float(-0.0)]),
+                V::List(vec![V::Str("é".into()), V::Null])
+            ]
+        );
+        assert_eq!(rows[1].0[0], V::Null);
+        assert_eq!(rows[2].0[0], V::List(vec![]));
+        assert_eq!(batch_to_arrow(&batch, &fields).unwrap(), rb);
+        let rebuilt = Batch::from_rows(
+            &fields,
+            &rows.iter().map(|r| r.0.clone()).collect::<Vec<_>>(),
+            &[0; 3],
+            &[1; 3],
+        )
+        .unwrap();
+        assert_eq!(rebuilt.columns, batch.columns);
+        let (int_list, str_list) = (
+            DataType::list_of(DataType::Int64).unwrap(),
+            DataType::list_of(DataType::Utf8).unwrap(),
+        );
+        for (t, bytes, why) in [
+            (int_list, vec![2u8], "element flag 2"),
+            (int_list, vec![1u8, 0, 0], "ends inside an element"),
+            (
+                str_list,
+                vec![1u8, 5, 0, 0, 0, b'a'],
+                "ends inside an element",
+            ),
+            (str_list, vec![1u8, 1, 0, 0, 0, 0xff], "not UTF-8"),
+        ] {
+            let b = Batch {
+                rows: 1,
+                columns: vec![C {
+                    offsets: vec![0, bytes.len() as u32],
+                    bytes,
+                    ..C::default()
+                }],
+                times: vec![0],
+                diffs: vec![1],
+            };
+            let e = crate::validate_batch(&[Field::new("l", t, true)], &b).unwrap_err();
+            assert!(e.to_string().contains(why), "{e}");
+        }
+        let small = DataType::list_of(DataType::Int8).unwrap();
+        let mut bytes = Vec::new();
+        crate::list::push(&mut bytes, crate::list::Item::Int(300));
+        assert!(crate::list::items(small, &bytes).is_err(), "300 is no Int8");
+        assert_eq!(DataType::list_of(small), None, "no lists of lists");
+        assert_eq!(DataType::from_code(small.code()), Some(small));
     }
 
     #[test]

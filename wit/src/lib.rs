@@ -40,7 +40,14 @@ pub enum DataType {
     TimestampMicrosecond,
     TimestampNanosecond,
     Date32,
+    /// A list whose elements (which may be NULL) are of a scalar type, e.g.
+    /// `array_agg`'s result. Built with [`DataType::list_of`]. Travels as
+    /// bytes, each row's elements encoded as [`list`] describes.
+    List(&'static DataType),
 }
+
+/// The scalar types, at a `'static` address for [`DataType::List`].
+static SCALARS: [DataType; 18] = DataType::ALL;
 
 /// How values of a type are stored in a [`Column`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,16 +82,40 @@ impl DataType {
     pub fn storage(self) -> Storage {
         match self {
             DataType::Float32 | DataType::Float64 => Storage::Floats,
-            DataType::Utf8 | DataType::Binary => Storage::Bytes,
+            DataType::Utf8 | DataType::Binary | DataType::List(_) => Storage::Bytes,
             _ => Storage::Ints,
         }
     }
 
+    /// The list of `item`s; `None` when `item` is itself a list.
+    pub fn list_of(item: DataType) -> Option<DataType> {
+        match item {
+            DataType::List(_) => None,
+            t => SCALARS.get(t.code() as usize).map(DataType::List),
+        }
+    }
+
+    /// The element type of a list type.
+    pub fn item(self) -> Option<DataType> {
+        match self {
+            DataType::List(t) => Some(*t),
+            _ => None,
+        }
+    }
+
+    /// A byte naming the type (snapshots): a scalar's index in
+    /// [`DataType::ALL`], a list's `0x80` + its element's.
     pub fn code(self) -> u8 {
-        DataType::ALL.iter().position(|t| *t == self).unwrap_or(0) as u8
+        match self {
+            DataType::List(t) => 0x80 | t.code(),
+            t => DataType::ALL.iter().position(|a| *a == t).unwrap_or(0) as u8,
+        }
     }
 
     pub fn from_code(code: u8) -> Option<DataType> {
+        if code & 0x80 != 0 {
+            return DataType::list_of(DataType::from_code(code & 0x7f)?);
+        }
         DataType::ALL.get(code as usize).copied()
     }
 
@@ -168,13 +199,102 @@ impl DataType {
 
 impl fmt::Display for DataType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self, f)
+        match self {
+            DataType::List(t) => write!(f, "List<{t}>"),
+            t => fmt::Debug::fmt(t, f),
+        }
+    }
+}
+
+/// The encoding of a list value: its elements in order, each one byte 0
+/// (NULL) or 1 (a value) followed for a value by 8 bytes little endian (the
+/// integer or float the element's type carries in a column) or, for utf8 and
+/// binary elements, a u32 little-endian length and the bytes.
+pub mod list {
+    use super::{bad, DataType, FlowError, Storage};
+
+    /// One element of a list value.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    pub enum Item<'a> {
+        Null,
+        Int(i64),
+        Float(f64),
+        Bytes(&'a [u8]),
+    }
+
+    /// Appends one element.
+    pub fn push(out: &mut Vec<u8>, item: Item<'_>) {
+        match item {
+            Item::Null => out.push(0),
+            Item::Int(v) => {
+                out.push(1);
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+            Item::Float(v) => {
+                out.push(1);
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+            Item::Bytes(b) => {
+                out.push(1);
+                out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+                out.extend_from_slice(b);
+            }
+        }
+    }
+
+    /// The elements of one list value of `item`s, checked: each is complete,
+    /// utf8 elements are UTF-8, integers fit their type.
+    pub fn items(item: DataType, mut bytes: &[u8]) -> Result<Vec<Item<'_>>, FlowError> {
+        let mut out = Vec::new();
+        let short = || bad(format!("a list of {item} ends inside an element"));
+        while let Some((&flag, rest)) = bytes.split_first() {
+            bytes = rest;
+            if flag == 0 {
+                out.push(Item::Null);
+                continue;
+            }
+            if flag != 1 {
+                return Err(bad(format!("a list of {item} has an element flag {flag}")));
+            }
+            let (v, rest) = match item.storage() {
+                Storage::Ints | Storage::Floats => {
+                    let (b, rest) = bytes.split_first_chunk::<8>().ok_or_else(short)?;
+                    let v = if item.storage() == Storage::Floats {
+                        Item::Float(f64::from_le_bytes(*b))
+                    } else {
+                        let i = i64::from_le_bytes(*b);
+                        if item.wrap_int(i) != i || (item == DataType::Boolean && i != 1 && i != 0)
+                        {
+                            return Err(bad(format!(
+                                "a list element {i} is out of range for {item}"
+                            )));
+                        }
+                        Item::Int(i)
+                    };
+                    (v, rest)
+                }
+                Storage::Bytes => {
+                    let (len, rest) = bytes.split_first_chunk::<4>().ok_or_else(short)?;
+                    let len = u32::from_le_bytes(*len) as usize;
+                    let b = rest.get(..len).ok_or_else(short)?;
+                    if item == DataType::Utf8 && std::str::from_utf8(b).is_err() {
+                        return Err(bad("a list of Utf8 has an element that is not UTF-8"));
+                    }
+                    (Item::Bytes(b), &rest[len..])
+                }
+            };
+            out.push(v);
+            bytes = rest;
+        }
+        Ok(out)
     }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Field {
     pub name: String,
+    /// For a list, [`DataType::List`] names the element type (the WIT
+    /// record's `item`).
     pub data_type: DataType,
     pub nullable: bool,
 }
@@ -327,6 +447,30 @@ pub enum Value {
     Float(f64),
     Str(String),
     Bytes(Vec<u8>),
+    /// A list's elements.
+    List(Vec<Value>),
+}
+
+/// Appends `v` to `out` as an element of a list of `item`s.
+fn push_list_item(out: &mut Vec<u8>, item: DataType, v: &Value) -> Result<(), FlowError> {
+    use list::Item;
+    let it = match (item.storage(), v) {
+        (_, Value::Null) => Item::Null,
+        (Storage::Ints, Value::Bool(b)) => Item::Int(*b as i64),
+        (Storage::Ints, Value::Int(i)) => Item::Int(item.wrap_int(*i)),
+        (Storage::Ints, Value::UInt(u)) => Item::Int(item.wrap_int(*u as i64)),
+        (Storage::Floats, Value::Float(x)) => Item::Float(*x),
+        (Storage::Floats, Value::Int(i)) => Item::Float(*i as f64),
+        (Storage::Bytes, Value::Str(s)) => Item::Bytes(s.as_bytes()),
+        (Storage::Bytes, Value::Bytes(b)) => Item::Bytes(b),
+        (_, other) => {
+            return Err(bad(format!(
+                "value {other:?} does not fit a list of {item}"
+            )))
+        }
+    };
+    list::push(out, it);
+    Ok(())
 }
 
 impl Batch {
@@ -394,6 +538,12 @@ impl Batch {
                             Value::Null => {}
                             Value::Str(s) => col.bytes.extend_from_slice(s.as_bytes()),
                             Value::Bytes(b) => col.bytes.extend_from_slice(b),
+                            Value::List(items) if f.data_type.item().is_some() => {
+                                let item = f.data_type.item().unwrap_or(DataType::Binary);
+                                for v in items {
+                                    push_list_item(&mut col.bytes, item, v)?;
+                                }
+                            }
                             other => {
                                 return Err(bad(format!(
                                     "value {other:?} does not fit column {} of type {}",
@@ -451,6 +601,25 @@ pub fn value_at(ty: DataType, c: &Column, i: usize) -> Value {
         Storage::Floats => Value::Float(c.floats.get(i).copied().unwrap_or(0.0)),
         Storage::Bytes => {
             let b = c.bytes_at(i);
+            if let Some(item) = ty.item() {
+                let items = list::items(item, b).unwrap_or_default();
+                return Value::List(
+                    items
+                        .into_iter()
+                        .map(|v| match v {
+                            list::Item::Null => Value::Null,
+                            list::Item::Int(v) if item == DataType::Boolean => Value::Bool(v != 0),
+                            list::Item::Int(v) if item.is_unsigned_int() => Value::UInt(v as u64),
+                            list::Item::Int(v) => Value::Int(v),
+                            list::Item::Float(v) => Value::Float(v),
+                            list::Item::Bytes(b) if item == DataType::Utf8 => {
+                                Value::Str(String::from_utf8_lossy(b).into_owned())
+                            }
+                            list::Item::Bytes(b) => Value::Bytes(b.to_vec()),
+                        })
+                        .collect(),
+                );
+            }
             if ty == DataType::Utf8 {
                 Value::Str(String::from_utf8_lossy(b).into_owned())
             } else {
@@ -556,6 +725,12 @@ pub fn validate_batch(fields: &[Field], b: &Batch) -> Result<(), FlowError> {
             }
             if f.data_type == DataType::Utf8 {
                 check_utf8(name, &c.bytes, &c.offsets)?;
+            }
+            if let Some(item) = f.data_type.item() {
+                for i in 0..n {
+                    list::items(item, c.bytes_at(i))
+                        .map_err(|e| bad(format!("column {name}: row {i}: {e}")))?;
+                }
             }
         } else if !c.bytes.is_empty() || !c.offsets.is_empty() {
             return Err(bad(format!(

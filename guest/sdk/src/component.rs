@@ -47,6 +47,8 @@ fn dt_in(t: w::DataType) -> n::DataType {
         W::TimestampMicrosecond => N::TimestampMicrosecond,
         W::TimestampNanosecond => N::TimestampNanosecond,
         W::Date32 => N::Date32,
+        // A list is read with its item (`field_in`).
+        W::List => N::Binary,
     }
 }
 
@@ -72,6 +74,31 @@ fn dt_out(t: n::DataType) -> w::DataType {
         N::TimestampMicrosecond => W::TimestampMicrosecond,
         N::TimestampNanosecond => W::TimestampNanosecond,
         N::Date32 => W::Date32,
+        N::List(_) => W::List,
+    }
+}
+
+/// A host's field; a list without a scalar element type reads as binary,
+/// which the engine refuses to compute with.
+fn field_in(f: w::Field) -> n::Field {
+    n::Field {
+        name: f.name,
+        data_type: match (f.data_type, f.item) {
+            (w::DataType::List, Some(item)) => {
+                n::DataType::list_of(dt_in(item)).unwrap_or(n::DataType::Binary)
+            }
+            (t, _) => dt_in(t),
+        },
+        nullable: f.nullable,
+    }
+}
+
+fn field_out(f: n::Field) -> w::Field {
+    w::Field {
+        name: f.name,
+        data_type: dt_out(f.data_type),
+        nullable: f.nullable,
+        item: f.data_type.item().map(dt_out),
     }
 }
 
@@ -132,11 +159,7 @@ impl<C: Component + 'static> GuestFlow for FlowResource<C> {
             .into_iter()
             .map(|s| n::SourceSchema {
                 name: s.name,
-                fields: s
-                    .fields
-                    .into_iter()
-                    .map(|f| n::Field::new(f.name, dt_in(f.data_type), f.nullable))
-                    .collect(),
+                fields: s.fields.into_iter().map(field_in).collect(),
             })
             .collect();
         let runner = Runner::<C>::create(&plan, sources, &options).map_err(err_out)?;
@@ -150,11 +173,7 @@ impl<C: Component + 'static> GuestFlow for FlowResource<C> {
             .borrow()
             .output_schema()
             .into_iter()
-            .map(|f| w::Field {
-                name: f.name,
-                data_type: dt_out(f.data_type),
-                nullable: f.nullable,
-            })
+            .map(field_out)
             .collect()
     }
 

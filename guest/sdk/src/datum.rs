@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::Value;
 
 /// A value with a total order: NULL first, then by kind (bool, int, uint,
-/// float, string, bytes), then by value; floats by `f64::total_cmp` (so NaN
+/// float, string, bytes, list), then by value (lists element by element); floats by `f64::total_cmp` (so NaN
 /// is a value like any other and `-0.0 < 0.0`). Converts to and from
 /// [`Value`] without loss.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -20,6 +20,7 @@ pub enum Datum {
     Float(f64),
     Str(String),
     Bytes(Vec<u8>),
+    List(Vec<Datum>),
 }
 
 impl Datum {
@@ -32,6 +33,7 @@ impl Datum {
             Datum::Float(_) => 4,
             Datum::Str(_) => 5,
             Datum::Bytes(_) => 6,
+            Datum::List(_) => 7,
         }
     }
 
@@ -49,6 +51,7 @@ impl Ord for Datum {
             (Datum::Float(a), Datum::Float(b)) => a.total_cmp(b),
             (Datum::Str(a), Datum::Str(b)) => a.cmp(b),
             (Datum::Bytes(a), Datum::Bytes(b)) => a.cmp(b),
+            (Datum::List(a), Datum::List(b)) => a.cmp(b),
             _ => self.rank().cmp(&other.rank()),
         }
     }
@@ -78,6 +81,7 @@ impl From<Value> for Datum {
             Value::Float(f) => Datum::Float(f),
             Value::Str(s) => Datum::Str(s),
             Value::Bytes(b) => Datum::Bytes(b),
+            Value::List(items) => Datum::List(items.into_iter().map(Datum::from).collect()),
         }
     }
 }
@@ -92,6 +96,7 @@ impl From<Datum> for Value {
             Datum::Float(f) => Value::Float(f),
             Datum::Str(s) => Value::Str(s),
             Datum::Bytes(b) => Value::Bytes(b),
+            Datum::List(items) => Value::List(items.into_iter().map(Value::from).collect()),
         }
     }
 }

@@ -27,9 +27,12 @@ pub fn data_type_to_wit(t: DataType) -> wit::DataType {
         DataType::TimestampMicrosecond => wit::DataType::TimestampMicrosecond,
         DataType::TimestampNanosecond => wit::DataType::TimestampNanosecond,
         DataType::Date32 => wit::DataType::Date32,
+        DataType::List(_) => wit::DataType::List,
     }
 }
 
+/// A scalar WIT type (a list's `item` says its element type: see
+/// [`field_from_wit`]).
 pub fn data_type_from_wit(t: wit::DataType) -> DataType {
     match t {
         wit::DataType::Boolean => DataType::Boolean,
@@ -50,6 +53,8 @@ pub fn data_type_from_wit(t: wit::DataType) -> DataType {
         wit::DataType::TimestampMicrosecond => DataType::TimestampMicrosecond,
         wit::DataType::TimestampNanosecond => DataType::TimestampNanosecond,
         wit::DataType::Date32 => DataType::Date32,
+        // Only `field_from_wit` reads a list, with its item.
+        wit::DataType::List => DataType::Binary,
     }
 }
 
@@ -58,15 +63,35 @@ pub fn field_to_wit(f: &Field) -> wit::Field {
         name: f.name.clone(),
         data_type: data_type_to_wit(f.data_type),
         nullable: f.nullable,
+        item: f.data_type.item().map(data_type_to_wit),
     }
 }
 
-pub fn field_from_wit(f: wit::Field) -> Field {
-    Field {
+/// A field a guest declared; a list must name a scalar element type, and
+/// only a list names one.
+pub fn field_from_wit(f: wit::Field) -> Result<Field, RuntimeError> {
+    let data_type = match (f.data_type, f.item) {
+        (wit::DataType::List, Some(item)) if item != wit::DataType::List => {
+            DataType::list_of(data_type_from_wit(item))
+        }
+        (wit::DataType::List, _) => None,
+        (t, None) => Some(data_type_from_wit(t)),
+        (_, Some(_)) => None,
+    };
+    let Some(data_type) = data_type else {
+        return Err(RuntimeError::Contract {
+            message: format!(
+                "output column {} has type {:?} with element type {:?}: a list names a \
+                 scalar element type, and only a list names one",
+                f.name, f.data_type, f.item
+            ),
+        });
+    };
+    Ok(Field {
         name: f.name,
-        data_type: data_type_from_wit(f.data_type),
+        data_type,
         nullable: f.nullable,
-    }
+    })
 }
 
 pub fn source_to_wit(s: &SourceSchema) -> wit::SourceSchema {

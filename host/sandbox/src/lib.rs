@@ -92,9 +92,9 @@ impl std::fmt::Display for Digest {
 }
 
 /// The contract package (and version) a flow component is built against.
-pub const FLOW_PACKAGE: &str = "sandflow:flow@0.2.0";
+pub const FLOW_PACKAGE: &str = "sandflow:flow@0.3.0";
 /// The interface a flow component must export.
-pub const FLOW_EXPORT: &str = "sandflow:flow/engine@0.2.0";
+pub const FLOW_EXPORT: &str = "sandflow:flow/engine@0.3.0";
 
 /// The interface families a flow component may import (any version of each):
 /// the contract's types and the WASI a language runtime links for its
@@ -129,7 +129,7 @@ fn import_allowed(name: &str) -> bool {
     })
 }
 /// The contract's version, as `information_schema.components` shows it.
-pub const FLOW_WORLD_VERSION: &str = "0.2.0";
+pub const FLOW_WORLD_VERSION: &str = "0.3.0";
 
 /// Refuses, with a message for a person, bytes that cannot be a component:
 /// not WebAssembly at all, or a core module (which has no imports or exports
@@ -150,7 +150,7 @@ fn check_component_header(bytes: &[u8]) -> Result<(), RuntimeError> {
         [0x01, 0x00, 0x00, 0x00] => setup(
             "the bytes are a core WebAssembly module, not a component; wrap it with \
              `wasm-tools component new` (or build for wasm32-wasip2) so that it exports \
-             sandflow:flow/engine@0.2.0"
+             sandflow:flow/engine@0.3.0"
                 .into(),
         ),
         // Components: layer 1.
@@ -720,7 +720,10 @@ impl FlowInstance {
                 .call_output_schema(store, handle)
                 .map(Ok)
         })?;
-        self.output_schema = fields.into_iter().map(convert::field_from_wit).collect();
+        self.output_schema = fields
+            .into_iter()
+            .map(convert::field_from_wit)
+            .collect::<Result<_, _>>()?;
         Ok(())
     }
 
@@ -815,7 +818,7 @@ mod tests {
             "wasi:cli",
             "wasi:cli/",
             "sandflow:flow/typesx@0.2.0",
-            "sandflow:flow/engine@0.2.0",
+            "sandflow:flow/engine@0.3.0",
             "evil:net/socket",
             "",
         ] {

@@ -821,6 +821,7 @@ fn type_name(t: &DataType) -> String {
             TimeUnit::Nanosecond => "TimestampNanosecond".into(),
         },
         DataType::Null => "Null".into(),
+        DataType::List(f) | DataType::LargeList(f) => format!("List<{}>", type_name(f.data_type())),
         other => other.to_string(),
     }
 }
@@ -873,6 +874,21 @@ fn column_json(arr: &ArrayRef) -> Vec<Value> {
                 .map(|v| v.map(|s| json!(s)).unwrap_or(Value::Null))
                 .collect(),
         ),
+        // Lists as JSON arrays of their elements.
+        DataType::List(_) => {
+            let l = arr.as_list::<i32>();
+            Some(
+                (0..l.len())
+                    .map(|i| {
+                        if l.is_null(i) {
+                            Value::Null
+                        } else {
+                            Value::Array(column_json(&l.value(i)))
+                        }
+                    })
+                    .collect(),
+            )
+        }
         // Timestamps as integers in the column's unit, as GreptimeDB does.
         DataType::Timestamp(TimeUnit::Second, _) => {
             Some(ts_json(arr.as_primitive::<TimestampSecondType>()))

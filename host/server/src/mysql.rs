@@ -30,7 +30,7 @@ use datafusion::arrow::datatypes::{
     UInt16Type, UInt32Type, UInt64Type, UInt8Type,
 };
 use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::arrow::util::display::array_value_to_string;
+use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use datafusion::sql::sqlparser::dialect::{GenericDialect, MySqlDialect};
 use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
 use opensrv_mysql::{
@@ -722,7 +722,11 @@ async fn write_batch<W: AsyncWrite + Send + Unpin>(
                 DataType::Binary => w.write_col(col.as_binary::<i32>().value(row))?,
                 DataType::LargeBinary => w.write_col(col.as_binary::<i64>().value(row))?,
                 _ => {
-                    let s = array_value_to_string(col, row).map_err(|e| bad(e.to_string()))?;
+                    // A list's NULL elements print as NULL (not as nothing).
+                    let options = FormatOptions::new().with_null("NULL");
+                    let s = ArrayFormatter::try_new(col.as_ref(), &options)
+                        .map(|f| f.value(row).to_string())
+                        .map_err(|e| bad(e.to_string()))?;
                     w.write_col(s)?
                 }
             }

@@ -18,6 +18,10 @@
 //! - `bad-offsets`: string offsets out of range.
 //! - `bad-utf8`: a string column with invalid UTF-8.
 //! - `extra-columns`: more columns than the declared output schema.
+//! - `bad-list`: declares `s` a list of integers and sends an element
+//!   with flag 7.
+//! - `list-without-item`: declares `s` a list without an element type
+//!   (refused when the host reads the output schema, at create).
 //! - `create-loop`: spins forever in `create` (the only mode that
 //!   misbehaves before a tick).
 //! - `corrupt-snapshot`: ticks like `ok`, but its snapshots are junk and
@@ -165,11 +169,16 @@ mod component {
                     name: "n".into(),
                     data_type: DataType::Int64,
                     nullable: false,
+                    item: None,
                 },
                 Field {
                     name: "s".into(),
-                    data_type: DataType::Utf8,
+                    data_type: match self.mode.as_str() {
+                        "bad-list" | "list-without-item" => DataType::List,
+                        _ => DataType::Utf8,
+                    },
                     nullable: false,
+                    item: (self.mode == "bad-list").then_some(DataType::Int64),
                 },
             ]
         }
@@ -232,6 +241,11 @@ mod component {
                 "bad-utf8" => {
                     let mut b = one_row(now, n);
                     b.columns[1] = string_column(&[&[0xff, 0xfe]]);
+                    b
+                }
+                "bad-list" => {
+                    let mut b = one_row(now, n);
+                    b.columns[1] = string_column(&[&[7, 0, 0]]);
                     b
                 }
                 "extra-columns" => {

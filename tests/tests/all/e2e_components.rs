@@ -178,11 +178,11 @@ fn the_engine_uploaded_as_a_component_runs_like_the_built_in_flow() {
         ),
         vec![
             format!(
-                "eng|public|1|{}|{}|0.2.0|t",
+                "eng|public|1|{}|{}|0.3.0|t",
                 sha256_hex(&engine),
                 engine.len()
             ),
-            format!("eng|public|2|{}|{}|0.2.0|t", sha256_hex(&v2), v2.len()),
+            format!("eng|public|2|{}|{}|0.3.0|t", sha256_hex(&v2), v2.len()),
         ]
     );
     assert_eq!(
@@ -370,7 +370,7 @@ fn component_of_contract_version(version: &str) -> Vec<u8> {
     let mut bytes = std::fs::read(env!("HOSTILE_GUEST_WASM"))
         .expect("the hostile guest is built by tests/build.rs");
     for interface in ["engine", "types"] {
-        let from = format!("sandflow:flow/{interface}@0.2.0");
+        let from = format!("sandflow:flow/{interface}@0.3.0");
         let to = format!("sandflow:flow/{interface}@{version}");
         assert_eq!(
             from.len(),
@@ -464,13 +464,13 @@ fn hostile_uploads_are_refused_while_a_neighbouring_flow_stays_exact() {
             "another world",
             b"\0asm\x0d\0\x01\0".to_vec(),
             422,
-            "sandflow:flow/engine@0.2.0",
+            "sandflow:flow/engine@0.3.0",
         ),
         (
             "another contract version",
-            component_of_contract_version("0.1.0"),
+            component_of_contract_version("0.2.0"),
             422,
-            "version 0.1.0 of sandflow's flow contract",
+            "version 0.2.0 of sandflow's flow contract",
         ),
         (
             "truncated engine",

@@ -745,6 +745,61 @@ fn ticks_write_results_without_flush() {
     assert!(!flow_info(&s, "auto", "last_execution_time").is_empty());
 }
 
+/// array_agg's lists in a sink, as psql, psycopg and HTTP show them, after
+/// inserts, an upsert and a delete; and through a restart.
+#[test]
+fn array_agg_lists_reach_every_client() {
+    let s = Server::start();
+    s.sql(REQUESTS);
+    s.sql(
+        "CREATE FLOW seqs SINK TO seq_sink AS SELECT host, array_agg(status ORDER BY ts) AS codes, \
+         array_agg(DISTINCT bytes) AS sizes FROM requests GROUP BY host",
+    );
+    put(
+        &s,
+        &[
+            ("a", 200, "1.5", "00:00:00"),
+            ("a", 500, "NULL", "00:00:01"),
+            ("b", 404, "4", "00:00:02"),
+        ],
+    );
+    flush(&s, "seqs");
+    let sink = "SELECT host, codes, sizes FROM seq_sink ORDER BY host";
+    assert_eq!(s.sql(sink), "a|{200,500}|{1.5,NULL}\nb|{404}|{4.0}");
+    // An upsert replaces (a, 200)'s bytes; b's row goes.
+    put(&s, &[("a", 200, "3", "00:00:00")]);
+    s.sql("DELETE FROM requests WHERE host = 'b'");
+    flush(&s, "seqs");
+    assert_eq!(s.sql(sink), "a|{200,500}|{3.0,NULL}");
+    let (status, json) = s.http_sql(sink);
+    assert_eq!(status, 200, "{json}");
+    let records = &json["output"][0]["records"];
+    assert_eq!(
+        records["rows"],
+        serde_json::json!([["a", [200, 500], [3.0, null]]])
+    );
+    assert_eq!(
+        records["schema"]["column_schemas"][1]["data_type"],
+        "List<Int32>"
+    );
+    let py = sandflow_tests::harness::run_python(
+        "import os, psycopg\n\
+         c = psycopg.connect(host='127.0.0.1', port=os.environ['PGPORT'], user='sandflow', \
+         dbname='public', sslmode='disable')\n\
+         print(c.execute('SELECT codes, sizes FROM seq_sink').fetchall())",
+        s.pg_port,
+    );
+    assert_eq!(
+        py.as_deref().map(str::trim),
+        Ok("[([200, 500], [3.0, None])]")
+    );
+    let s = s.restart();
+    assert_eq!(s.sql(sink), "a|{200,500}|{3.0,NULL}");
+    put(&s, &[("a", 503, "2", "00:00:09")]);
+    flush(&s, "seqs");
+    assert_eq!(s.sql(sink), "a|{200,500,503}|{2.0,3.0,NULL}");
+}
+
 // Flows survive a clean restart: definitions, status, sink rows, and rows
 // written before the stop but never flushed are processed afterwards,
 // exactly once (no double back-fill).

@@ -61,6 +61,13 @@ fn the_mysql_client_creates_a_flow_writes_and_reads_its_sink() {
         ok("SELECT host, usage, ts FROM cpu WHERE host = 'c'"),
         "c\tNULL\t1970-01-01 00:00:03"
     );
+    // A list (array_agg) prints its NULL elements as NULL.
+    ok("CREATE FLOW seq SINK TO seqs AS SELECT host, array_agg(usage ORDER BY ts) AS u FROM cpu GROUP BY host");
+    ok("ADMIN FLUSH_FLOW('seq')");
+    assert_eq!(
+        ok("SELECT host, u FROM seqs ORDER BY host"),
+        "a\t[0.5, 0.7]\nb\t[0.9]\nc\t[NULL]"
+    );
     assert!(ok("SHOW FLOWS").contains("peak"));
     // What the client asks on its own, and errors with MySQL's codes.
     assert!(ok("SELECT @@version_comment LIMIT 1").contains("sandflow"));

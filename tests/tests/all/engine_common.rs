@@ -5,61 +5,22 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{
     Array, ArrayRef, BinaryArray, BooleanArray, Date32Array, Float32Array, Float64Array,
-    Int16Array, Int32Array, Int64Array, Int8Array, RecordBatch, StringArray, StringViewArray,
+    Int16Array, Int32Array, Int64Array, Int8Array, RecordBatch, StringArray,
     TimestampMicrosecondArray, TimestampMillisecondArray, TimestampNanosecondArray,
     TimestampSecondArray, UInt16Array, UInt32Array, UInt64Array, UInt8Array,
 };
-use datafusion::arrow::datatypes::{DataType as A, Field as AField, Schema, TimeUnit};
+use datafusion::arrow::datatypes::{DataType as A, Field as AField, Schema};
 use datafusion::datasource::MemTable;
 use datafusion::prelude::SessionContext;
 use prost::Message;
 use sandflow_engine::{DataType, Field, SourceSchema, Value};
 
 pub fn arrow_type(t: DataType) -> A {
-    match t {
-        DataType::Boolean => A::Boolean,
-        DataType::Int8 => A::Int8,
-        DataType::Int16 => A::Int16,
-        DataType::Int32 => A::Int32,
-        DataType::Int64 => A::Int64,
-        DataType::UInt8 => A::UInt8,
-        DataType::UInt16 => A::UInt16,
-        DataType::UInt32 => A::UInt32,
-        DataType::UInt64 => A::UInt64,
-        DataType::Float32 => A::Float32,
-        DataType::Float64 => A::Float64,
-        DataType::Utf8 => A::Utf8,
-        DataType::Binary => A::Binary,
-        DataType::TimestampSecond => A::Timestamp(TimeUnit::Second, None),
-        DataType::TimestampMillisecond => A::Timestamp(TimeUnit::Millisecond, None),
-        DataType::TimestampMicrosecond => A::Timestamp(TimeUnit::Microsecond, None),
-        DataType::TimestampNanosecond => A::Timestamp(TimeUnit::Nanosecond, None),
-        DataType::Date32 => A::Date32,
-    }
+    sandflow::flow::arrow::data_type_to_arrow(t)
 }
 
 pub fn from_arrow_type(t: &A) -> Option<DataType> {
-    Some(match t {
-        A::Boolean => DataType::Boolean,
-        A::Int8 => DataType::Int8,
-        A::Int16 => DataType::Int16,
-        A::Int32 => DataType::Int32,
-        A::Int64 => DataType::Int64,
-        A::UInt8 => DataType::UInt8,
-        A::UInt16 => DataType::UInt16,
-        A::UInt32 => DataType::UInt32,
-        A::UInt64 => DataType::UInt64,
-        A::Float32 => DataType::Float32,
-        A::Float64 => DataType::Float64,
-        A::Utf8 | A::Utf8View | A::LargeUtf8 => DataType::Utf8,
-        A::Binary => DataType::Binary,
-        A::Timestamp(TimeUnit::Second, _) => DataType::TimestampSecond,
-        A::Timestamp(TimeUnit::Millisecond, _) => DataType::TimestampMillisecond,
-        A::Timestamp(TimeUnit::Microsecond, _) => DataType::TimestampMicrosecond,
-        A::Timestamp(TimeUnit::Nanosecond, _) => DataType::TimestampNanosecond,
-        A::Date32 => DataType::Date32,
-        _ => return None,
-    })
+    sandflow::flow::arrow::data_type_from_arrow(t)
 }
 
 pub fn arrow_schema(fields: &[Field]) -> Arc<Schema> {
@@ -139,6 +100,12 @@ pub fn to_record_batch(fields: &[Field], rows: &[Vec<Value>], schema: Arc<Schema
                 _ => None,
             };
             let arr: ArrayRef = match f.data_type {
+                DataType::List(_) => sandflow_tests::engine::record_batch(
+                    std::slice::from_ref(f),
+                    &vals.map(|v| vec![v]).collect::<Vec<_>>(),
+                )
+                .column(0)
+                .clone(),
                 DataType::Boolean => Arc::new(BooleanArray::from(
                     vals.map(|v| match v {
                         Value::Bool(b) => Some(b),
@@ -226,36 +193,7 @@ pub fn to_record_batch(fields: &[Field], rows: &[Vec<Value>], schema: Arc<Schema
 }
 
 pub fn arrow_value(a: &dyn Array, i: usize) -> Value {
-    if a.is_null(i) {
-        return Value::Null;
-    }
-    macro_rules! v {
-        ($t:ty, $f:expr) => {
-            $f(a.as_any().downcast_ref::<$t>().expect("downcast").value(i))
-        };
-    }
-    match a.data_type() {
-        A::Boolean => v!(BooleanArray, Value::Bool),
-        A::Int8 => v!(Int8Array, |x| Value::Int(x as i64)),
-        A::Int16 => v!(Int16Array, |x| Value::Int(x as i64)),
-        A::Int32 => v!(Int32Array, |x| Value::Int(x as i64)),
-        A::Int64 => v!(Int64Array, Value::Int),
-        A::UInt8 => v!(UInt8Array, |x| Value::UInt(x as u64)),
-        A::UInt16 => v!(UInt16Array, |x| Value::UInt(x as u64)),
-        A::UInt32 => v!(UInt32Array, |x| Value::UInt(x as u64)),
-        A::UInt64 => v!(UInt64Array, Value::UInt),
-        A::Float32 => v!(Float32Array, |x| Value::Float(x as f64)),
-        A::Float64 => v!(Float64Array, Value::Float),
-        A::Utf8 => v!(StringArray, |x: &str| Value::Str(x.to_string())),
-        A::Utf8View => v!(StringViewArray, |x: &str| Value::Str(x.to_string())),
-        A::Binary => v!(BinaryArray, |x: &[u8]| Value::Bytes(x.to_vec())),
-        A::Timestamp(TimeUnit::Second, _) => v!(TimestampSecondArray, Value::Int),
-        A::Timestamp(TimeUnit::Millisecond, _) => v!(TimestampMillisecondArray, Value::Int),
-        A::Timestamp(TimeUnit::Microsecond, _) => v!(TimestampMicrosecondArray, Value::Int),
-        A::Timestamp(TimeUnit::Nanosecond, _) => v!(TimestampNanosecondArray, Value::Int),
-        A::Date32 => v!(Date32Array, |x| Value::Int(x as i64)),
-        other => panic!("unexpected arrow type {other}"),
-    }
+    sandflow_tests::engine::value_of(a, i)
 }
 
 /// Runs `sql` in DataFusion over the given table contents.

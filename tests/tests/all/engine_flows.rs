@@ -486,10 +486,6 @@ fn unsupported_constructs_are_named() {
             "approx_distinct is not supported in flows",
         ),
         (
-            "SELECT k, array_agg(v) FROM t1 GROUP BY k",
-            "sink tables hold no lists",
-        ),
-        (
             "SELECT sqrt(f) FROM t1",
             "function sqrt is not supported in flows",
         ),
@@ -775,6 +771,8 @@ const QUERIES: &[&str] = &[
     "SELECT floor(f * 3) AS fl, ceil(f * 3) AS ce, trunc(f * 3) AS tr, count(*) FROM t1 GROUP BY fl, ce, tr",
     "SELECT k, sum(v) AS s FROM t1 GROUP BY k HAVING sum(v) > 20 OR sum(v) IS NULL",
     "SELECT v % 7 AS m, v / 3 AS d, -v AS n FROM t1 WHERE v <> 0",
+    "SELECT k, array_agg(v ORDER BY v DESC) AS vs, array_agg(DISTINCT g ORDER BY g) AS gs, \
+     array_agg(f ORDER BY f NULLS FIRST) AS fs FROM t1 GROUP BY k",
 ];
 
 #[test]

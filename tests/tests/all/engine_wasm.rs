@@ -46,6 +46,8 @@ const QUERIES: &[&str] = &[
      floor(v) AS f, ceil(v) AS c, CAST(k AS DOUBLE) AS kd, k IS NULL AS kn FROM t WHERE g IS NOT NULL",
     "SELECT count(*) AS c, sum(u) AS su, min(g) AS lo, max(g) AS hi FROM t",
     "SELECT g, min(ts) AS first, max(ts) AS last FROM t GROUP BY g HAVING max(v) > 10",
+    "SELECT g, array_agg(v ORDER BY v) AS vs, array_agg(DISTINCT k ORDER BY k DESC) AS ks, \
+     array_agg(n ORDER BY n DESC NULLS LAST) AS ns FROM t GROUP BY g",
     "SELECT host, status, count(*) AS hits, sum(bytes) AS total, date_bin(INTERVAL '1 minute', ts) AS minute \
      FROM s GROUP BY host, status, minute",
     "SELECT status / 100 AS class, avg(bytes) AS mean FROM s WHERE status <> 404 AND NOT (host = 'beta') GROUP BY status / 100",

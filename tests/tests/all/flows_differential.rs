@@ -92,6 +92,30 @@ const CPU_SPREAD: Flow = Flow {
     reference: None,
 };
 
+/// array_agg under upserts, deletes and NULL inputs: in the order of an
+/// ORDER BY inside the call, either way, and DISTINCT; created before any
+/// data.
+const CPU_LISTS: Flow = Flow {
+    name: "cpu_lists",
+    sink: "cpu_lists_sink",
+    columns: "host, seq, newest, vals",
+    query: "SELECT host, array_agg(usage ORDER BY ts) AS seq, \
+            array_agg(usage ORDER BY ts DESC) AS newest, \
+            array_agg(DISTINCT usage ORDER BY usage) AS vals FROM cpu GROUP BY host",
+    reference: None,
+};
+
+/// array_agg without an ORDER BY: a flow lists the values in ascending
+/// order, NULLs last (a query's order is the scan's, which SQL leaves
+/// open); created after the first batch, so it back-fills.
+const CPU_ANY_ORDER: Flow = Flow {
+    name: "cpu_any_order",
+    sink: "cpu_any_order_sink",
+    columns: "host, vals",
+    query: "SELECT host, array_agg(usage) AS vals FROM cpu GROUP BY host",
+    reference: Some("SELECT host, array_agg(usage ORDER BY usage) AS vals FROM cpu GROUP BY host"),
+};
+
 /// Sliding windows: each row counts in the two one-minute-slide windows of
 /// two minutes that hold it; checked against date_bin over the row and its
 /// copy shifted back by the slide. Created before any data.
@@ -875,7 +899,7 @@ async fn sinks_follow_queries(seed: u64) {
     let mut flows: Vec<&Flow> = Vec::new();
 
     // Flows over empty sources.
-    for flow in [&WIN, &CPU_STATS, &CPU_SPREAD, &SLIDING, &SLOW] {
+    for flow in [&WIN, &CPU_STATS, &CPU_SPREAD, &CPU_LISTS, &SLIDING, &SLOW] {
         create_flow(&db, flow).await;
         flows.push(flow);
     }
@@ -899,7 +923,7 @@ async fn sinks_follow_queries(seed: u64) {
         statements: &first,
     };
     check(&db, &flows, &at).await;
-    for flow in [&BUSY, &ERRORS] {
+    for flow in [&BUSY, &ERRORS, &CPU_ANY_ORDER] {
         create_flow(&db, flow).await;
         flows.push(flow);
     }

@@ -110,6 +110,11 @@ fn each_hostile_behaviour_fails_only_its_flow_with_a_clear_error() {
             |e| matches!(e, RuntimeError::Contract { .. }),
             "columns",
         ),
+        (
+            "bad-list",
+            |e| matches!(e, RuntimeError::Contract { .. }),
+            "element flag 7",
+        ),
     ];
     for (mode, kind, words) in cases {
         check_control(&mut control);
@@ -120,6 +125,16 @@ fn each_hostile_behaviour_fails_only_its_flow_with_a_clear_error() {
             "{mode}: error does not say '{words}': {err}"
         );
     }
+    check_control(&mut control);
+    // A list column must name its element type: refused at create.
+    let err = rt
+        .create_flow(b"list-without-item", &[], &[], limits())
+        .err()
+        .expect("a list without an element type is refused");
+    assert!(
+        matches!(&err, RuntimeError::Contract { message } if message.contains("scalar element type")),
+        "{err}"
+    );
     check_control(&mut control);
 }
 

@@ -182,11 +182,11 @@ class Flow(engine.Flow):
     def output_schema(self):
         c = self.config
         return [
-            Field(c["key_name"], DataType(c["key_type"]), c["key_nullable"]),
-            Field("n", DataType.INT64, False),
-            Field("mean", DataType.FLOAT64, False),
-            Field("stddev", DataType.FLOAT64, False),
-            Field("score", DataType.FLOAT64, False),
+            Field(c["key_name"], DataType(c["key_type"]), c["key_nullable"], None),
+            Field("n", DataType.INT64, False, None),
+            Field("mean", DataType.FLOAT64, False, None),
+            Field("stddev", DataType.FLOAT64, False, None),
+            Field("score", DataType.FLOAT64, False, None),
         ]
 
     def push(self, source, input):

@@ -203,6 +203,7 @@ fn value_json(v: &Value) -> serde_json::Value {
         Value::Float(f) => J::String(f.to_string()),
         Value::Str(s) => J::String(s.clone()),
         Value::Bytes(b) => J::String(hex::encode(b)),
+        Value::List(items) => J::Array(items.iter().map(value_json).collect()),
     }
 }
 
@@ -218,6 +219,16 @@ fn json_value(j: &serde_json::Value, f: &Field) -> Result<Value> {
         return Ok(Value::Null);
     }
     Ok(match f.data_type {
+        DataType::List(item) => {
+            let item = Field::new(f.name.clone(), *item, true);
+            let items = j.as_array().ok_or_else(bad)?;
+            Value::List(
+                items
+                    .iter()
+                    .map(|j| json_value(j, &item))
+                    .collect::<Result<_>>()?,
+            )
+        }
         DataType::Boolean => Value::Bool(j.as_bool().ok_or_else(bad)?),
         t if t.is_unsigned_int() => Value::UInt(j.as_u64().ok_or_else(bad)?),
         DataType::Float32 | DataType::Float64 => match j {
@@ -249,6 +260,8 @@ fn fields_of(columns: &[RecordedColumn]) -> Result<Vec<Field>> {
         .map(|c| {
             let t = DataType::ALL
                 .iter()
+                .flat_map(|t| [Some(*t), DataType::list_of(*t)])
+                .flatten()
                 .find(|t| format!("{t:?}") == c.data_type)
                 .ok_or_else(|| {
                     invalid(format!(
@@ -256,7 +269,7 @@ fn fields_of(columns: &[RecordedColumn]) -> Result<Vec<Field>> {
                         c.name, c.data_type
                     ))
                 })?;
-            Ok(Field::new(c.name.clone(), *t, c.nullable))
+            Ok(Field::new(c.name.clone(), t, c.nullable))
         })
         .collect()
 }

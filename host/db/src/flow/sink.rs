@@ -95,6 +95,17 @@ pub fn derive_schema(
         columns.iter().map(|c| c.name.clone()).collect()
     };
     primary_key.retain(|k| Some(k) != time_index.as_ref());
+    if let Some(list) = columns
+        .iter()
+        .find(|c| c.data_type.item().is_some() && primary_key.contains(&c.name))
+    {
+        return Err(format!(
+            "the sink would be keyed by column '{}', a list ({}), and lists are not keys: \
+             group by other columns, or create the sink table first with its own PRIMARY KEY",
+            list.name,
+            list.data_type.sql_name()
+        ));
+    }
     if !columns.iter().any(|c| c.name == UPDATE_AT) {
         columns.push(ColumnSchema::new(
             UPDATE_AT,

@@ -174,6 +174,13 @@ impl TableSchema {
                     self.columns[i].name
                 ));
             }
+            if self.columns[i].data_type.item().is_some() {
+                return fail(format!(
+                    "column '{}' of type {} cannot be in the PRIMARY KEY: lists are not keys",
+                    self.columns[i].name,
+                    self.columns[i].data_type.sql_name()
+                ));
+            }
         }
         Ok(())
     }

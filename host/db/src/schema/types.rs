@@ -6,8 +6,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, UnsupportedSnafu};
 
-/// The column types sandflow stores. Serialised by these (GreptimeDB) names.
+/// The column types sandflow stores. Serialised by these (GreptimeDB) names;
+/// a list as `List<Int64>`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(into = "String", try_from = "String")]
 pub enum ColumnType {
     Boolean,
     Int8,
@@ -27,11 +29,74 @@ pub enum ColumnType {
     TimestampMillisecond,
     TimestampMicrosecond,
     TimestampNanosecond,
+    /// A list of a scalar type (a flow's `array_agg`); built with
+    /// [`ColumnType::list_of`]. Never part of a key.
+    List(&'static ColumnType),
+}
+
+/// The scalar types, at a `'static` address for [`ColumnType::List`].
+static SCALARS: [ColumnType; 18] = [
+    ColumnType::Boolean,
+    ColumnType::Int8,
+    ColumnType::Int16,
+    ColumnType::Int32,
+    ColumnType::Int64,
+    ColumnType::UInt8,
+    ColumnType::UInt16,
+    ColumnType::UInt32,
+    ColumnType::UInt64,
+    ColumnType::Float32,
+    ColumnType::Float64,
+    ColumnType::String,
+    ColumnType::Binary,
+    ColumnType::Date,
+    ColumnType::TimestampSecond,
+    ColumnType::TimestampMillisecond,
+    ColumnType::TimestampMicrosecond,
+    ColumnType::TimestampNanosecond,
+];
+
+impl From<ColumnType> for String {
+    fn from(t: ColumnType) -> String {
+        t.display_name()
+    }
+}
+
+impl TryFrom<String> for ColumnType {
+    type Error = String;
+
+    fn try_from(name: String) -> std::result::Result<ColumnType, String> {
+        if let Some(item) = name.strip_prefix("List<").and_then(|n| n.strip_suffix('>')) {
+            let item = ColumnType::try_from(item.to_string())?;
+            return ColumnType::list_of(item).ok_or_else(|| format!("no list type {name}"));
+        }
+        SCALARS
+            .iter()
+            .find(|t| t.display_name() == name)
+            .copied()
+            .ok_or_else(|| format!("unknown column type {name}"))
+    }
 }
 
 impl ColumnType {
+    /// The list of `item`s; `None` when `item` is itself a list.
+    pub fn list_of(item: ColumnType) -> Option<ColumnType> {
+        SCALARS.iter().find(|t| **t == item).map(ColumnType::List)
+    }
+
+    /// The element type of a list type.
+    pub fn item(self) -> Option<ColumnType> {
+        match self {
+            ColumnType::List(t) => Some(*t),
+            _ => None,
+        }
+    }
+
     pub fn to_arrow(self) -> DataType {
         match self {
+            ColumnType::List(item) => DataType::List(std::sync::Arc::new(
+                datafusion::arrow::datatypes::Field::new_list_field(item.to_arrow(), true),
+            )),
             ColumnType::Boolean => DataType::Boolean,
             ColumnType::Int8 => DataType::Int8,
             ColumnType::Int16 => DataType::Int16,
@@ -71,6 +136,9 @@ impl ColumnType {
             DataType::Binary | DataType::LargeBinary | DataType::BinaryView => ColumnType::Binary,
             DataType::Date32 => ColumnType::Date,
             DataType::Timestamp(unit, _) => ColumnType::timestamp(*unit),
+            DataType::List(f) | DataType::LargeList(f) => {
+                ColumnType::list_of(ColumnType::from_arrow(f.data_type())?)?
+            }
             _ => return None,
         })
     }
@@ -95,8 +163,16 @@ impl ColumnType {
     }
 
     /// GreptimeDB's name for the type (DESC TABLE, information_schema).
-    pub fn display_name(self) -> &'static str {
+    pub fn display_name(self) -> String {
         match self {
+            ColumnType::List(item) => format!("List<{}>", item.display_name()),
+            t => t.scalar_name().into(),
+        }
+    }
+
+    fn scalar_name(self) -> &'static str {
+        match self {
+            ColumnType::List(_) => "List",
             ColumnType::Boolean => "Boolean",
             ColumnType::Int8 => "Int8",
             ColumnType::Int16 => "Int16",
@@ -119,8 +195,16 @@ impl ColumnType {
     }
 
     /// The SQL spelling used by SHOW CREATE TABLE (parses back to the same type).
-    pub fn sql_name(self) -> &'static str {
+    pub fn sql_name(self) -> String {
         match self {
+            ColumnType::List(item) => format!("{}[]", item.sql_name()),
+            t => t.scalar_sql_name().into(),
+        }
+    }
+
+    fn scalar_sql_name(self) -> &'static str {
+        match self {
+            ColumnType::List(_) => "",
             ColumnType::Boolean => "BOOLEAN",
             ColumnType::Int8 => "TINYINT",
             ColumnType::Int16 => "SMALLINT",

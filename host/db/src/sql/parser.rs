@@ -1968,7 +1968,19 @@ fn parse_column_type(p: &mut Parser) -> Result<ColumnType> {
     ) {
         args.clear();
     }
-    ColumnType::from_sql(&name, &args, unsigned)
+    let ty = ColumnType::from_sql(&name, &args, unsigned)?;
+    // `BIGINT[]`: a list (what a flow's array_agg writes).
+    if p.consume_token(&Token::LBracket) {
+        p.expect_token(&Token::RBracket).map_err(sql_err)?;
+        if p.peek_token().token == Token::LBracket {
+            return UnsupportedSnafu {
+                message: "lists of lists are not supported",
+            }
+            .fail();
+        }
+        return Ok(ColumnType::list_of(ty).unwrap_or(ty));
+    }
+    Ok(ty)
 }
 
 fn parse_column(p: &mut Parser) -> Result<ColumnDef> {

@@ -56,22 +56,34 @@ pub(crate) enum Cell<'a> {
 pub(crate) struct ColumnReader<'a> {
     array: &'a dyn Array,
     ty: ColumnType,
+    /// A list column's rows in the contract's list encoding, which is also
+    /// how a list cell is stored.
+    lists: Option<sandflow_contract::Column>,
 }
 
 impl<'a> ColumnReader<'a> {
     pub fn new(array: &'a ArrayRef, ty: ColumnType) -> Self {
+        let lists = ty.item().and_then(|_| {
+            let t = sandflow_contract::arrow::data_type_from_arrow(array.data_type())?;
+            sandflow_contract::arrow::column_from_arrow(array.as_ref(), t).ok()
+        });
         ColumnReader {
             array: array.as_ref(),
             ty,
+            lists,
         }
     }
 
-    pub fn cell(&self, row: usize) -> Cell<'a> {
+    pub fn cell(&self, row: usize) -> Cell<'_> {
         let a = self.array;
         if a.is_null(row) {
             return Cell::Null;
         }
         match self.ty {
+            ColumnType::List(_) => match &self.lists {
+                Some(l) => Cell::Bytes(l.bytes_at(row)),
+                None => Cell::Null,
+            },
             ColumnType::Boolean => Cell::Bool(a.as_boolean().value(row)),
             ColumnType::Int8 => Cell::Int(a.as_primitive::<Int8Type>().value(row) as i64),
             ColumnType::Int16 => Cell::Int(a.as_primitive::<Int16Type>().value(row) as i64),
@@ -383,7 +395,7 @@ fn decode_value_cell<'a>(ty: ColumnType, input: &mut Input<'a>) -> Result<Cell<'
         }
         ColumnType::Float32 => Cell::F32(f32::from_le_bytes(input.array()?)),
         ColumnType::Float64 => Cell::F64(f64::from_le_bytes(input.array()?)),
-        ColumnType::String | ColumnType::Binary => {
+        ColumnType::String | ColumnType::Binary | ColumnType::List(_) => {
             let len = input.varint()?;
             let len = usize::try_from(len).map_err(|_| corrupt("length"))?;
             Cell::Bytes(input.take(len)?)
@@ -416,6 +428,9 @@ enum Builder {
     TsMs(TimestampMillisecondBuilder),
     TsUs(TimestampMicrosecondBuilder),
     TsNs(TimestampNanosecondBuilder),
+    /// A list column: the stored (contract) encodings, turned into a list
+    /// array when finished.
+    List(BinaryBuilder, ColumnType),
 }
 
 impl Builder {
@@ -451,6 +466,7 @@ impl Builder {
             ColumnType::TimestampNanosecond => {
                 Builder::TsNs(TimestampNanosecondBuilder::with_capacity(capacity))
             }
+            ColumnType::List(_) => Builder::List(BinaryBuilder::with_capacity(capacity, 0), ty),
         }
     }
 
@@ -488,6 +504,7 @@ impl Builder {
                 Builder::TsMs(b) => b.append_null(),
                 Builder::TsUs(b) => b.append_null(),
                 Builder::TsNs(b) => b.append_null(),
+                Builder::List(b, _) => b.append_null(),
             }
             return Ok(());
         }
@@ -518,7 +535,7 @@ impl Builder {
                 }
                 _ => return Err(corrupt("expected a string")),
             },
-            Builder::Bin(b) => match cell {
+            Builder::Bin(b) | Builder::List(b, _) => match cell {
                 Cell::Bytes(v) => b.append_value(v),
                 _ => return Err(corrupt("expected bytes")),
             },
@@ -531,8 +548,18 @@ impl Builder {
         Ok(())
     }
 
-    fn finish(&mut self) -> ArrayRef {
-        match self {
+    fn finish(&mut self) -> Result<ArrayRef> {
+        if let Builder::List(b, ty) = self {
+            use sandflow_contract::arrow::{
+                column_from_arrow, column_to_arrow, data_type_from_arrow,
+            };
+            let encoded = b.finish();
+            let t = data_type_from_arrow(&ty.to_arrow()).ok_or_else(|| corrupt("list type"))?;
+            let column = column_from_arrow(&encoded, sandflow_contract::DataType::Binary)
+                .map_err(|e| corrupt(&e.0))?;
+            return column_to_arrow(&column, t, encoded.len()).map_err(|e| corrupt(&e.0));
+        }
+        Ok(match self {
             Builder::Bool(b) => Arc::new(b.finish()),
             Builder::I8(b) => Arc::new(b.finish()),
             Builder::I16(b) => Arc::new(b.finish()),
@@ -551,7 +578,8 @@ impl Builder {
             Builder::TsMs(b) => Arc::new(b.finish()),
             Builder::TsUs(b) => Arc::new(b.finish()),
             Builder::TsNs(b) => Arc::new(b.finish()),
-        }
+            Builder::List(..) => return Err(corrupt("list column")),
+        })
     }
 }
 
@@ -614,7 +642,11 @@ impl<'t> RowDecoder<'t> {
 
     /// Finishes the rows pushed so far into a batch and starts a new one.
     pub fn finish(&mut self) -> Result<RecordBatch> {
-        let arrays: Vec<ArrayRef> = self.builders.iter_mut().map(|b| b.finish()).collect();
+        let arrays = self
+            .builders
+            .iter_mut()
+            .map(|b| b.finish())
+            .collect::<Result<Vec<ArrayRef>>>()?;
         self.rows = 0;
         RecordBatch::try_new(self.table.arrow_schema.clone(), arrays).map_err(|e| {
             InternalSnafu {
