@@ -526,19 +526,13 @@ fn eval_call(f: &Func, args: &[Expr], t: DataType, c: &Chunk) -> Result<Column, 
         } => {
             let a = arg(args, 0)?;
             let v = a.eval(c)?;
-            let unit = a.ty().timestamp_unit_nanos().unwrap_or(1) as i128;
-            let (stride, origin) = (*stride_ns as i128, *origin_ns as i128);
-            let out_unit = t.timestamp_unit_nanos().unwrap_or(1) as i128;
-            let mut out = Vec::with_capacity(n);
-            for x in v.ints.iter() {
-                let ns = *x as i128 * unit;
-                let binned = if stride > 0 {
-                    origin + (ns - origin).div_euclid(stride) * stride
-                } else {
-                    ns
-                };
-                out.push(binned.div_euclid(out_unit) as i64);
-            }
+            let bins = DateBins::new(
+                a.ty().timestamp_unit_nanos().unwrap_or(1),
+                *stride_ns,
+                *origin_ns,
+                t.timestamp_unit_nanos().unwrap_or(1),
+            );
+            let out = v.ints.iter().map(|x| bins.bin(*x)).collect();
             Ok(Column {
                 ints: out,
                 nulls: v.nulls.clone(),
@@ -628,6 +622,69 @@ fn regex_matches(re: &regex::Regex, v: &Column, negated: bool, n: usize) -> Vec<
             (hit != negated) as i64
         })
         .collect()
+}
+
+/// `date_bin(stride, ts, origin)` of values in one unit, as values in
+/// another (units in nanoseconds).
+struct DateBins {
+    unit: i128,
+    stride: i128,
+    origin: i128,
+    out_unit: i128,
+    /// The stride and origin in the input unit, when both are whole units
+    /// of it and the output has that unit too (`date_bin('1 minute', ts)`
+    /// of a millisecond column): then the same bins come out of i64
+    /// arithmetic, without 128-bit division.
+    same_unit: Option<(i64, i64)>,
+}
+
+impl DateBins {
+    fn new(unit: i64, stride_ns: i64, origin_ns: i64, out_unit: i64) -> DateBins {
+        let (unit, stride, origin) = (unit as i128, stride_ns as i128, origin_ns as i128);
+        let out_unit = out_unit as i128;
+        let whole = |ns: i128| unit != 0 && ns % unit == 0;
+        let same_unit = (stride > 0 && whole(stride) && whole(origin) && out_unit == unit)
+            .then(|| {
+                Some((
+                    i64::try_from(stride / unit).ok()?,
+                    i64::try_from(origin / unit).ok()?,
+                ))
+            })
+            .flatten();
+        DateBins {
+            unit,
+            stride,
+            origin,
+            out_unit,
+            same_unit,
+        }
+    }
+
+    #[inline]
+    fn bin(&self, x: i64) -> i64 {
+        if let Some((s, o)) = self.same_unit {
+            let b = x
+                .checked_sub(o)
+                .map(|d| d.div_euclid(s))
+                .and_then(|q| q.checked_mul(s))
+                .and_then(|b| b.checked_add(o));
+            if let Some(b) = b {
+                return b;
+            }
+        }
+        self.bin_wide(x)
+    }
+
+    /// The general case, in nanoseconds.
+    fn bin_wide(&self, x: i64) -> i64 {
+        let ns = x as i128 * self.unit;
+        let binned = if self.stride > 0 {
+            self.origin + (ns - self.origin).div_euclid(self.stride) * self.stride
+        } else {
+            ns
+        };
+        binned.div_euclid(self.out_unit.max(1)) as i64
+    }
 }
 
 const NS_PER_DAY: i128 = 86_400_000_000_000;
@@ -1217,6 +1274,56 @@ fn format_float(x: f64) -> String {
         format!("{x:.1}")
     } else {
         format!("{x}")
+    }
+}
+
+#[cfg(test)]
+mod date_bin_tests {
+    use super::DateBins;
+
+    #[test]
+    fn the_same_unit_path_bins_exactly_as_nanoseconds_do() {
+        let xs = [
+            i64::MIN,
+            i64::MIN + 1,
+            -86_400_001,
+            -60_001,
+            -60_000,
+            -1,
+            0,
+            1,
+            59_999,
+            60_000,
+            1_767_225_600_123,
+            i64::MAX - 1,
+            i64::MAX,
+        ];
+        let ms = 1_000_000;
+        for (unit, stride, origin, out_unit) in [
+            (ms, 60_000 * ms, 0, ms),
+            (ms, 60_000 * ms, 7 * ms, ms),
+            (ms, 60_000 * ms, -30_000 * ms, ms),
+            (ms, 7 * ms, 3 * ms, ms),
+            (1_000_000_000, 86_400_000_000_000, 0, 1_000_000_000),
+            (1, 1_000, 0, 1),
+            (1_000, 1_000_000, 500, 1_000), // an origin inside a unit: general path
+            (ms, 60_000 * ms, 0, 1),        // another output unit: general path
+            (ms, 0, 0, ms),                 // no stride: the value itself
+        ] {
+            let bins = DateBins::new(unit, stride, origin, out_unit);
+            for x in xs {
+                // Values whose nanoseconds do not fit an i64 are out of range
+                // for a timestamp column of that unit anyway.
+                if (x as i128 * unit as i128).abs() > i64::MAX as i128 {
+                    continue;
+                }
+                assert_eq!(
+                    bins.bin(x),
+                    bins.bin_wide(x),
+                    "date_bin of {x} (unit {unit} ns, stride {stride}, origin {origin})"
+                );
+            }
+        }
     }
 }
 
