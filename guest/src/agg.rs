@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use crate::codec::{Reader, Writer};
 use crate::column::{get, Chunk, ColBuilder, Diffs, S};
 use crate::expr::Expr;
-use crate::hash::{FxHashMap, IntMap};
+use crate::hash::IntMap;
 use crate::plan::{AggKind, AggSpec, SketchKind, StatKind};
 use crate::types::{internal, Column, DataType, FlowError, Storage};
 
@@ -225,21 +225,152 @@ fn measure_column(emit: &[u32], vals: &Vals, t: usize, ty: DataType) -> Column {
 /// An ordered multiset of values (value → multiplicity, never 0).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct MultiSet {
-    ints: BTreeMap<i64, i64>,
+    ints: IntCounts,
     bytes: BTreeMap<Vec<u8>, i64>,
+}
+
+/// Most values an [`IntCounts`] keeps in its sorted vector.
+const SMALL_SET: usize = 32;
+
+/// The integers of a [`MultiSet`] (value → multiplicity) in value order: a
+/// sorted vector while it holds at most [`SMALL_SET`] values (one
+/// allocation and no tree nodes: most groups of a rollup see a few values),
+/// a B-tree beyond.
+#[derive(Debug, Clone)]
+pub(crate) enum IntCounts {
+    Small(Vec<(i64, i64)>),
+    Tree(BTreeMap<i64, i64>),
+}
+
+impl Default for IntCounts {
+    fn default() -> IntCounts {
+        IntCounts::Small(Vec::new())
+    }
+}
+
+impl PartialEq for IntCounts {
+    fn eq(&self, other: &IntCounts) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+/// An [`IntCounts`]' entries in value order, either way.
+pub(crate) enum IntCountsIter<'a> {
+    Small(std::slice::Iter<'a, (i64, i64)>),
+    Tree(std::collections::btree_map::Iter<'a, i64, i64>),
+}
+
+impl<'a> Iterator for IntCountsIter<'a> {
+    type Item = (&'a i64, &'a i64);
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            IntCountsIter::Small(it) => it.next().map(|(k, c)| (k, c)),
+            IntCountsIter::Tree(it) => it.next(),
+        }
+    }
+}
+
+impl DoubleEndedIterator for IntCountsIter<'_> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        match self {
+            IntCountsIter::Small(it) => it.next_back().map(|(k, c)| (k, c)),
+            IntCountsIter::Tree(it) => it.next_back(),
+        }
+    }
+}
+
+impl IntCounts {
+    fn iter(&self) -> IntCountsIter<'_> {
+        match self {
+            IntCounts::Small(v) => IntCountsIter::Small(v.iter()),
+            IntCounts::Tree(t) => IntCountsIter::Tree(t.iter()),
+        }
+    }
+    fn keys(&self) -> impl Iterator<Item = &i64> {
+        self.iter().map(|(k, _)| k)
+    }
+    fn values(&self) -> impl Iterator<Item = &i64> {
+        self.iter().map(|(_, c)| c)
+    }
+    fn len(&self) -> usize {
+        match self {
+            IntCounts::Small(v) => v.len(),
+            IntCounts::Tree(t) => t.len(),
+        }
+    }
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Sets `k`'s multiplicity to `c` (restoring; 0 is kept for `check`).
+    fn insert(&mut self, k: i64, c: i64) {
+        match self {
+            IntCounts::Small(v) => match v.binary_search_by_key(&k, |e| e.0) {
+                Ok(i) => v[i].1 = c,
+                Err(i) => v.insert(i, (k, c)),
+            },
+            IntCounts::Tree(t) => {
+                t.insert(k, c);
+            }
+        }
+        self.grow_up();
+    }
+    /// Adds `d` copies of `k`; returns (old multiplicity, new multiplicity).
+    fn add(&mut self, k: i64, d: i64) -> (i64, i64) {
+        let (old, new) = match self {
+            IntCounts::Small(v) => match v.binary_search_by_key(&k, |e| e.0) {
+                Ok(i) => {
+                    let old = v[i].1;
+                    let new = old.wrapping_add(d);
+                    if new == 0 {
+                        v.remove(i);
+                    } else {
+                        v[i].1 = new;
+                    }
+                    (old, new)
+                }
+                Err(i) => {
+                    if d != 0 {
+                        v.insert(i, (k, d));
+                    }
+                    (0, d)
+                }
+            },
+            IntCounts::Tree(t) => {
+                let e = t.entry(k).or_insert(0);
+                let old = *e;
+                *e = e.wrapping_add(d);
+                let new = *e;
+                if new == 0 {
+                    t.remove(&k);
+                }
+                (old, new)
+            }
+        };
+        self.grow_up();
+        (old, new)
+    }
+    /// Moves a vector grown past [`SMALL_SET`] into a tree.
+    fn grow_up(&mut self) {
+        if let IntCounts::Small(v) = self {
+            if v.len() > SMALL_SET {
+                *self = IntCounts::Tree(std::mem::take(v).into_iter().collect());
+            }
+        }
+    }
+}
+
+impl<'a> IntoIterator for &'a IntCounts {
+    type Item = (&'a i64, &'a i64);
+    type IntoIter = IntCountsIter<'a>;
+    fn into_iter(self) -> IntCountsIter<'a> {
+        self.iter()
+    }
 }
 
 impl MultiSet {
     /// Adds `d` copies; returns (old multiplicity, new multiplicity).
     fn add_int(&mut self, k: i64, d: i64) -> (i64, i64) {
-        let e = self.ints.entry(k).or_insert(0);
-        let old = *e;
-        *e = e.wrapping_add(d);
-        let new = *e;
-        if new == 0 {
-            self.ints.remove(&k);
-        }
-        (old, new)
+        self.ints.add(k, d)
     }
     fn add_bytes(&mut self, k: &[u8], d: i64) -> (i64, i64) {
         if let Some(e) = self.bytes.get_mut(k) {
@@ -791,10 +922,105 @@ enum Keys {
         nulls: Vec<bool>,
     },
     /// Any keys, encoded into bytes.
-    Encoded {
-        map: FxHashMap<Vec<u8>, u32>,
-        vals: Vec<Vec<u8>>,
-    },
+    Encoded(KeyTable),
+}
+
+/// Encoded group keys → group ids. The keys' bytes sit one after the other
+/// in one arena (a group's at `spans[g]`), and a hash table holds the group
+/// ids, hashed and compared by their keys: a new group appends its key and
+/// costs no allocation of its own, and the keys of groups made together
+/// (the current window's) sit together. Removed keys leave gaps until they
+/// are half of the arena, which is then compacted.
+#[derive(Debug, Clone, Default)]
+struct KeyTable {
+    table: hashbrown::HashTable<u32>,
+    bytes: Vec<u8>,
+    spans: Vec<(usize, usize)>,
+    garbage: usize,
+}
+
+fn key_hash(key: &[u8]) -> u64 {
+    use std::hash::Hasher;
+    let mut h = crate::hash::FxHasher::default();
+    h.write(key);
+    h.finish()
+}
+
+impl KeyTable {
+    /// Group `g`'s key (empty for a removed group).
+    fn key(&self, g: usize) -> &[u8] {
+        self.spans
+            .get(g)
+            .and_then(|&(s, e)| self.bytes.get(s..e))
+            .unwrap_or_default()
+    }
+
+    fn get(&self, key: &[u8]) -> Option<u32> {
+        let (bytes, spans) = (&self.bytes, &self.spans);
+        let at = |g: u32| {
+            spans
+                .get(g as usize)
+                .and_then(|&(s, e)| bytes.get(s..e))
+                .unwrap_or_default()
+        };
+        self.table.find(key_hash(key), |&g| at(g) == key).copied()
+    }
+
+    /// Gives group `g` the key `key`, which no group has.
+    fn insert(&mut self, key: &[u8], g: u32) {
+        let start = self.bytes.len();
+        self.bytes.extend_from_slice(key);
+        let gi = g as usize;
+        if self.spans.len() <= gi {
+            self.spans.resize(gi + 1, (0, 0));
+        }
+        self.spans[gi] = (start, self.bytes.len());
+        let (bytes, spans) = (&self.bytes, &self.spans);
+        let rehash = |g: &u32| {
+            key_hash(
+                spans
+                    .get(*g as usize)
+                    .and_then(|&(s, e)| bytes.get(s..e))
+                    .unwrap_or_default(),
+            )
+        };
+        self.table.insert_unique(key_hash(key), g, rehash);
+    }
+
+    fn remove(&mut self, g: u32) {
+        let key_len = self.key(g as usize).len();
+        let hash = key_hash(self.key(g as usize));
+        if let Ok(e) = self.table.find_entry(hash, |&x| x == g) {
+            e.remove();
+        }
+        if let Some(span) = self.spans.get_mut(g as usize) {
+            *span = (0, 0);
+        }
+        self.garbage += key_len;
+        if self.garbage > 4096 && self.garbage * 2 > self.bytes.len() {
+            self.compact();
+        }
+    }
+
+    /// Rewrites the arena without the removed keys' bytes.
+    fn compact(&mut self) {
+        let mut bytes = Vec::with_capacity(self.bytes.len() - self.garbage);
+        for span in &mut self.spans {
+            let start = bytes.len();
+            bytes.extend_from_slice(self.bytes.get(span.0..span.1).unwrap_or_default());
+            *span = (start, bytes.len());
+        }
+        self.bytes = bytes;
+        self.garbage = 0;
+    }
+
+    fn clear(&mut self) {
+        *self = KeyTable::default();
+    }
+
+    fn approx_bytes(&self) -> usize {
+        self.bytes.capacity() + self.spans.len() * 16 + self.table.capacity() * 5
+    }
 }
 
 /// Appends the encoding of row `i` of `cols` (null tag + value per column) to `buf`.
@@ -1097,10 +1323,7 @@ impl AggOp {
                 vals: Vec::new(),
                 nulls: Vec::new(),
             },
-            _ => Keys::Encoded {
-                map: FxHashMap::default(),
-                vals: Vec::new(),
-            },
+            _ => Keys::Encoded(KeyTable::default()),
         };
         let states = spec
             .measures
@@ -1343,20 +1566,15 @@ impl AggOp {
                     buf.clear();
                     encode_row(&mut buf, keys, &self.key_types, i);
                     let found = match &self.keys {
-                        Keys::Encoded { map, .. } => map.get(buf.as_slice()).copied(),
+                        Keys::Encoded(table) => table.get(&buf),
                         _ => None,
                     };
                     let g = match found {
                         Some(g) => g,
                         None => {
                             let g = self.alloc_gid();
-                            if let Keys::Encoded { map, vals } = &mut self.keys {
-                                map.insert(buf.clone(), g);
-                                let gi = g as usize;
-                                if vals.len() <= gi {
-                                    vals.resize(gi + 1, Vec::new());
-                                }
-                                set(vals, gi, buf.clone());
+                            if let Keys::Encoded(table) = &mut self.keys {
+                                table.insert(&buf, g);
                             }
                             g
                         }
@@ -1429,9 +1647,7 @@ impl AggOp {
                     Out::I(vals.get(g).copied().unwrap_or(0))
                 }
             }
-            Keys::Encoded { vals, .. } => vals
-                .get(g)
-                .map_or(Out::Null, |b| decode_key(b, &self.key_types, k)),
+            Keys::Encoded(table) => decode_key(table.key(g), &self.key_types, k),
         }
     }
 
@@ -1451,12 +1667,7 @@ impl AggOp {
                     map.remove(*k);
                 }
             }
-            Keys::Encoded { map, vals } => {
-                if let Some(k) = vals.get_mut(gi) {
-                    map.remove(k.as_slice());
-                    *k = Vec::new();
-                }
-            }
+            Keys::Encoded(table) => table.remove(g),
         }
         set(&mut self.rows, gi, 0);
         set(&mut self.alive, gi, false);
@@ -1600,7 +1811,7 @@ impl AggOp {
         let keys = match &self.keys {
             Keys::Global => 0,
             Keys::Int { vals, .. } => vals.len() * (8 + 1 + 16),
-            Keys::Encoded { vals, .. } => vals.iter().map(|v| 2 * v.len() + 56).sum(),
+            Keys::Encoded(table) => table.approx_bytes(),
         };
         keys + self.rows.len() * 10 + self.states.iter().map(|s| s.approx_bytes()).sum::<usize>()
     }
@@ -1621,9 +1832,9 @@ impl AggOp {
                     w.u8(nulls.get(g).copied().unwrap_or(false) as u8);
                 }
             }
-            Keys::Encoded { vals, .. } => {
+            Keys::Encoded(table) => {
                 for g in 0..n {
-                    w.bytes(vals.get(g).map_or(&[][..], |v| v.as_slice()));
+                    w.bytes(table.key(g));
                 }
             }
         }
@@ -1680,17 +1891,16 @@ impl AggOp {
                     }
                 }
             }
-            Keys::Encoded { map, vals } => {
-                map.clear();
-                vals.clear();
+            Keys::Encoded(table) => {
+                table.clear();
                 for g in 0..n {
-                    let v = r.bytes()?.to_vec();
-                    if alive.get(g).copied().unwrap_or(false)
-                        && map.insert(v.clone(), g as u32).is_some()
-                    {
-                        return Err(snap_err("duplicate group key"));
+                    let v = r.bytes()?;
+                    if alive.get(g).copied().unwrap_or(false) {
+                        if table.get(v).is_some() {
+                            return Err(snap_err("duplicate group key"));
+                        }
+                        table.insert(v, g as u32);
                     }
-                    vals.push(v);
                 }
             }
         }
@@ -1724,9 +1934,9 @@ impl AggOp {
                     }
                 }
             }
-            Keys::Encoded { vals, .. } => {
+            Keys::Encoded(table) => {
                 for g in (0..n).filter(|g| alive.get(*g).copied().unwrap_or(false)) {
-                    let key = vals.get(g).map_or(&[][..], |v| v.as_slice());
+                    let key = table.key(g);
                     check_key(key, &self.key_types, &self.spec.key_nullable)
                         .map_err(|m| snap_err(&m))?;
                 }
@@ -2401,6 +2611,87 @@ pub(crate) fn validate(spec: &AggSpec) -> Result<(), FlowError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn int_counts_hold_what_a_btree_holds_on_both_sides_of_the_switch() {
+        // A fixed pseudo-random walk of adds and removes over 0..80 values.
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let (mut counts, mut tree) = (IntCounts::default(), BTreeMap::<i64, i64>::new());
+        let mut was_tree = false;
+        for step in 0..20_000 {
+            let k = (next() % 80) as i64 - 40;
+            // Mostly adds at first, mostly removals later.
+            let d = if (next() % 100) < (if step < 10_000 { 80 } else { 30 }) {
+                1
+            } else {
+                -1
+            };
+            let e = tree.entry(k).or_insert(0);
+            let old = *e;
+            *e += d;
+            if *e == 0 {
+                tree.remove(&k);
+            }
+            assert_eq!(counts.add(k, d), (old, old + d), "step {step}");
+            was_tree |= matches!(counts, IntCounts::Tree(_));
+            assert_eq!(counts.len(), tree.len());
+            if step % 97 == 0 {
+                assert!(counts.iter().eq(tree.iter()), "step {step}");
+                assert!(counts.iter().rev().eq(tree.iter().rev()), "step {step}");
+            }
+        }
+        assert!(was_tree, "the walk went past the vector's size");
+        let mut small = IntCounts::default();
+        small.add(3, 1);
+        let mut big = IntCounts::Tree(BTreeMap::from([(3, 1)]));
+        assert_eq!(small, big, "equal contents are equal in either form");
+        big.add(3, -1);
+        assert!(big.is_empty());
+    }
+
+    #[test]
+    fn key_tables_find_every_live_key_through_removals_reuse_and_compaction() {
+        let key = |i: u32| format!("key-{i}-{}", "x".repeat((i % 7) as usize)).into_bytes();
+        let mut t = KeyTable::default();
+        for g in 0..5000 {
+            assert_eq!(t.get(&key(g)), None);
+            t.insert(&key(g), g);
+        }
+        // Remove three in four: the arena compacts on the way.
+        let before = t.bytes.len();
+        for g in (0..5000).filter(|g| g % 4 != 0) {
+            t.remove(g);
+        }
+        assert!(
+            t.bytes.len() < before / 2,
+            "compacted: {} of {before}",
+            t.bytes.len()
+        );
+        // Removed ids come back with new keys.
+        for g in (0..5000).filter(|g| g % 4 == 1) {
+            t.insert(&key(g + 10_000), g);
+        }
+        for g in 0..5000u32 {
+            let live = match g % 4 {
+                0 => Some(key(g)),
+                1 => Some(key(g + 10_000)),
+                _ => None,
+            };
+            assert_eq!(t.key(g as usize), live.as_deref().unwrap_or_default());
+            if let Some(k) = &live {
+                assert_eq!(t.get(k), Some(g), "{g}");
+            }
+            if g % 4 != 0 {
+                assert_eq!(t.get(&key(g)), None, "{g} was removed");
+            }
+        }
+    }
 
     #[test]
     fn encoded_rows_are_what_encode_row_writes() {
