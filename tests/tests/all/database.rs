@@ -1271,6 +1271,16 @@ async fn key_equality_and_time_range_scans_equal_full_scans() {
             "ts = '1970-01-01T00:00:00Z' AND host = 'a'",
             "CAST(ts AS BIGINT) = 0 AND host || '' = 'a'",
         ),
+        // A series within a time range (both narrow the scan).
+        (
+            "host = 'b' AND ts > '1970-01-01T00:00:00Z'",
+            "host || '' = 'b' AND CAST(ts AS BIGINT) > 0",
+        ),
+        (
+            "host = 'a' AND n = 1 AND ts < '1970-01-01T00:00:01Z'",
+            "host || '' = 'a' AND n + 0 = 1 AND CAST(ts AS BIGINT) < 1000",
+        ),
+        ("host = 'a' AND n = 3", "host || '' = 'a' AND n + 0 = 3"),
     ];
     for (narrowed, full) in cases {
         let q = |w: &str| format!("SELECT host, n, v, ts FROM t WHERE {w} ORDER BY host, n, ts");

@@ -299,7 +299,26 @@ impl SandTable {
             start,
             prefix: Vec::new(),
             end,
+            series: None,
         })
+    }
+
+    /// For a table keyed by time first: the series its leading primary key
+    /// columns' equalities with literals pick (`host = 'a'`), which a scan
+    /// checks on each key before decoding the row.
+    fn series_filter(&self, filters: &[Expr]) -> Option<(usize, Vec<u8>)> {
+        let mut equalities: Vec<(usize, ArrayRef)> = filters
+            .iter()
+            .filter_map(|f| self.key_equality(f))
+            .collect();
+        let mut values = Vec::new();
+        for &c in self.table.key_columns.iter().skip(1) {
+            match equalities.iter().position(|(i, _)| *i == c) {
+                Some(at) => values.push(equalities.swap_remove(at).1),
+                None => break,
+            }
+        }
+        crate::storage::codec::series_prefix(&self.table, &values)
     }
 
     /// The key prefix the filters pin down: the values of the leading key
@@ -374,7 +393,10 @@ impl TableProvider for SandTable {
     ) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
         let keys = match self.key_prefix(filters) {
             Some(p) => KeyRange::prefix(p),
-            None => self.time_range(filters).unwrap_or_default(),
+            None => KeyRange {
+                series: self.series_filter(filters),
+                ..self.time_range(filters).unwrap_or_default()
+            },
         };
         // Without columns (`count(*)`) the rows' order cannot show: skip
         // sorting them into series order.

@@ -212,6 +212,25 @@ pub(crate) fn time_prefix(table: &Table, time: i64) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// For a table keyed by time first (`TableInfo::time_first`): where its
+/// primary key starts in a stored key (after the time index), and the
+/// encoding of `values` of its leading primary key columns, in key order. A
+/// row whose key holds these bytes there belongs to that series. None for
+/// other tables.
+pub(crate) fn series_prefix(table: &Table, values: &[ArrayRef]) -> Option<(usize, Vec<u8>)> {
+    if values.is_empty() {
+        return None;
+    }
+    let at = time_prefix(table, 0)?.len();
+    let columns = &table.schema().columns;
+    let mut out = Vec::new();
+    for (&c, array) in table.key_columns.iter().skip(1).zip(values) {
+        let reader = ColumnReader::new(array, columns[c].data_type);
+        key_cell(reader.cell(0), columns[c].nullable, &mut out);
+    }
+    Some((at, out))
+}
+
 /// The suffix that makes append-mode keys unique.
 pub(crate) fn append_suffix(seq: u64, op: u32, row: u32, out: &mut Vec<u8>) {
     out.extend_from_slice(&seq.to_be_bytes());
