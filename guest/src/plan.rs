@@ -1147,7 +1147,6 @@ fn ordered_pair(
     schema: &Schema,
     ctx: &Ctx<'_>,
 ) -> Result<(Expr, bool), FlowError> {
-    use substrait::proto::sort_field::{SortDirection, SortKind};
     let value = value.ok_or_else(|| unsupported(format!("{name} needs an argument")))?;
     let [sort] = f.sorts.as_slice() else {
         return Err(unsupported(format!(
@@ -1167,18 +1166,7 @@ fn ordered_pair(
             key.ty()
         )));
     }
-    let direction = match sort.sort_kind {
-        Some(SortKind::Direction(d)) => {
-            SortDirection::try_from(d).unwrap_or(SortDirection::AscNullsLast)
-        }
-        _ => SortDirection::AscNullsLast,
-    };
-    let (asc, nulls_first) = match direction {
-        SortDirection::AscNullsFirst => (true, true),
-        SortDirection::DescNullsFirst => (false, true),
-        SortDirection::DescNullsLast => (false, false),
-        _ => (true, false),
-    };
+    let (asc, nulls_first) = sort_direction(sort);
     let pair = Expr::Call(
         Func::OrderedPair {
             // In ascending byte order, NULL keys sit low exactly when they
@@ -1191,6 +1179,24 @@ fn ordered_pair(
     Ok((pair, asc))
 }
 
+/// An ORDER BY key's (ascending, NULLs first); ASC NULLS LAST unless it
+/// says otherwise.
+fn sort_direction(sort: &substrait::proto::SortField) -> (bool, bool) {
+    use substrait::proto::sort_field::{SortDirection, SortKind};
+    let direction = match sort.sort_kind {
+        Some(SortKind::Direction(d)) => {
+            SortDirection::try_from(d).unwrap_or(SortDirection::AscNullsLast)
+        }
+        _ => SortDirection::AscNullsLast,
+    };
+    match direction {
+        SortDirection::AscNullsFirst => (true, true),
+        SortDirection::DescNullsFirst => (false, true),
+        SortDirection::DescNullsLast => (false, false),
+        _ => (true, false),
+    }
+}
+
 /// `array_agg(v [ORDER BY k])`, `array_agg(DISTINCT v)`: the argument that
 /// pairs each row's sort key (a constant when the values order themselves)
 /// with its value, and the statistic's kind.
@@ -1201,7 +1207,6 @@ fn array_agg(
     schema: &Schema,
     ctx: &Ctx<'_>,
 ) -> Result<(Expr, StatKind), FlowError> {
-    use substrait::proto::sort_field::{SortDirection, SortKind};
     let value = value.ok_or_else(|| unsupported("array_agg needs an argument"))?;
     let ty = value.ty();
     if ty.item().is_some() {
@@ -1221,26 +1226,16 @@ fn array_agg(
         return Ok((pair, kind));
     }
     // Ordered by the value: DISTINCT may only order by its argument.
-    let direction = match f.sorts.as_slice() {
-        [] => SortDirection::AscNullsLast,
-        [sort] => match sort.sort_kind {
-            Some(SortKind::Direction(d)) => {
-                SortDirection::try_from(d).unwrap_or(SortDirection::AscNullsLast)
-            }
-            _ => SortDirection::AscNullsLast,
-        },
+    let (asc, nulls_first) = match f.sorts.as_slice() {
+        [] => (true, false),
+        [sort] => sort_direction(sort),
         _ => {
             return Err(unsupported(
                 "array_agg(DISTINCT v ORDER BY ...) orders by v alone in flows",
             ))
         }
     };
-    let (reverse, nulls_first) = match direction {
-        SortDirection::AscNullsFirst => (false, true),
-        SortDirection::DescNullsFirst => (true, true),
-        SortDirection::DescNullsLast => (true, false),
-        _ => (false, false),
-    };
+    let reverse = !asc;
     let pair = Expr::Call(
         Func::OrderedPair { nulls_low: true },
         vec![Expr::Lit(Lit::Int(0), DataType::Int64), value],
