@@ -36,7 +36,7 @@ async fn record(engine: FlowEngine) -> (Recording, Vec<String>) {
     t.execute(
         "CREATE FLOW per_window SINK TO per_window_sink EXPIRE AFTER '30 seconds' AS \
          SELECT date_bin(INTERVAL '10 seconds', ts) AS w, count(*) AS n, sum(v) AS s, \
-         min(v) AS lo, max(v) AS hi FROM ev GROUP BY w",
+         min(v) AS lo, max(v) AS hi, array_agg(v ORDER BY v) AS vs FROM ev GROUP BY w",
     )
     .await
     .unwrap();
@@ -104,8 +104,17 @@ async fn record(engine: FlowEngine) -> (Recording, Vec<String>) {
     (rec, sink)
 }
 
+/// A CSV line as the replay writes one (a value holding a comma, a quote
+/// or a line break is quoted, its quotes doubled).
 fn csv_line(values: &[String]) -> String {
-    values.join(",")
+    values
+        .iter()
+        .map(|v| match v.contains([',', '"', '\n', '\r']) {
+            true => format!("\"{}\"", v.replace('"', "\"\"")),
+            false => v.clone(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
