@@ -903,7 +903,7 @@ impl Session {
         let control = Arc::new(StatementControl::default());
         let gate = control.clone();
         let work = async move {
-            let batch = crate::sql::copy::text_batch(&names, &rows)?;
+            let batch = crate::sql::copy::text_batch(&target, &names, &rows)?;
             let batch = core.fill_defaults(&target, batch)?;
             let n = batch.num_rows() as u64;
             let c = core.clone();

@@ -557,6 +557,27 @@ fn copy_in_and_out_through_the_protocol() {
         .psql_args(&["-c", &format!("\\copy cpu FROM '{}'", text.display())])
         .is_err());
     assert_eq!(s.sql("SELECT count(*) FROM cpu"), "3");
+
+    // Lists go out as PostgreSQL's array text and come back in from it.
+    s.sql("CREATE TABLE l (k STRING, xs BIGINT[], ss STRING[], ts TIMESTAMP TIME INDEX, PRIMARY KEY (k))");
+    let lists = r#"a	{1,NULL,3}	{"x,y","q\\"z",NULL,""}	1970-01-01 00:00:00.000000
+b	{}	\N	1970-01-01 00:00:00.000000
+"#;
+    std::fs::write(&text, lists).unwrap();
+    s.psql_args(&["-c", &format!("\\copy l FROM '{}'", text.display())])
+        .unwrap();
+    assert_eq!(
+        s.sql("SELECT k, xs[3], cardinality(xs), ss[2] FROM l ORDER BY k"),
+        "a|3|3|q\"z\nb||0|"
+    );
+    s.psql_args(&["-c", &format!("\\copy l TO '{}'", back.display())])
+        .unwrap();
+    assert_eq!(std::fs::read_to_string(&back).unwrap(), lists);
+    std::fs::write(&text, "c\t{1,{2}}\t\\N\t1970-01-01 00:00:00\n").unwrap();
+    let e = s
+        .psql_args(&["-c", &format!("\\copy l FROM '{}'", text.display())])
+        .unwrap_err();
+    assert!(e.contains("lists of lists are not supported"), "{e}");
 }
 
 // ALTER TABLE over psql: a new column reads as its DEFAULT for the rows

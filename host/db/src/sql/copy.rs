@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, StringArray};
+use datafusion::arrow::array::{ArrayRef, ListBuilder, StringArray, StringBuilder};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::sql::sqlparser::ast::{
@@ -15,6 +15,7 @@ use datafusion::sql::sqlparser::ast::{
     Statement as SqlStatement,
 };
 
+use crate::catalog::Table;
 use crate::error::{InternalSnafu, InvalidDataSnafu, Result, SqlSnafu, UnsupportedSnafu};
 use crate::sql::parser::{normalize_ident, table_name, TableName};
 
@@ -374,17 +375,56 @@ fn decode_csv(
     Ok(rows)
 }
 
-/// Text rows as a batch of string columns named `names`.
-pub fn text_batch(names: &[String], rows: &[Vec<Option<String>>]) -> Result<RecordBatch> {
+/// Text rows as a batch of string columns named `names`; a column that is a
+/// list in `table` becomes a list of strings, each value read as
+/// PostgreSQL writes an array (`{1,NULL,"a,b"}`, what COPY TO writes).
+/// Storage casts both to the columns' types.
+pub fn text_batch(
+    table: &Table,
+    names: &[String],
+    rows: &[Vec<Option<String>>],
+) -> Result<RecordBatch> {
+    let is_list = |n: &String| {
+        let schema = table.schema();
+        schema
+            .column_index(n)
+            .is_some_and(|i| schema.columns[i].data_type.item().is_some())
+    };
+    let text_list = DataType::List(Arc::new(Field::new_list_field(DataType::Utf8, true)));
     let schema = Arc::new(Schema::new(
         names
             .iter()
-            .map(|n| Field::new(n, DataType::Utf8, true))
+            .map(|n| match is_list(n) {
+                true => Field::new(n, text_list.clone(), true),
+                false => Field::new(n, DataType::Utf8, true),
+            })
             .collect::<Vec<_>>(),
     ));
-    let columns: Vec<ArrayRef> = (0..names.len())
-        .map(|i| Arc::new(StringArray::from_iter(rows.iter().map(|r| r[i].as_deref()))) as ArrayRef)
-        .collect();
+    let mut columns: Vec<ArrayRef> = Vec::with_capacity(names.len());
+    for (i, name) in names.iter().enumerate() {
+        if !is_list(name) {
+            columns.push(Arc::new(StringArray::from_iter(
+                rows.iter().map(|r| r[i].as_deref()),
+            )));
+            continue;
+        }
+        let mut list = ListBuilder::new(StringBuilder::new());
+        for (row, r) in rows.iter().enumerate() {
+            match &r[i] {
+                None => list.append_null(),
+                Some(text) => {
+                    let items = pg_array(text).map_err(|m| {
+                        InvalidDataSnafu {
+                            message: format!("row {}, column '{name}': {m}", row + 1),
+                        }
+                        .build()
+                    })?;
+                    list.append_value(items);
+                }
+            }
+        }
+        columns.push(Arc::new(list.finish()));
+    }
     RecordBatch::try_new_with_options(
         schema,
         columns,
@@ -398,9 +438,100 @@ pub fn text_batch(names: &[String], rows: &[Vec<Option<String>>]) -> Result<Reco
     })
 }
 
+/// The elements of PostgreSQL's text form of a one-dimensional array:
+/// `{` elements separated by commas `}`; an element double-quoted (with
+/// backslash escapes) or bare (trimmed, backslash escapes; a bare `NULL`
+/// is NULL).
+fn pg_array(text: &str) -> std::result::Result<Vec<Option<String>>, String> {
+    let bad = |why: &str| format!("{text:?} is not a list ({why}); write it as {{1,2,NULL}}");
+    let inner = text
+        .trim()
+        .strip_prefix('{')
+        .and_then(|t| t.strip_suffix('}'))
+        .ok_or_else(|| bad("it must be in braces"))?;
+    let mut items = Vec::new();
+    if inner.trim().is_empty() {
+        return Ok(items);
+    }
+    let mut chars = inner.chars().peekable();
+    loop {
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        let item = match chars.peek() {
+            Some('{') => return Err(bad("lists of lists are not supported")),
+            Some('"') => {
+                chars.next();
+                let mut s = String::new();
+                loop {
+                    match chars.next() {
+                        Some('"') => break,
+                        Some('\\') => {
+                            s.push(chars.next().ok_or_else(|| bad("a quote is not closed"))?)
+                        }
+                        Some(c) => s.push(c),
+                        None => return Err(bad("a quote is not closed")),
+                    }
+                }
+                while chars.next_if(|c| c.is_whitespace()).is_some() {}
+                Some(s)
+            }
+            _ => {
+                let (mut s, mut escaped) = (String::new(), false);
+                while let Some(c) = chars.next_if(|c| *c != ',') {
+                    match c {
+                        '\\' => {
+                            escaped = true;
+                            s.push(chars.next().ok_or_else(|| bad("it ends in a backslash"))?);
+                        }
+                        '"' | '{' | '}' => {
+                            return Err(bad("a bare element holds a quote or brace"))
+                        }
+                        c => s.push(c),
+                    }
+                }
+                let s = s.trim_end().to_string();
+                if s.is_empty() && !escaped {
+                    return Err(bad("an element is empty; write \"\" for an empty string"));
+                }
+                (escaped || !s.eq_ignore_ascii_case("NULL")).then_some(s)
+            }
+        };
+        items.push(item);
+        match chars.next() {
+            None => return Ok(items),
+            Some(',') => {}
+            Some(_) => return Err(bad("elements are separated by commas")),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn postgres_arrays_read_as_copy_to_writes_them() {
+        let s = |v: &str| Some(v.to_string());
+        assert_eq!(pg_array("{1,NULL,3}"), Ok(vec![s("1"), None, s("3")]));
+        assert_eq!(pg_array(" { } "), Ok(vec![]));
+        assert_eq!(
+            pg_array(r#"{"x,y","q\"z",NULL,"",null, a b ,"NULL",\N\ULL}"#),
+            Ok(vec![
+                s("x,y"),
+                s("q\"z"),
+                None,
+                s(""),
+                None,
+                s("a b"),
+                s("NULL"),
+                s("NULL")
+            ])
+        );
+        for bad in [
+            "1,2", "{1,}", "{,1}", "{{1}}", "{\"a}", "{a\"b}", "{1 2\"}", "{a\\}",
+        ] {
+            assert!(pg_array(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn text_format() {
