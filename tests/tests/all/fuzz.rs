@@ -529,13 +529,15 @@ proptest! {
     fn validate_batch_arbitrary((fields, b) in fields_and_batch()) {
         let ok = validate_batch(&fields, &b).is_ok();
         if ok {
-            let rows = b.to_rows(&fields);
-            prop_assert_eq!(rows.len(), b.rows as usize);
             if fields.is_empty() {
                 // Arrow cannot carry a row count without columns. Err is fine.
+                // (Nor are rows read: without columns nothing bounds `rows`,
+                // and billions of empty rows only exhaust the test's memory.)
                 let _ = batch_to_arrow(&b, &fields);
                 return Ok(());
             }
+            let rows = b.to_rows(&fields);
+            prop_assert_eq!(rows.len(), b.rows as usize);
             let rb = batch_to_arrow(&b, &fields)
                 .map_err(|e| TestCaseError::fail(format!("valid batch refused by batch_to_arrow: {e}")))?;
             let back = batch_from_arrow(&rb, &fields, 0, b.diffs.clone())
