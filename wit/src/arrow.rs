@@ -254,16 +254,7 @@ fn list_column(
     for (row, w) in offsets.windows(2).enumerate() {
         if valid.as_ref().is_none_or(|n| n.is_valid(row)) {
             for j in w[0]..w[1] {
-                let it = if v.is_null(j) {
-                    crate::list::Item::Null
-                } else {
-                    match item.storage() {
-                        crate::Storage::Ints => crate::list::Item::Int(v.ints[j]),
-                        crate::Storage::Floats => crate::list::Item::Float(v.floats[j]),
-                        crate::Storage::Bytes => crate::list::Item::Bytes(v.bytes_at(j)),
-                    }
-                };
-                crate::list::push(&mut bytes, it);
+                crate::list::push(&mut bytes, v.item_at(item.storage(), j));
             }
         }
         let Ok(end) = u32::try_from(bytes.len()) else {
@@ -294,23 +285,11 @@ fn list_items(c: &Column, item: DataType, rows: usize) -> Result<(Column, Vec<i3
             crate::list::items(item, c.bytes_at(row)).map_err(|e| ConvertError(e.to_string()))?;
         for e in elements {
             nulls.push(matches!(e, crate::list::Item::Null) as u8);
-            match item.storage() {
-                crate::Storage::Ints => items.ints.push(match e {
-                    crate::list::Item::Int(v) => v,
-                    _ => 0,
-                }),
-                crate::Storage::Floats => items.floats.push(match e {
-                    crate::list::Item::Float(v) => v,
-                    _ => 0.0,
-                }),
-                crate::Storage::Bytes => {
-                    if let crate::list::Item::Bytes(b) = e {
-                        items.bytes.extend_from_slice(b);
-                    }
-                    let end = u32::try_from(items.bytes.len())
-                        .or_else(|_| err("a list column exceeds 4 GiB"))?;
-                    items.offsets.push(end);
-                }
+            items.push_item(item.storage(), e);
+            if item.storage() == crate::Storage::Bytes {
+                let end = u32::try_from(items.bytes.len())
+                    .or_else(|_| err("a list column exceeds 4 GiB"))?;
+                items.offsets.push(end);
             }
         }
         let end =

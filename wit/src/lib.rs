@@ -213,7 +213,8 @@ impl fmt::Display for DataType {
 pub mod list {
     use super::{bad, DataType, FlowError, Storage};
 
-    /// One element of a list value.
+    /// One value as a column carries it (its storage's integer, float or
+    /// bytes, or NULL): a column's cell, or an element of a list value.
     #[derive(Debug, Clone, Copy, PartialEq)]
     pub enum Item<'a> {
         Null,
@@ -338,6 +339,32 @@ impl Column {
         self.bytes.get(s as usize..e as usize).unwrap_or(&[])
     }
 
+    /// Row `i` of a column of `storage` as one value (NULL when flagged;
+    /// a missing slot reads as 0 or empty).
+    pub fn item_at(&self, storage: Storage, i: usize) -> list::Item<'_> {
+        if self.is_null(i) {
+            return list::Item::Null;
+        }
+        match storage {
+            Storage::Ints => list::Item::Int(self.ints.get(i).copied().unwrap_or(0)),
+            Storage::Floats => list::Item::Float(self.floats.get(i).copied().unwrap_or(0.0)),
+            Storage::Bytes => list::Item::Bytes(self.bytes_at(i)),
+        }
+    }
+
+    /// Appends one value to a column of `storage`, without its null flag
+    /// (a NULL takes a 0 slot) and, for bytes, without its end offset.
+    pub fn push_item(&mut self, storage: Storage, item: list::Item<'_>) {
+        match (storage, item) {
+            (Storage::Ints, list::Item::Int(v)) => self.ints.push(v),
+            (Storage::Ints, _) => self.ints.push(0),
+            (Storage::Floats, list::Item::Float(v)) => self.floats.push(v),
+            (Storage::Floats, _) => self.floats.push(0.0),
+            (Storage::Bytes, list::Item::Bytes(b)) => self.bytes.extend_from_slice(b),
+            (Storage::Bytes, _) => {}
+        }
+    }
+
     pub fn approx_bytes(&self) -> usize {
         self.ints.len() * 8
             + self.floats.len() * 8
@@ -451,26 +478,40 @@ pub enum Value {
     List(Vec<Value>),
 }
 
-/// Appends `v` to `out` as an element of a list of `item`s.
-fn push_list_item(out: &mut Vec<u8>, item: DataType, v: &Value) -> Result<(), FlowError> {
+/// How a value of the scalar type `ty` is carried (see [`list::Item`]); None
+/// when `v` does not fit the type.
+fn scalar_item(ty: DataType, v: &Value) -> Option<list::Item<'_>> {
     use list::Item;
-    let it = match (item.storage(), v) {
+    Some(match (ty.storage(), v) {
         (_, Value::Null) => Item::Null,
         (Storage::Ints, Value::Bool(b)) => Item::Int(*b as i64),
-        (Storage::Ints, Value::Int(i)) => Item::Int(item.wrap_int(*i)),
-        (Storage::Ints, Value::UInt(u)) => Item::Int(item.wrap_int(*u as i64)),
+        (Storage::Ints, Value::Int(i)) => Item::Int(ty.wrap_int(*i)),
+        (Storage::Ints, Value::UInt(u)) => Item::Int(ty.wrap_int(*u as i64)),
         (Storage::Floats, Value::Float(x)) => Item::Float(*x),
         (Storage::Floats, Value::Int(i)) => Item::Float(*i as f64),
+        (Storage::Floats, Value::UInt(u)) => Item::Float(*u as f64),
         (Storage::Bytes, Value::Str(s)) => Item::Bytes(s.as_bytes()),
         (Storage::Bytes, Value::Bytes(b)) => Item::Bytes(b),
-        (_, other) => {
-            return Err(bad(format!(
-                "value {other:?} does not fit a list of {item}"
-            )))
+        _ => return None,
+    })
+}
+
+/// The value a scalar of type `ty` carried as `item` reads as: booleans as
+/// `Bool`, unsigned integers as `UInt`, other integers, timestamps and dates
+/// as `Int`, utf8 as `Str`.
+fn item_value(ty: DataType, item: list::Item<'_>) -> Value {
+    use list::Item;
+    match item {
+        Item::Null => Value::Null,
+        Item::Int(v) if ty == DataType::Boolean => Value::Bool(v != 0),
+        Item::Int(v) if ty.is_unsigned_int() => Value::UInt(v as u64),
+        Item::Int(v) => Value::Int(v),
+        Item::Float(v) => Value::Float(v),
+        Item::Bytes(b) if ty == DataType::Utf8 => {
+            Value::Str(String::from_utf8_lossy(b).into_owned())
         }
-    };
-    list::push(out, it);
-    Ok(())
+        Item::Bytes(b) => Value::Bytes(b.to_vec()),
+    }
 }
 
 impl Batch {
@@ -508,53 +549,30 @@ impl Batch {
                 if any_null {
                     col.nulls.push(matches!(v, Value::Null) as u8);
                 }
-                match f.data_type.storage() {
-                    Storage::Ints => col.ints.push(match v {
-                        Value::Null => 0,
-                        Value::Bool(b) => *b as i64,
-                        Value::Int(i) => f.data_type.wrap_int(*i),
-                        Value::UInt(u) => f.data_type.wrap_int(*u as i64),
-                        other => {
-                            return Err(bad(format!(
-                                "value {other:?} does not fit column {} of type {}",
-                                f.name, f.data_type
-                            )))
+                let storage = f.data_type.storage();
+                match (v, f.data_type.item()) {
+                    (Value::List(items), Some(item)) => {
+                        for v in items {
+                            let it = scalar_item(item, v).ok_or_else(|| {
+                                bad(format!("value {v:?} does not fit a list of {item}"))
+                            })?;
+                            list::push(&mut col.bytes, it);
                         }
-                    }),
-                    Storage::Floats => col.floats.push(match v {
-                        Value::Null => 0.0,
-                        Value::Float(x) => *x,
-                        Value::Int(i) => *i as f64,
-                        Value::UInt(u) => *u as f64,
-                        other => {
-                            return Err(bad(format!(
-                                "value {other:?} does not fit column {} of type {}",
-                                f.name, f.data_type
-                            )))
-                        }
-                    }),
-                    Storage::Bytes => {
-                        match v {
-                            Value::Null => {}
-                            Value::Str(s) => col.bytes.extend_from_slice(s.as_bytes()),
-                            Value::Bytes(b) => col.bytes.extend_from_slice(b),
-                            Value::List(items) if f.data_type.item().is_some() => {
-                                let item = f.data_type.item().unwrap_or(DataType::Binary);
-                                for v in items {
-                                    push_list_item(&mut col.bytes, item, v)?;
-                                }
-                            }
-                            other => {
-                                return Err(bad(format!(
-                                    "value {other:?} does not fit column {} of type {}",
-                                    f.name, f.data_type
-                                )))
-                            }
-                        }
-                        let off = u32::try_from(col.bytes.len())
-                            .map_err(|_| bad("column bytes exceed 4 GiB"))?;
-                        col.offsets.push(off);
                     }
+                    _ => {
+                        let it = scalar_item(f.data_type, v).ok_or_else(|| {
+                            bad(format!(
+                                "value {v:?} does not fit column {} of type {}",
+                                f.name, f.data_type
+                            ))
+                        })?;
+                        col.push_item(storage, it);
+                    }
+                }
+                if storage == Storage::Bytes {
+                    let off = u32::try_from(col.bytes.len())
+                        .map_err(|_| bad("column bytes exceed 4 GiB"))?;
+                    col.offsets.push(off);
                 }
             }
         }
@@ -584,48 +602,15 @@ impl Batch {
 
 /// Reads one value of a column as a [`Value`].
 pub fn value_at(ty: DataType, c: &Column, i: usize) -> Value {
-    if c.is_null(i) {
-        return Value::Null;
-    }
-    match ty.storage() {
-        Storage::Ints => {
-            let v = c.ints.get(i).copied().unwrap_or(0);
-            if ty == DataType::Boolean {
-                Value::Bool(v != 0)
-            } else if ty.is_unsigned_int() {
-                Value::UInt(v as u64)
-            } else {
-                Value::Int(v)
-            }
-        }
-        Storage::Floats => Value::Float(c.floats.get(i).copied().unwrap_or(0.0)),
-        Storage::Bytes => {
-            let b = c.bytes_at(i);
-            if let Some(item) = ty.item() {
-                let items = list::items(item, b).unwrap_or_default();
-                return Value::List(
-                    items
-                        .into_iter()
-                        .map(|v| match v {
-                            list::Item::Null => Value::Null,
-                            list::Item::Int(v) if item == DataType::Boolean => Value::Bool(v != 0),
-                            list::Item::Int(v) if item.is_unsigned_int() => Value::UInt(v as u64),
-                            list::Item::Int(v) => Value::Int(v),
-                            list::Item::Float(v) => Value::Float(v),
-                            list::Item::Bytes(b) if item == DataType::Utf8 => {
-                                Value::Str(String::from_utf8_lossy(b).into_owned())
-                            }
-                            list::Item::Bytes(b) => Value::Bytes(b.to_vec()),
-                        })
-                        .collect(),
-                );
-            }
-            if ty == DataType::Utf8 {
-                Value::Str(String::from_utf8_lossy(b).into_owned())
-            } else {
-                Value::Bytes(b.to_vec())
-            }
-        }
+    match ty.item() {
+        Some(item) if !c.is_null(i) => Value::List(
+            list::items(item, c.bytes_at(i))
+                .unwrap_or_default()
+                .into_iter()
+                .map(|it| item_value(item, it))
+                .collect(),
+        ),
+        _ => item_value(ty, c.item_at(ty.storage(), i)),
     }
 }
 
