@@ -307,34 +307,31 @@ impl SandTable {
     /// columns' equalities with literals pick (`host = 'a'`), which a scan
     /// checks on each key before decoding the row.
     fn series_filter(&self, filters: &[Expr]) -> Option<(usize, Vec<u8>)> {
+        let values = self.leading_equalities(filters, 1);
+        crate::storage::codec::series_prefix(&self.table, &values)
+    }
+
+    /// The literals the filters set the key columns from the `skip`th on
+    /// equal to, as long as each next one has an equality.
+    fn leading_equalities(&self, filters: &[Expr], skip: usize) -> Vec<ArrayRef> {
         let mut equalities: Vec<(usize, ArrayRef)> = filters
             .iter()
             .filter_map(|f| self.key_equality(f))
             .collect();
         let mut values = Vec::new();
-        for &c in self.table.key_columns.iter().skip(1) {
+        for &c in self.table.key_columns.iter().skip(skip) {
             match equalities.iter().position(|(i, _)| *i == c) {
                 Some(at) => values.push(equalities.swap_remove(at).1),
                 None => break,
             }
         }
-        crate::storage::codec::series_prefix(&self.table, &values)
+        values
     }
 
     /// The key prefix the filters pin down: the values of the leading key
     /// columns that each have an equality with a literal.
     fn key_prefix(&self, filters: &[Expr]) -> Option<Vec<u8>> {
-        let mut equalities: Vec<(usize, ArrayRef)> = filters
-            .iter()
-            .filter_map(|f| self.key_equality(f))
-            .collect();
-        let mut values = Vec::new();
-        for &c in &self.table.key_columns {
-            match equalities.iter().position(|(i, _)| *i == c) {
-                Some(at) => values.push(equalities.swap_remove(at).1),
-                None => break,
-            }
-        }
+        let values = self.leading_equalities(filters, 0);
         if values.is_empty() {
             return None;
         }
