@@ -7,7 +7,7 @@ use crate::codec::{Reader, Writer};
 use crate::column::{get, Chunk, ColBuilder, Diffs, S};
 use crate::expr::Expr;
 use crate::hash::IntMap;
-use crate::plan::{AggKind, AggSpec, SketchKind, StatKind};
+use crate::plan::{AggKind, AggSpec, MeasureSpec, SketchKind, StatKind};
 use crate::types::{internal, Column, DataType, FlowError, Storage};
 
 /// Sentinel group id for rows that do not take part (expired keys).
@@ -90,7 +90,7 @@ impl Vals {
         let (float, is_wide) = match state {
             State::Count(_) | State::SumInt { .. } | State::Distinct { .. } => (false, false),
             State::SumFloat { .. } | State::AvgFloat { .. } | State::AvgInt { .. } => (true, false),
-            State::MinMax { .. } => (
+            State::MinMax { .. } | State::Mirror { .. } => (
                 storage == Some(Storage::Floats),
                 storage == Some(Storage::Bytes),
             ),
@@ -552,6 +552,13 @@ enum State {
         sets: Vec<MultiSet>,
         max: bool,
     },
+    /// A min or max over the same argument and filter as measure `of`, a
+    /// [`State::MinMax`]: it reads that measure's multisets and keeps none of
+    /// its own (`min(v), max(v)` is the usual rollup; one multiset serves both).
+    Mirror {
+        of: usize,
+        max: bool,
+    },
     Distinct {
         sets: Vec<MultiSet>,
         n: Vec<i64>,
@@ -635,6 +642,7 @@ impl State {
                 sets.resize_with(len, MultiSet::default);
                 n.resize(len, 0);
             }
+            State::Mirror { .. } => {}
         }
     }
 
@@ -660,6 +668,7 @@ impl State {
                 set(sets, g, MultiSet::default());
                 set(n, g, 0);
             }
+            State::Mirror { .. } => {}
         }
     }
 
@@ -677,13 +686,23 @@ impl State {
             State::Distinct { sets, .. } => sets.get(g).is_none_or(|s| s.is_empty()),
             // A group of NULLs only has the empty sketch, not NULL.
             State::Sketch { .. } => rows.get(g).copied().unwrap_or(0) == 0,
+            // Its measure answers for it.
+            State::Mirror { .. } => true,
         }
     }
 
     /// Appends the measure's current value for each group of `groups` to `out` (one entry per
     /// group, whether or not the group is present). One loop per kind of state: flush reads
     /// every changed group's values twice per tick.
-    fn values(&self, groups: &[u32], in_ty: Option<DataType>, rows: &[i64], out: &mut Vals) {
+    /// `all` are the aggregate's states, where a [`State::Mirror`] finds its multisets.
+    fn values(
+        &self,
+        all: &[State],
+        groups: &[u32],
+        in_ty: Option<DataType>,
+        rows: &[i64],
+        out: &mut Vals,
+    ) {
         let at = |v: &[i64], g: u32| v.get(g as usize).copied().unwrap_or(0);
         match self {
             State::Count(n) => gather(&mut out.bits, n.all(rows), groups),
@@ -735,17 +754,11 @@ impl State {
                     }
                 }
             }
-            State::MinMax { sets, max } => {
-                let t = in_ty.unwrap_or(DataType::Int64);
-                for &g in groups {
-                    match sets.get(g as usize).map(|s| s.min_max(*max, t)) {
-                        Some(Out::I(x)) => out.push_bits(x),
-                        Some(Out::F(x)) => out.push_bits(x.to_bits() as i64),
-                        Some(b @ Out::B(_)) => out.push_wide(b),
-                        _ => out.push_null(),
-                    }
-                }
-            }
+            State::MinMax { sets, max } => min_max_values(sets, *max, groups, in_ty, out),
+            State::Mirror { of, max } => match all.get(*of) {
+                Some(State::MinMax { sets, .. }) => min_max_values(sets, *max, groups, in_ty, out),
+                _ => groups.iter().for_each(|_| out.push_null()),
+            },
             State::Stat { sets, kind, param } => {
                 let t = in_ty.unwrap_or(DataType::Float64);
                 let empty = MultiSet::default();
@@ -796,6 +809,7 @@ impl State {
 
     fn approx_bytes(&self) -> usize {
         match self {
+            State::Mirror { .. } => 0,
             State::Count(n) => n.approx_bytes(),
             State::SumInt { s, n } => s.len() * 8 + n.approx_bytes(),
             State::SumFloat { s, n } | State::AvgFloat { s, n } => s.len() * 8 + n.approx_bytes(),
@@ -811,6 +825,7 @@ impl State {
 
     fn write(&self, w: &mut Writer, rows: &[i64]) {
         match self {
+            State::Mirror { .. } => {}
             State::Count(n) => n.write(w, rows),
             State::SumInt { s, n } => {
                 w.i64s(s);
@@ -844,7 +859,15 @@ impl State {
         }
     }
 
-    fn read(&mut self, r: &mut Reader<'_>, len: usize, rows: &[i64]) -> Result<(), FlowError> {
+    /// Reads what [`State::write`] wrote; snapshots before `version` 3 also hold a mirror's
+    /// own multisets, which are skipped.
+    fn read(
+        &mut self,
+        r: &mut Reader<'_>,
+        len: usize,
+        rows: &[i64],
+        version: u32,
+    ) -> Result<(), FlowError> {
         let check = |l: usize| {
             if l == len {
                 Ok(())
@@ -855,6 +878,14 @@ impl State {
             }
         };
         match self {
+            State::Mirror { .. } if version >= 3 => {}
+            State::Mirror { .. } => {
+                let l = r.len(16)?;
+                for _ in 0..l {
+                    MultiSet::read(r)?;
+                }
+                check(l)?;
+            }
             State::Count(n) => *n = Counts::read(r, rows)?,
             State::SumInt { s, n } => {
                 *s = r.i64s()?;
@@ -1325,12 +1356,23 @@ impl AggOp {
             },
             _ => Keys::Encoded(KeyTable::default()),
         };
-        let states = spec
-            .measures
-            .iter()
-            .zip(arg_types.iter())
-            .map(|(m, t)| State::new(m.kind, *t, &m.param))
-            .collect();
+        let mut states: Vec<State> = Vec::with_capacity(spec.measures.len());
+        for (i, (m, t)) in spec.measures.iter().zip(arg_types.iter()).enumerate() {
+            let min_max = |m: &MeasureSpec| matches!(m.kind, AggKind::Min | AggKind::Max);
+            let twin = spec
+                .measures
+                .get(..i)
+                .unwrap_or_default()
+                .iter()
+                .position(|o| min_max(o) && min_max(m) && o.arg == m.arg && o.filter == m.filter);
+            states.push(match twin {
+                Some(of) if matches!(states.get(of), Some(State::MinMax { .. })) => State::Mirror {
+                    of,
+                    max: m.kind == AggKind::Max,
+                },
+                _ => State::new(m.kind, *t, &m.param),
+            });
+        }
         let time_key = key_types
             .iter()
             .enumerate()
@@ -1421,7 +1463,7 @@ impl AggOp {
             self.old_present.extend(present);
         }
         for ((s, t), vals) in self.states.iter().zip(&self.arg_types).zip(&mut self.old) {
-            s.values(fresh, *t, &self.rows, vals);
+            s.values(&self.states, fresh, *t, &self.rows, vals);
         }
         self.recorded = self.touched.len();
     }
@@ -1694,7 +1736,7 @@ impl AggOp {
         let mut vals = std::mem::take(&mut self.old);
         let t = touched.len();
         for ((s, ty), v) in self.states.iter().zip(&self.arg_types).zip(&mut vals) {
-            s.values(&touched, *ty, &self.rows, v);
+            s.values(&self.states, &touched, *ty, &self.rows, v);
         }
         // A group is emitted unless it was and is present with the same values.
         let is: Vec<bool> = touched.iter().map(|&g| self.present(g as usize)).collect();
@@ -1807,6 +1849,13 @@ impl AggOp {
         next
     }
 
+    /// How many measures read another's multisets ([`State::Mirror`]).
+    #[cfg(test)]
+    pub fn mirrors(&self) -> usize {
+        let mirror = |s: &&State| matches!(s, State::Mirror { .. });
+        self.states.iter().filter(mirror).count()
+    }
+
     pub fn state_size(&self) -> usize {
         let keys = match &self.keys {
             Keys::Global => 0,
@@ -1847,7 +1896,8 @@ impl AggOp {
         }
     }
 
-    pub fn read(&mut self, r: &mut Reader<'_>) -> Result<(), FlowError> {
+    /// Reads what [`AggOp::write`] wrote into a snapshot of format `version`.
+    pub fn read(&mut self, r: &mut Reader<'_>, version: u32) -> Result<(), FlowError> {
         let snap_err = |m: &str| crate::types::bad(format!("snapshot: {m}"));
         self.initialized = r.u8()? != 0;
         let n = r.len(9)?;
@@ -1914,7 +1964,7 @@ impl AggOp {
             free.push(f);
         }
         for s in &mut self.states {
-            s.read(r, n, &rows)?;
+            s.read(r, n, &rows, version)?;
         }
         // Everything that can reach the output must be a value of its column's type.
         match &self.keys {
@@ -1954,6 +2004,25 @@ impl AggOp {
         self.old.iter_mut().for_each(Vals::clear);
         self.recorded = 0;
         Ok(())
+    }
+}
+
+/// Appends min or max of each group's multiset in `sets` to `out` (see [`State::values`]).
+fn min_max_values(
+    sets: &[MultiSet],
+    max: bool,
+    groups: &[u32],
+    in_ty: Option<DataType>,
+    out: &mut Vals,
+) {
+    let t = in_ty.unwrap_or(DataType::Int64);
+    for &g in groups {
+        match sets.get(g as usize).map(|s| s.min_max(max, t)) {
+            Some(Out::I(x)) => out.push_bits(x),
+            Some(Out::F(x)) => out.push_bits(x.to_bits() as i64),
+            Some(b @ Out::B(_)) => out.push_wide(b),
+            _ => out.push_null(),
+        }
     }
 }
 
@@ -2260,6 +2329,8 @@ fn update(
                 }
             }
         }
+        // Its measure's update keeps the multisets.
+        State::Mirror { .. } => {}
         State::MinMax { sets, .. } | State::Sketch { sets, .. } | State::Stat { sets, .. } => {
             for (i, (g, d)) in gids.iter().zip(diffs.iter()).enumerate() {
                 if !(keep(i) && valid(i)) {
