@@ -177,6 +177,64 @@ impl Vals {
         self.wide.clear();
     }
 
+    fn write(&self, w: &mut Writer) {
+        w.i64s(&self.bits);
+        w.u64(self.nulls.len() as u64);
+        for n in &self.nulls {
+            w.u8(*n as u8);
+        }
+        w.u64(self.wide.len() as u64);
+        for v in &self.wide {
+            match v {
+                Out::Null => w.u8(0),
+                Out::I(x) => {
+                    w.u8(1);
+                    w.i64(*x);
+                }
+                Out::F(x) => {
+                    w.u8(2);
+                    w.i64(x.to_bits() as i64);
+                }
+                Out::B(b) => {
+                    w.u8(3);
+                    w.bytes(b);
+                }
+            }
+        }
+    }
+
+    /// Reads what [`Vals::write`] wrote into `self` (made by [`Vals::new`] for the measure):
+    /// `n` values of its form.
+    fn read(&mut self, r: &mut Reader<'_>, n: usize) -> Result<(), FlowError> {
+        let bad = || crate::types::bad("snapshot: a changed group's earlier value is malformed");
+        self.bits = r.i64s()?;
+        let nn = r.len(1)?;
+        self.nulls = (0..nn)
+            .map(|_| r.u8().map(|b| b != 0))
+            .collect::<Result<_, _>>()?;
+        let nw = r.len(1)?;
+        let mut wide = Vec::with_capacity(nw);
+        for _ in 0..nw {
+            wide.push(match r.u8()? {
+                0 => Out::Null,
+                1 => Out::I(r.i64()?),
+                2 => Out::F(f64::from_bits(r.i64()? as u64)),
+                3 => Out::B(r.bytes()?.to_vec()),
+                _ => return Err(bad()),
+            });
+        }
+        self.wide = wide;
+        let (values, others) = match self.is_wide {
+            true => (self.wide.len(), self.bits.len() + self.nulls.len()),
+            false => (self.bits.len(), self.wide.len()),
+        };
+        let nulls_fit = self.nulls.is_empty() || self.nulls.len() == self.bits.len();
+        if values != n || others != 0 || !nulls_fit {
+            return Err(bad());
+        }
+        Ok(())
+    }
+
     fn scalar(&self, i: usize) -> S<'_> {
         if self.is_wide {
             return self.wide.get(i).map_or(S::Null, |v| v.as_s());
@@ -1894,6 +1952,65 @@ impl AggOp {
         for s in &self.states {
             s.write(w, &self.rows);
         }
+        // A tick in progress (format 3): the groups that rows absorbed as they were pushed
+        // (`Flow::push`) changed, with their output before, which the next flush emits.
+        w.u32s(self.touched.get(..self.recorded).unwrap_or_default());
+        w.u64(self.recorded as u64);
+        for p in self.old_present.iter().take(self.recorded) {
+            w.u8(*p as u8);
+        }
+        for v in &self.old {
+            v.write(w);
+        }
+    }
+
+    /// Whether it drops groups after `EXPIRE AFTER` (which depends on the tick time).
+    pub fn expires(&self) -> bool {
+        self.expire_ms.is_some()
+    }
+
+    /// Reads the tick in progress [`AggOp::write`] wrote (`alive`: the restored groups).
+    fn read_touched(&mut self, r: &mut Reader<'_>, alive: &[bool]) -> Result<(), FlowError> {
+        let snap_err = |m: &str| crate::types::bad(format!("snapshot: {m}"));
+        let touched = r.u32s()?;
+        let t = touched.len();
+        let mut mark = vec![false; alive.len()];
+        for &g in &touched {
+            match mark.get_mut(g as usize) {
+                Some(m) if !*m && alive.get(g as usize) == Some(&true) => *m = true,
+                _ => return Err(snap_err("a changed group is unknown or listed twice")),
+            }
+        }
+        if r.len(1)? != t {
+            return Err(snap_err(
+                "changed groups and their presence differ in number",
+            ));
+        }
+        let old_present = (0..t)
+            .map(|_| r.u8().map(|b| b != 0))
+            .collect::<Result<Vec<_>, _>>()?;
+        let emit: Vec<u32> = (0..t as u32).map(|i| i << 1).collect();
+        for (v, m) in self.old.iter_mut().zip(&self.spec.measures) {
+            v.read(r, t)?;
+            if t > 0 {
+                // The earlier values reach the output at the next flush.
+                let col = measure_column(&emit, v, t, m.out);
+                let field = crate::types::Field::new("measure", m.out, true);
+                let batch = crate::types::Batch {
+                    rows: t as u32,
+                    columns: vec![col],
+                    times: vec![0],
+                    diffs: vec![-1],
+                };
+                crate::types::validate_batch(&[field], &batch)
+                    .map_err(|e| snap_err(&format!("a changed group's earlier value: {e}")))?;
+            }
+        }
+        self.touched = touched;
+        self.old_present = old_present;
+        self.recorded = t;
+        self.mark = mark;
+        Ok(())
     }
 
     /// Reads what [`AggOp::write`] wrote into a snapshot of format `version`.
@@ -1995,14 +2112,17 @@ impl AggOp {
         for (s, t) in self.states.iter().zip(&self.arg_types) {
             s.check(*t).map_err(|m| snap_err(&m))?;
         }
-        self.rows = rows;
-        self.alive = alive;
-        self.free = free;
         self.mark = vec![false; n];
         self.touched.clear();
         self.old_present.clear();
         self.old.iter_mut().for_each(Vals::clear);
         self.recorded = 0;
+        if version >= 3 {
+            self.read_touched(r, &alive)?;
+        }
+        self.rows = rows;
+        self.alive = alive;
+        self.free = free;
         Ok(())
     }
 }

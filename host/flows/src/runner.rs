@@ -5,7 +5,10 @@
 //! What a step does:
 //!
 //! 1. Pulls input: reads each source's change log part by part after its
-//!    position and pushes the parts into the guest, stamped with the time.
+//!    position and pushes the parts into the guest, stamped with the time
+//!    (a back-fill's parts before its last with [`BACKFILL_TIME`], due at
+//!    any tick: the engine may fold them in as they come, while the next
+//!    part is read).
 //!    After a crash the first reads replay, silently, what the sink already
 //!    shows (from the snapshot's positions up to the written ones): the guest
 //!    catches up and its output is dropped. At most `parts_per_step` parts are
@@ -66,6 +69,12 @@ pub const SNAPSHOT_COST_FACTOR: u32 = 50;
 /// `state_size_limit`) besides flushes, stops and snapshots: the engine
 /// walks its state to answer, which a tick's cost should not follow.
 pub const STATE_SIZE_EVERY_MS: i64 = 1_000;
+
+/// The time a back-fill's parts (all but the last) are stamped with: due at
+/// every tick, so that the guest may process them when they are pushed
+/// rather than all at the tick that ends the back-fill. Rows are processed
+/// at a tick whatever their time was, as long as it is not after the tick's.
+pub const BACKFILL_TIME: i64 = i64::MIN;
 
 /// What drives a runner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -402,7 +411,10 @@ impl Runner {
                         }
                         let mut batch = chunk.batch;
                         if batch.rows > 0 {
-                            batch.times = vec![now];
+                            batch.times = match chunk.durable {
+                                true => vec![now],
+                                false => vec![BACKFILL_TIME],
+                            };
                             self.guest()?.push(s as u32, batch)?;
                             if !self.silent {
                                 self.pending = true;

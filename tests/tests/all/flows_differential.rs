@@ -1065,3 +1065,101 @@ async fn chained_flow_equals_two_level_query() {
         chained_flows_follow_req(seed).await;
     }
 }
+
+/// A source of many back-fill parts (`PART_ROWS` rows each):
+/// the parts before the last reach the guest due at once, and a flow whose
+/// chain ends in an aggregate folds them in as they come.
+const BIG: &str = "CREATE TABLE big (host STRING, status INT, bytes DOUBLE NULL, \
+     ts TIMESTAMP TIME INDEX, PRIMARY KEY (host, status))";
+
+/// Folded in as pushed: a rollup whose max and min share their multisets.
+const BIG_WIN: Flow = Flow {
+    name: "big_win",
+    sink: "big_win_sink",
+    columns: "host, w, c, s, lo, hi, n",
+    query: "SELECT host, date_bin(INTERVAL '1 minute', ts) AS w, count(*) AS c, \
+            sum(bytes) AS s, min(bytes) AS lo, max(bytes) AS hi, count(bytes) AS n \
+            FROM big GROUP BY host, w",
+    reference: None,
+};
+
+/// Folded in as pushed: a filter before the aggregate, a HAVING after it.
+const BIG_BUSY: Flow = Flow {
+    name: "big_busy",
+    sink: "big_busy_sink",
+    columns: "host, status, c, hi",
+    query: "SELECT host, status, count(*) AS c, max(bytes) AS hi FROM big \
+            WHERE status >= 300 GROUP BY host, status HAVING count(*) > 150",
+    reference: None,
+};
+
+/// Left for the tick (the source is read twice: a self-join).
+const BIG_PAIRS: Flow = Flow {
+    name: "big_pairs",
+    sink: "big_pairs_sink",
+    columns: "host, c",
+    query: "SELECT a.host AS host, count(*) AS c FROM big a JOIN big b \
+            ON a.host = b.host AND a.ts = b.ts AND a.status = 200 AND b.status = 500 \
+            GROUP BY a.host",
+    reference: None,
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_back_fill_of_many_parts_equals_its_query() {
+    let dir = temp_dir();
+    let db = open(&dir).await;
+    exec(&db, BIG).await;
+    let rows = 3 * sandflow::storage::PART_ROWS + 1_234;
+    let row = |i: usize| {
+        let bytes = match i % 13 {
+            0 => "NULL".to_string(),
+            _ => format!("{}.5", (i * 7_919) % 1_000),
+        };
+        // Two statuses per (host, second): the self-join finds pairs.
+        let (host, status) = (i / 2 % 37, [200, 500, 301, 404][i % 4]);
+        format!(
+            "('h{host}', {status}, {bytes}, '2024-01-01 00:00:00'::timestamp + INTERVAL '{} seconds')",
+            i / 2
+        )
+    };
+    for start in (0..rows).step_by(2_000) {
+        let values: Vec<String> = (start..rows.min(start + 2_000)).map(row).collect();
+        exec(
+            &db,
+            &format!("INSERT INTO big VALUES {}", values.join(", ")),
+        )
+        .await;
+    }
+    // History for the back-fill to reflect: replacing upserts and deletes.
+    exec(
+        &db,
+        "INSERT INTO big VALUES ('h3', 404, 99999.5, '2024-01-01 00:00:10'), \
+               ('h5', 200, NULL, '2024-01-01 00:00:20')",
+    )
+    .await;
+    exec(&db, "DELETE FROM big WHERE host = 'h7' AND status = 301").await;
+    let flows = [&BIG_WIN, &BIG_BUSY, &BIG_PAIRS];
+    for flow in flows {
+        create_flow(&db, flow).await;
+    }
+    let statements = Vec::new();
+    let at = At {
+        seed: 0,
+        step: 0,
+        statements: &statements,
+    };
+    check(&db, &flows, &at).await;
+    // After the back-fill, changes reach the sinks as they come.
+    exec(&db, "DELETE FROM big WHERE host = 'h11'").await;
+    exec(
+        &db,
+        "INSERT INTO big VALUES ('h12', 301, -1.5, '2024-01-01 00:01:00')",
+    )
+    .await;
+    check(&db, &flows, &At { step: 1, ..at }).await;
+    let db = {
+        drop(db);
+        open(&dir).await
+    };
+    check(&db, &flows, &At { step: 2, ..at }).await;
+}

@@ -104,8 +104,66 @@ fn failure_of(e: RuntimeError) -> Failure {
 /// A source's back-fill: its rows at commit `seq`, read part by part.
 struct Backfill {
     seq: u64,
-    cursor: TableCursor,
+    parts: std::sync::mpsc::Receiver<Result<(Batch, bool), Failure>>,
     next_part: u32,
+}
+
+/// Back-fill parts read ahead of the flow: the reading thread converts the
+/// next parts while the guest folds in this one (the runner stamps them due
+/// at once, see `sandflow_flows::BACKFILL_TIME`).
+const READ_AHEAD_PARTS: usize = 4;
+
+/// Reads `cursor` to its end on a thread of its own, at most
+/// [`READ_AHEAD_PARTS`] ahead of the flow: each part as the contract's rows
+/// and whether it is the last. The thread stops when the flow drops the
+/// receiver (and with it releases the read transaction).
+fn read_ahead(
+    mut cursor: TableCursor,
+    table: Arc<Table>,
+    fields: Vec<Field>,
+) -> std::sync::mpsc::Receiver<Result<(Batch, bool), Failure>> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(READ_AHEAD_PARTS);
+    let spawned = std::thread::Builder::new()
+        .name("backfill-read".into())
+        .spawn({
+            let tx = tx.clone();
+            move || loop {
+                let part = match cursor.next_part(&table) {
+                    Ok(Some((rows, last))) => {
+                        // Every row of a back-fill is an insertion: one diff
+                        // for all of them, as the contract allows, which the
+                        // guest folds in without reading a diff per row.
+                        convert(&rows, &fields).map(|b| (b, last))
+                    }
+                    Ok(None) => Ok((Batch::default(), true)),
+                    Err(e) => Err(Failure::transient(format!(
+                        "cannot read the back-fill: {e}"
+                    ))),
+                };
+                let stop = !matches!(part, Ok((_, false)));
+                if tx.send(part).is_err() || stop {
+                    return;
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        let _ = tx.send(Err(Failure::transient(format!(
+            "cannot start reading the back-fill: {e}"
+        ))));
+    }
+    rx
+}
+
+fn convert(
+    batch: &datafusion::arrow::record_batch::RecordBatch,
+    fields: &[Field],
+) -> Result<Batch, Failure> {
+    let diffs = match batch.num_rows() {
+        0 => Vec::new(),
+        _ => vec![1],
+    };
+    batch_from_arrow(batch, fields, 0, diffs)
+        .map_err(|e| Failure::permanent(format!("cannot convert source rows: {e}")))
 }
 
 /// The changes of a flow's sources: the back-fill first (when the flow is
@@ -129,10 +187,11 @@ impl StoreLog {
     ) -> StoreLog {
         let backfill = cursors
             .into_iter()
-            .map(|c| {
+            .zip(sources.iter().zip(&fields))
+            .map(|(c, (table, fields))| {
                 c.map(|cursor| Backfill {
                     seq,
-                    cursor,
+                    parts: read_ahead(cursor, table.clone(), fields.clone()),
                     next_part: 1,
                 })
             })
@@ -169,13 +228,11 @@ impl ChangeLog for StoreLog {
             if after.seq == seq && after.part != u32::MAX {
                 let part = b.next_part;
                 let read = b
-                    .cursor
-                    .next_part(&table)
-                    .map_err(|e| Failure::transient(format!("cannot read the back-fill: {e}")))?;
-                let (rows, last) = match read {
-                    Some((rows, last)) => (Some(rows), last),
-                    None => (None, true),
-                };
+                    .parts
+                    .recv()
+                    .unwrap_or_else(|_| Err(Failure::transient("the back-fill's reader stopped")));
+                // A failure ends the run; a restart reads the back-fill anew.
+                let (batch, last) = read?;
                 b.next_part += 1;
                 if last {
                     self.backfill[s] = None;
@@ -184,13 +241,6 @@ impl ChangeLog for StoreLog {
                     Position::after_commit(seq)
                 } else {
                     Position { seq, part }
-                };
-                let batch = match rows {
-                    Some(rows) => {
-                        let n = rows.num_rows();
-                        self.convert(s, &rows, vec![1; n])?
-                    }
-                    None => Batch::default(),
                 };
                 return Ok(Some(Chunk {
                     batch,

@@ -130,7 +130,8 @@ impl TableCursor {
         let mut dec = RowDecoder::new(table, PART_ROWS.min(1024));
         let mut failure = None;
         let mut more = false;
-        let mut last: Option<Vec<u8>> = None;
+        // The key of the last row taken, kept in one buffer (not a copy per row).
+        let mut last: Vec<u8> = Vec::new();
         let start = self.last.clone().unwrap_or_default();
         let skip_first = self.last.is_some();
         let mut first = true;
@@ -147,16 +148,17 @@ impl TableCursor {
                     failure = Some(e);
                     return Ok(false);
                 }
-                last = Some(k.to_vec());
+                last.clear();
+                last.extend_from_slice(k);
                 Ok(true)
             })?;
         if let Some(e) = failure {
             return Err(e);
         }
-        let batch = dec.finish()?;
-        if last.is_some() {
-            self.last = last;
+        if dec.len() > 0 {
+            self.last = Some(last);
         }
+        let batch = dec.finish()?;
         if !more {
             self.done = true;
             // Nothing more to read: let the engine reclaim what the snapshot pinned.
