@@ -104,8 +104,38 @@ fn failure_of(e: RuntimeError) -> Failure {
 /// A source's back-fill: its rows at commit `seq`, read part by part.
 struct Backfill {
     seq: u64,
-    parts: std::sync::mpsc::Receiver<Result<(Batch, bool), Failure>>,
+    parts: ReadAhead,
     next_part: u32,
+}
+
+type Part = Result<(Batch, bool), Failure>;
+
+/// The parts a reading thread sends ([`read_ahead`]). Dropping it stops the
+/// thread and waits for it, so that no read transaction outlives the flow's
+/// run (a database reopened at once finds its file free).
+struct ReadAhead {
+    parts: Option<std::sync::mpsc::Receiver<Part>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ReadAhead {
+    fn recv(&self) -> Part {
+        match self.parts.as_ref().map(|p| p.recv()) {
+            Some(Ok(part)) => part,
+            _ => Err(Failure::transient("the back-fill's reader stopped")),
+        }
+    }
+}
+
+impl Drop for ReadAhead {
+    fn drop(&mut self) {
+        // A thread blocked sending wakes up with an error; one reading
+        // stops after its part.
+        self.parts = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// Back-fill parts read ahead of the flow: the reading thread converts the
@@ -117,11 +147,7 @@ const READ_AHEAD_PARTS: usize = 4;
 /// [`READ_AHEAD_PARTS`] ahead of the flow: each part as the contract's rows
 /// and whether it is the last. The thread stops when the flow drops the
 /// receiver (and with it releases the read transaction).
-fn read_ahead(
-    mut cursor: TableCursor,
-    table: Arc<Table>,
-    fields: Vec<Field>,
-) -> std::sync::mpsc::Receiver<Result<(Batch, bool), Failure>> {
+fn read_ahead(mut cursor: TableCursor, table: Arc<Table>, fields: Vec<Field>) -> ReadAhead {
     let (tx, rx) = std::sync::mpsc::sync_channel(READ_AHEAD_PARTS);
     let spawned = std::thread::Builder::new()
         .name("backfill-read".into())
@@ -146,12 +172,19 @@ fn read_ahead(
                 }
             }
         });
-    if let Err(e) = spawned {
-        let _ = tx.send(Err(Failure::transient(format!(
-            "cannot start reading the back-fill: {e}"
-        ))));
+    let thread = match spawned {
+        Ok(t) => Some(t),
+        Err(e) => {
+            let _ = tx.send(Err(Failure::transient(format!(
+                "cannot start reading the back-fill: {e}"
+            ))));
+            None
+        }
+    };
+    ReadAhead {
+        parts: Some(rx),
+        thread,
     }
-    rx
 }
 
 fn convert(
@@ -227,10 +260,7 @@ impl ChangeLog for StoreLog {
             let seq = b.seq;
             if after.seq == seq && after.part != u32::MAX {
                 let part = b.next_part;
-                let read = b
-                    .parts
-                    .recv()
-                    .unwrap_or_else(|_| Err(Failure::transient("the back-fill's reader stopped")));
+                let read = b.parts.recv();
                 // A failure ends the run; a restart reads the back-fill anew.
                 let (batch, last) = read?;
                 b.next_part += 1;
