@@ -1022,17 +1022,27 @@ enum Keys {
 /// are half of the arena, which is then compacted.
 #[derive(Debug, Clone, Default)]
 struct KeyTable {
-    table: hashbrown::HashTable<u32>,
+    /// Group ids with 32 bits of their key's hash: growing the table rehashes
+    /// without reading keys, and a lookup compares keys only when these agree.
+    table: hashbrown::HashTable<(u32, u32)>,
     bytes: Vec<u8>,
     spans: Vec<(usize, usize)>,
     garbage: usize,
 }
 
-fn key_hash(key: &[u8]) -> u64 {
+/// The high half of the key's hash (the better mixed one).
+fn key_hash(key: &[u8]) -> u32 {
     use std::hash::Hasher;
     let mut h = crate::hash::FxHasher::default();
     h.write(key);
-    h.finish()
+    (h.finish() >> 32) as u32
+}
+
+/// The table's hash of a stored key hash: both halves, for hashbrown's
+/// bucket (low bits) and tag (high bits).
+#[inline]
+fn table_hash(h: u32) -> u64 {
+    (u64::from(h) << 32) | u64::from(h)
 }
 
 impl KeyTable {
@@ -1052,7 +1062,10 @@ impl KeyTable {
                 .and_then(|&(s, e)| bytes.get(s..e))
                 .unwrap_or_default()
         };
-        self.table.find(key_hash(key), |&g| at(g) == key).copied()
+        let h = key_hash(key);
+        self.table
+            .find(table_hash(h), |&(g, x)| x == h && at(g) == key)
+            .map(|&(g, _)| g)
     }
 
     /// Gives group `g` the key `key`, which no group has.
@@ -1064,22 +1077,15 @@ impl KeyTable {
             self.spans.resize(gi + 1, (0, 0));
         }
         self.spans[gi] = (start, self.bytes.len());
-        let (bytes, spans) = (&self.bytes, &self.spans);
-        let rehash = |g: &u32| {
-            key_hash(
-                spans
-                    .get(*g as usize)
-                    .and_then(|&(s, e)| bytes.get(s..e))
-                    .unwrap_or_default(),
-            )
-        };
-        self.table.insert_unique(key_hash(key), g, rehash);
+        let h = key_hash(key);
+        self.table
+            .insert_unique(table_hash(h), (g, h), |&(_, x)| table_hash(x));
     }
 
     fn remove(&mut self, g: u32) {
         let key_len = self.key(g as usize).len();
-        let hash = key_hash(self.key(g as usize));
-        if let Ok(e) = self.table.find_entry(hash, |&x| x == g) {
+        let h = key_hash(self.key(g as usize));
+        if let Ok(e) = self.table.find_entry(table_hash(h), |&(x, _)| x == g) {
             e.remove();
         }
         if let Some(span) = self.spans.get_mut(g as usize) {
@@ -1108,7 +1114,7 @@ impl KeyTable {
     }
 
     fn approx_bytes(&self) -> usize {
-        self.bytes.capacity() + self.spans.len() * 16 + self.table.capacity() * 5
+        self.bytes.capacity() + self.spans.len() * 16 + self.table.capacity() * 9
     }
 }
 
