@@ -179,10 +179,7 @@ impl Vals {
 
     fn write(&self, w: &mut Writer) {
         w.i64s(&self.bits);
-        w.u64(self.nulls.len() as u64);
-        for n in &self.nulls {
-            w.u8(*n as u8);
-        }
+        w.bools(&self.nulls);
         w.u64(self.wide.len() as u64);
         for v in &self.wide {
             match v {
@@ -208,10 +205,7 @@ impl Vals {
     fn read(&mut self, r: &mut Reader<'_>, n: usize) -> Result<(), FlowError> {
         let bad = || crate::types::bad("snapshot: a changed group's earlier value is malformed");
         self.bits = r.i64s()?;
-        let nn = r.len(1)?;
-        self.nulls = (0..nn)
-            .map(|_| r.u8().map(|b| b != 0))
-            .collect::<Result<_, _>>()?;
+        self.nulls = r.bools()?;
         let nw = r.len(1)?;
         let mut wide = Vec::with_capacity(nw);
         for _ in 0..nw {
@@ -1055,16 +1049,11 @@ impl KeyTable {
     }
 
     fn get(&self, key: &[u8]) -> Option<u32> {
-        let (bytes, spans) = (&self.bytes, &self.spans);
-        let at = |g: u32| {
-            spans
-                .get(g as usize)
-                .and_then(|&(s, e)| bytes.get(s..e))
-                .unwrap_or_default()
-        };
         let h = key_hash(key);
         self.table
-            .find(table_hash(h), |&(g, x)| x == h && at(g) == key)
+            .find(table_hash(h), |&(g, x)| {
+                x == h && self.key(g as usize) == key
+            })
             .map(|&(g, _)| g)
     }
 
@@ -1961,10 +1950,7 @@ impl AggOp {
         // A tick in progress (format 3): the groups that rows absorbed as they were pushed
         // (`Flow::push`) changed, with their output before, which the next flush emits.
         w.u32s(self.touched.get(..self.recorded).unwrap_or_default());
-        w.u64(self.recorded as u64);
-        for p in self.old_present.iter().take(self.recorded) {
-            w.u8(*p as u8);
-        }
+        w.bools(self.old_present.get(..self.recorded).unwrap_or_default());
         for v in &self.old {
             v.write(w);
         }
@@ -1987,14 +1973,12 @@ impl AggOp {
                 _ => return Err(snap_err("a changed group is unknown or listed twice")),
             }
         }
-        if r.len(1)? != t {
+        let old_present = r.bools()?;
+        if old_present.len() != t {
             return Err(snap_err(
                 "changed groups and their presence differ in number",
             ));
         }
-        let old_present = (0..t)
-            .map(|_| r.u8().map(|b| b != 0))
-            .collect::<Result<Vec<_>, _>>()?;
         let emit: Vec<u32> = (0..t as u32).map(|i| i << 1).collect();
         for (v, m) in self.old.iter_mut().zip(&self.spec.measures) {
             v.read(r, t)?;

@@ -51,6 +51,12 @@ impl Writer {
             self.u64(x.to_bits());
         }
     }
+    pub fn bools(&mut self, v: &[bool]) {
+        self.u64(v.len() as u64);
+        for x in v {
+            self.u8(*x as u8);
+        }
+    }
     pub fn u32s(&mut self, v: &[u32]) {
         self.u64(v.len() as u64);
         for x in v {
@@ -131,6 +137,10 @@ impl<'a> Reader<'a> {
             v.push(f64::from_bits(self.u64()?));
         }
         Ok(v)
+    }
+    pub fn bools(&mut self) -> Result<Vec<bool>, FlowError> {
+        let n = self.len(1)?;
+        (0..n).map(|_| self.u8().map(|b| b != 0)).collect()
     }
     pub fn u32s(&mut self) -> Result<Vec<u32>, FlowError> {
         let n = self.len(4)?;

@@ -22,7 +22,8 @@ const KNOWN_OPTIONS: &[&str] = &[OPTION_EXPIRE_AFTER_MS];
 const MAGIC: &[u8; 8] = b"SNDFLOW\0";
 /// 2: pending input batches carry their source index, and join state follows each stage's
 /// aggregates. 3: a max beside a min over the same argument (or the other way round) keeps no
-/// multisets of its own, and the checksum is xxh3 (`codec::checksum`). Versions 1 (one source, no joins) and 2 are still read.
+/// multisets of its own, an aggregate keeps its tick in progress, and the checksum is xxh3
+/// (`codec::checksum`). Versions 1 (one source, no joins) and 2 are still read.
 const VERSION: u32 = 3;
 
 /// One operator of the chain. Stateful operators live in `Rc<RefCell<..>>` so that the
@@ -537,8 +538,6 @@ impl Flow {
     }
 }
 
-/// Runs `c` through `ops` from operator `start`: stops at an aggregate, which absorbs it, or
-/// appends what comes out of the last operator to `outputs`.
 /// Per source, the stage that may fold its due rows in as they are pushed: the only stage
 /// reading the source, whose chain holds nothing but row-by-row operators (filters,
 /// projections, `hop`) before an aggregate that does not expire.
@@ -566,6 +565,8 @@ fn eager_stages(stages: &[Stage], readers: &[usize]) -> Vec<Option<usize>> {
         .collect()
 }
 
+/// Runs `c` through `ops` from operator `start`: stops at an aggregate, which absorbs it, or
+/// appends what comes out of the last operator to `outputs`.
 fn feed(
     ops: &[Op],
     start: usize,
@@ -1103,14 +1104,11 @@ mod tests {
         fresh.tick(1, u32::MAX)?;
         assert_eq!(restored.snapshot()?, fresh.snapshot()?);
         // Deletions that move the minimum and the maximum of some groups, and new rows.
-        let out = restored.output_schema();
         let mut outputs = Vec::new();
         for flow in [&mut restored, &mut fresh] {
             flow.push(0, rows(6..20, -1))?;
             flow.push(0, rows(40..70, 1))?;
-            let mut got = flow.tick(2, u32::MAX)?.output.to_rows(&out);
-            got.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
-            outputs.push(got);
+            outputs.push(sorted(flow, 2)?);
         }
         assert!(outputs[0].len() > 10);
         assert_eq!(outputs[0], outputs[1]);

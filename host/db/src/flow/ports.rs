@@ -159,7 +159,11 @@ fn read_ahead(mut cursor: TableCursor, table: Arc<Table>, fields: Vec<Field>) ->
                         // Every row of a back-fill is an insertion: one diff
                         // for all of them, as the contract allows, which the
                         // guest folds in without reading a diff per row.
-                        convert(&rows, &fields).map(|b| (b, last))
+                        let diffs = match rows.num_rows() {
+                            0 => Vec::new(),
+                            _ => vec![1],
+                        };
+                        convert(&rows, &fields, diffs).map(|b| (b, last))
                     }
                     Ok(None) => Ok((Batch::default(), true)),
                     Err(e) => Err(Failure::transient(format!(
@@ -187,14 +191,12 @@ fn read_ahead(mut cursor: TableCursor, table: Arc<Table>, fields: Vec<Field>) ->
     }
 }
 
+/// Source rows as the contract's, with `diffs` (one per row, or one for all).
 fn convert(
     batch: &datafusion::arrow::record_batch::RecordBatch,
     fields: &[Field],
+    diffs: Vec<i64>,
 ) -> Result<Batch, Failure> {
-    let diffs = match batch.num_rows() {
-        0 => Vec::new(),
-        _ => vec![1],
-    };
     batch_from_arrow(batch, fields, 0, diffs)
         .map_err(|e| Failure::permanent(format!("cannot convert source rows: {e}")))
 }
@@ -236,16 +238,6 @@ impl StoreLog {
             backfill,
         }
     }
-
-    fn convert(
-        &self,
-        source: usize,
-        batch: &datafusion::arrow::record_batch::RecordBatch,
-        diffs: Vec<i64>,
-    ) -> Result<Batch, Failure> {
-        batch_from_arrow(batch, &self.fields[source], 0, diffs)
-            .map_err(|e| Failure::permanent(format!("cannot convert source rows: {e}")))
-    }
 }
 
 impl ChangeLog for StoreLog {
@@ -260,9 +252,8 @@ impl ChangeLog for StoreLog {
             let seq = b.seq;
             if after.seq == seq && after.part != u32::MAX {
                 let part = b.next_part;
-                let read = b.parts.recv();
                 // A failure ends the run; a restart reads the back-fill anew.
-                let (batch, last) = read?;
+                let (batch, last) = b.parts.recv()?;
                 b.next_part += 1;
                 if last {
                     self.backfill[s] = None;
@@ -290,7 +281,7 @@ impl ChangeLog for StoreLog {
                 let batch = if p.change.batch.num_rows() == 0 {
                     Batch::default()
                 } else {
-                    self.convert(s, &p.change.batch, p.change.diffs)?
+                    convert(&p.change.batch, &self.fields[s], p.change.diffs)?
                 };
                 Ok(Some(Chunk {
                     batch,
