@@ -1049,7 +1049,11 @@ impl KeyTable {
     }
 
     fn get(&self, key: &[u8]) -> Option<u32> {
-        let h = key_hash(key);
+        self.get_hashed(key, key_hash(key))
+    }
+
+    /// [`KeyTable::get`] of a key whose [`key_hash`] is `h`.
+    fn get_hashed(&self, key: &[u8], h: u32) -> Option<u32> {
         self.table
             .find(table_hash(h), |&(g, x)| {
                 x == h && self.key(g as usize) == key
@@ -1059,6 +1063,11 @@ impl KeyTable {
 
     /// Gives group `g` the key `key`, which no group has.
     fn insert(&mut self, key: &[u8], g: u32) {
+        self.insert_hashed(key, key_hash(key), g)
+    }
+
+    /// [`KeyTable::insert`] of a key whose [`key_hash`] is `h`.
+    fn insert_hashed(&mut self, key: &[u8], h: u32, g: u32) {
         let start = self.bytes.len();
         self.bytes.extend_from_slice(key);
         let gi = g as usize;
@@ -1066,7 +1075,6 @@ impl KeyTable {
             self.spans.resize(gi + 1, (0, 0));
         }
         self.spans[gi] = (start, self.bytes.len());
-        let h = key_hash(key);
         self.table
             .insert_unique(table_hash(h), (g, h), |&(_, x)| table_hash(x));
     }
@@ -1377,7 +1385,8 @@ pub(crate) struct AggOp {
     /// Index of the key used for expiry and its type.
     time_key: Option<(usize, DataType)>,
     expire_ms: Option<i64>,
-    key_buf: Vec<u8>,
+    /// Scratch: each row's key hash in a lookup.
+    key_hashes: Vec<u32>,
     gids: Vec<u32>,
 }
 
@@ -1450,7 +1459,7 @@ impl AggOp {
             global,
             time_key,
             expire_ms,
-            key_buf: Vec::new(),
+            key_hashes: Vec::new(),
             gids: Vec::new(),
         };
         op.old = op
@@ -1652,16 +1661,21 @@ impl AggOp {
                 }
             }
             Keys::Encoded { .. } => {
-                let mut buf = std::mem::take(&mut self.key_buf);
-                for i in 0..n {
+                // All keys encoded first, then all hashed, then looked up:
+                // each pass reads what the one before wrote long ago, and
+                // the lookups of different rows overlap in the CPU.
+                let enc = Encoded::new(keys, &self.key_types, n);
+                let mut hashes = std::mem::take(&mut self.key_hashes);
+                hashes.clear();
+                hashes.extend((0..n).map(|i| key_hash(enc.row(i))));
+                for (i, &h) in hashes.iter().enumerate() {
                     if threshold.is_some() && expired(i) {
                         gids.push(SKIP);
                         continue;
                     }
-                    buf.clear();
-                    encode_row(&mut buf, keys, &self.key_types, i);
+                    let key = enc.row(i);
                     let found = match &self.keys {
-                        Keys::Encoded(table) => table.get(&buf),
+                        Keys::Encoded(table) => table.get_hashed(key, h),
                         _ => None,
                     };
                     let g = match found {
@@ -1669,7 +1683,7 @@ impl AggOp {
                         None => {
                             let g = self.alloc_gid();
                             if let Keys::Encoded(table) = &mut self.keys {
-                                table.insert(&buf, g);
+                                table.insert_hashed(key, h, g);
                             }
                             g
                         }
@@ -1679,7 +1693,7 @@ impl AggOp {
                     }
                     gids.push(g);
                 }
-                self.key_buf = buf;
+                self.key_hashes = hashes;
             }
         }
         self.gids = gids;
