@@ -198,12 +198,25 @@ pub struct Commit<'a> {
     /// Whether the guest ticked at `now` for this commit (false: a sleeping
     /// flow's state kept as a snapshot at a stop, without a tick).
     pub ticked: bool,
+    /// Whether [`SinkCommitter::prepare`] was called with this `output` and
+    /// `now` just before.
+    pub prepared: bool,
 }
 
 /// Writes a flow's output to its sink, atomically with its positions and
 /// snapshot. Returns the sink rows written.
 pub trait SinkCommitter: Send {
     fn commit(&mut self, commit: Commit<'_>) -> Result<u64, Failure>;
+
+    /// Does the work on a tick's output that needs neither the guest nor
+    /// the storage (conversion, netting, encoding), for the `commit` that
+    /// follows with the same output and time. The runner calls it on another
+    /// thread while the guest writes a snapshot. By default, nothing: the
+    /// commit does it all.
+    fn prepare(&mut self, output: &[Batch], now: i64) -> Result<(), Failure> {
+        let _ = (output, now);
+        Ok(())
+    }
 
     /// Whether every tick must be committed, also one without output or
     /// snapshot (a recording keeps the time of every tick).

@@ -346,7 +346,7 @@ impl Runner {
                 // waking the guest.
                 if self.status.snapshot_positions.as_deref() != Some(&self.consumed[..]) {
                     let state = state.clone();
-                    self.commit(now, &[], Some(&state), false)?;
+                    self.commit(now, &[], Some(&state), false, false)?;
                     self.status.snapshot_positions = Some(self.consumed.clone());
                 }
                 return Ok(());
@@ -518,9 +518,6 @@ impl Runner {
             && self
                 .last_measured
                 .is_none_or(|t| now - t >= STATE_SIZE_EVERY_MS);
-        if measure {
-            self.measure_state(now)?;
-        }
         let moved = self.status.snapshot_positions.as_deref() != Some(&self.consumed[..]);
         let wanted = self.sink.wants_snapshot();
         let journaling = self.sink.journaling();
@@ -539,13 +536,29 @@ impl Runner {
             && !journaling
             && !force_snapshot;
         let written = if apart {
-            let written = self.commit(now, &output, None, true)?;
+            if measure {
+                self.measure_state(now)?;
+            }
+            let written = self.commit(now, &output, None, true, false)?;
             let started = self.clock.now_ms();
             let state = self.guest()?.snapshot()?;
-            self.commit(now, &[], Some(&state), false)?;
+            self.commit(now, &[], Some(&state), false, false)?;
             self.snapshot_cost_ms = (self.clock.now_ms() - started).max(0);
             written
+        } else if take_snapshot && rows > 0 {
+            // The sink prepares the output's writes on another thread
+            // while the guest measures and writes its state.
+            let started = self.clock.now_ms();
+            let (size, state) = self.snapshot_while_preparing(&output, now, measure)?;
+            self.snapshot_cost_ms = (self.clock.now_ms() - started).max(0);
+            if let Some(size) = size {
+                self.state_measured(size, now)?;
+            }
+            self.commit(now, &output, Some(&state), true, true)?
         } else {
+            if measure {
+                self.measure_state(now)?;
+            }
             let snapshot = match take_snapshot {
                 true => {
                     let started = self.clock.now_ms();
@@ -556,7 +569,7 @@ impl Runner {
                 false => None,
             };
             if rows > 0 || snapshot.is_some() || journaling {
-                self.commit(now, &output, snapshot.as_deref(), true)?
+                self.commit(now, &output, snapshot.as_deref(), true, false)?
             } else {
                 0
             }
@@ -576,9 +589,55 @@ impl Runner {
         Ok(written)
     }
 
+    /// Asks the guest for its state size (when `measure`) and its snapshot
+    /// while the sink prepares the writes of `output` on another thread.
+    fn snapshot_while_preparing(
+        &mut self,
+        output: &[Batch],
+        now: i64,
+        measure: bool,
+    ) -> Result<(Option<u64>, Vec<u8>), Failure> {
+        self.guest()?;
+        let Slot::Awake(guest) = &mut self.guest else {
+            return Err(Failure::permanent(
+                "the flow's guest is gone after a failure",
+            ));
+        };
+        let sink = &mut self.sink;
+        let (guest_side, prepared) = std::thread::scope(|scope| {
+            let preparing = std::thread::Builder::new()
+                .name("sink-prepare".into())
+                .spawn_scoped(scope, move || sink.prepare(output, now));
+            let guest_side = (|| {
+                let size = match measure {
+                    true => Some(guest.state_size()?),
+                    false => None,
+                };
+                Ok((size, guest.snapshot()?))
+            })();
+            let prepared = match preparing {
+                Ok(handle) => handle.join().unwrap_or_else(|_| {
+                    Err(Failure::permanent(
+                        "preparing the sink's writes failed unexpectedly; restart the flow",
+                    ))
+                }),
+                // No thread to spare: the commit does it all.
+                Err(_) => Ok(()),
+            };
+            (guest_side, prepared)
+        });
+        prepared?;
+        guest_side
+    }
+
     /// Asks the guest for its state size and checks `state_size_limit`.
     fn measure_state(&mut self, now: i64) -> Result<(), Failure> {
         let state_size = self.guest()?.state_size()?;
+        self.state_measured(state_size, now)
+    }
+
+    /// Checks a state size the guest gave against `state_size_limit`.
+    fn state_measured(&mut self, state_size: u64, now: i64) -> Result<(), Failure> {
         if let Some(max) = self.cfg.state_size_limit {
             if state_size > max {
                 return Err(Failure::permanent(format!(
@@ -600,6 +659,7 @@ impl Runner {
         output: &[Batch],
         snapshot: Option<&[u8]>,
         ticked: bool,
+        prepared: bool,
     ) -> Result<u64, Failure> {
         self.sink.commit(Commit {
             output,
@@ -608,6 +668,7 @@ impl Runner {
             snapshot,
             fence: self.cfg.fence,
             ticked,
+            prepared,
         })
     }
 
@@ -798,6 +859,12 @@ mod tests {
         want_snapshot: bool,
         /// A commit moves this clock by this many ms (what it costs).
         clock: Option<(Arc<VirtualClock>, u64)>,
+        /// Each prepare: the tick time, the output rows and the thread.
+        prepares: Vec<(i64, u32, Option<String>)>,
+        /// Each commit's `prepared`.
+        prepared: Vec<bool>,
+        /// Prepare fails with this.
+        prepare_fails: Option<Failure>,
     }
 
     impl SinkCommitter for Sink {
@@ -820,6 +887,7 @@ mod tests {
             }
             s.commits
                 .push((c.now, c.positions.to_vec(), c.snapshot.is_some()));
+            s.prepared.push(c.prepared);
             if let Some(state) = c.snapshot {
                 s.snapshot = Some((c.positions.to_vec(), state.to_vec()));
             }
@@ -831,6 +899,14 @@ mod tests {
                 clock.advance(std::time::Duration::from_millis(*cost));
             }
             Ok(n)
+        }
+
+        fn prepare(&mut self, output: &[Batch], now: i64) -> Result<(), Failure> {
+            let mut s = self.0.lock().unwrap();
+            let rows = output.iter().map(|b| b.rows).sum();
+            let thread = std::thread::current().name().map(str::to_string);
+            s.prepares.push((now, rows, thread));
+            s.prepare_fails.clone().map_or(Ok(()), Err)
         }
 
         fn journaling(&self) -> bool {
@@ -950,6 +1026,43 @@ mod tests {
             "rows since the start: +5, -5 +7, -7 +8, -8 +9, -9 +10, -10 +11"
         );
         assert_eq!(value(), Some(11));
+    }
+
+    #[test]
+    fn the_sink_prepares_a_snapshotting_ticks_output_on_another_thread() {
+        let clock = Arc::new(VirtualClock::new(1_000));
+        let log = Log(Arc::new(Mutex::new(vec![vec![(1, vec![5])]])));
+        let sink = Sink::default();
+        let mut r = runner(&clock, &log, &sink, fresh(1));
+        // The first tick snapshots (there is no snapshot yet): its output is
+        // prepared beside the guest's snapshot, then committed with it.
+        r.step(Event::Input);
+        let prepare = Some("sink-prepare".to_string());
+        {
+            let s = sink.0.lock().unwrap();
+            assert_eq!(s.value, Some(5));
+            assert_eq!(s.prepares, vec![(1_000, 1, prepare.clone())]);
+            assert_eq!(s.prepared, vec![true]);
+        }
+        // A tick without a snapshot commits without preparing.
+        log.0.lock().unwrap()[0].push((2, vec![2]));
+        clock.set(1_100).unwrap();
+        r.step(Event::Input);
+        {
+            let s = sink.0.lock().unwrap();
+            assert_eq!(s.value, Some(7));
+            assert_eq!(s.prepares.len(), 1);
+            assert_eq!(s.prepared, vec![true, false]);
+        }
+        // A stop snapshots too. A failing prepare fails the flow before
+        // anything is committed.
+        sink.0.lock().unwrap().prepare_fails = Some(Failure::permanent("no room"));
+        log.0.lock().unwrap()[0].push((3, vec![1]));
+        let out = r.step(Event::Stop);
+        assert_eq!(out.failed.map(|f| f.message), Some("no room".into()));
+        let s = sink.0.lock().unwrap();
+        assert_eq!(s.value, Some(7));
+        assert_eq!(s.commits.len(), 2);
     }
 
     #[test]

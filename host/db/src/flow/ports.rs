@@ -17,7 +17,7 @@ use super::sink::{self, SinkColumn};
 use crate::catalog::Table;
 use crate::database::Core;
 use crate::runtime::{Digest, FlowInstance, FlowLimits, RuntimeError, Sandbox};
-use crate::storage::{Store, TableCursor, WriteSet};
+use crate::storage::{PreparedUpsert, Store, TableCursor, WriteSet};
 
 /// Meta key of a flow's definition (JSON of `FlowDef`).
 pub(crate) const DEF_PREFIX: &str = "flow/def/";
@@ -524,6 +524,17 @@ pub(crate) struct StoreSink {
     /// The fence of the flow's current run.
     pub fence: Arc<AtomicU64>,
     pub recording: Arc<RecordingState>,
+    /// The next commit's writes, made ready by [`SinkCommitter::prepare`].
+    pub prepared: Option<PreparedWrites>,
+}
+
+/// A tick's sink writes made ready ahead of its commit: the deletes, and the
+/// upserts encoded for the sink as it was then.
+#[derive(Default)]
+pub(crate) struct PreparedWrites {
+    rows: u64,
+    deletes: Option<datafusion::arrow::record_batch::RecordBatch>,
+    upserts: Option<PreparedUpsert>,
 }
 
 impl StoreSink {
@@ -543,21 +554,55 @@ impl StoreSink {
 }
 
 impl SinkCommitter for StoreSink {
+    fn prepare(&mut self, output: &[Batch], now: i64) -> Result<(), Failure> {
+        self.prepared = None;
+        let core = self
+            .core
+            .upgrade()
+            .ok_or_else(|| Failure::transient("the database is closing"))?;
+        let writes = sink_writes(&self.sink, &self.output, &self.mapping, output, now)?;
+        let rows = writes.rows();
+        let upserts = match writes.upserts {
+            Some(u) => Some(
+                PreparedUpsert::new(self.live_sink(&core)?, &u)
+                    .map_err(|e| Failure::permanent(e.to_string()))?,
+            ),
+            None => None,
+        };
+        self.prepared = Some(PreparedWrites {
+            rows,
+            deletes: writes.deletes,
+            upserts,
+        });
+        Ok(())
+    }
+
     fn commit(&mut self, c: Commit<'_>) -> Result<u64, Failure> {
         let core = self
             .core
             .upgrade()
             .ok_or_else(|| Failure::transient("the database is closing"))?;
         let mut set = WriteSet::new();
-        let writes = sink_writes(&self.sink, &self.output, &self.mapping, c.output, c.now)?;
-        let rows = writes.rows();
+        if !c.prepared || self.prepared.is_none() {
+            self.prepare(c.output, c.now)?;
+        }
+        let prepared = self.prepared.take().unwrap_or_default();
+        let rows = prepared.rows;
         if rows > 0 {
             let sink = self.live_sink(&core)?;
-            if let Some(d) = writes.deletes {
+            if let Some(d) = prepared.deletes {
                 set.delete(sink.clone(), d);
             }
-            if let Some(u) = writes.upserts {
-                set.upsert(sink, u);
+            match prepared.upserts {
+                // Encoded for the sink as it is (else it was altered since:
+                // encoded again).
+                Some(u) if u.table().info.version == sink.info.version => {
+                    set.upsert_prepared(u);
+                }
+                Some(u) => {
+                    set.upsert(sink, u.into_batch());
+                }
+                None => {}
             }
         }
         let positions = encode_positions(c.positions);

@@ -154,7 +154,8 @@ pub enum MetaWrite {
 
 #[derive(Debug, Clone)]
 enum RowOp {
-    Upsert(Arc<Table>, RecordBatch),
+    /// With the rows' keys when they were encoded ahead ([`PreparedUpsert`]).
+    Upsert(Arc<Table>, RecordBatch, Option<RowKeys>),
     Delete(Arc<Table>, RecordBatch),
     /// A transaction's staged writes to one table (see [`Staged`]).
     Staged(StagedTable),
@@ -163,7 +164,7 @@ enum RowOp {
 impl RowOp {
     fn table(&self) -> &Arc<Table> {
         match self {
-            RowOp::Upsert(t, _) | RowOp::Delete(t, _) => t,
+            RowOp::Upsert(t, _, _) | RowOp::Delete(t, _) => t,
             RowOp::Staged(s) => &s.table,
         }
     }
@@ -216,7 +217,15 @@ impl WriteSet {
     /// The batch may have the table's columns in any order; missing nullable
     /// columns are NULL, types are cast to the column types.
     pub fn upsert(&mut self, table: Arc<Table>, batch: RecordBatch) -> &mut Self {
-        self.rows.push(RowOp::Upsert(table, batch));
+        self.rows.push(RowOp::Upsert(table, batch, None));
+        self
+    }
+
+    /// Writes rows made ready ahead (see [`PreparedUpsert`]), as
+    /// [`WriteSet::upsert`] would write their batch.
+    pub fn upsert_prepared(&mut self, prepared: PreparedUpsert) -> &mut Self {
+        self.rows
+            .push(RowOp::Upsert(prepared.table, prepared.batch, prepared.keys));
         self
     }
 
@@ -426,10 +435,12 @@ impl Store {
         let mut ops = Vec::with_capacity(set.rows.len());
         for op in std::mem::take(&mut set.rows) {
             ops.push(match op {
-                RowOp::Upsert(t, b) => {
+                RowOp::Upsert(t, b, None) => {
                     let b = conform_batch(&t, &b, false)?;
-                    RowOp::Upsert(t, b)
+                    RowOp::Upsert(t, b, None)
                 }
+                // Conformed when it was prepared.
+                prepared @ RowOp::Upsert(_, _, Some(_)) => prepared,
                 RowOp::Delete(t, b) => {
                     let b = conform_batch(&t, &b, true)?;
                     RowOp::Delete(t, b)
@@ -999,7 +1010,9 @@ fn apply_set(
             let out = watched.then_some(&mut out);
             rows += match op {
                 RowOp::Delete(t, batch) => delete_rows(t, batch, space, out)?,
-                RowOp::Upsert(t, batch) => upsert_rows(t, batch, seq, op_index as u32, space, out)?,
+                RowOp::Upsert(t, batch, keys) => {
+                    upsert_rows(t, batch, keys.as_ref(), seq, op_index as u32, space, out)?
+                }
                 RowOp::Staged(s) => apply_staged(s, seq, op_index as u32, space, out)?,
             };
             Ok(())
@@ -1115,44 +1128,121 @@ fn readers<'a>(table: &Table, batch: &'a RecordBatch) -> Vec<ColumnReader<'a>> {
         .collect()
 }
 
+/// Every row's stored key, encoded once, and the order to write the rows
+/// in.
+#[derive(Debug, Clone)]
+struct RowKeys {
+    bytes: Vec<u8>,
+    ends: Vec<usize>,
+    order: Vec<usize>,
+}
+
+impl RowKeys {
+    /// The keys of `rows` rows; an append-mode table's with the suffix of
+    /// `append` (the commit's sequence and the op's index).
+    fn encode(
+        table: &Table,
+        readers: &[ColumnReader<'_>],
+        rows: usize,
+        append: Option<(u64, u32)>,
+    ) -> RowKeys {
+        let mut keys = RowKeys {
+            bytes: Vec::with_capacity(rows * 32),
+            ends: Vec::with_capacity(rows),
+            order: (0..rows).collect(),
+        };
+        for row in 0..rows {
+            codec::encode_key(table, readers, row, &mut keys.bytes);
+            if let Some((seq, op_index)) = append {
+                codec::append_suffix(seq, op_index, row as u32, &mut keys.bytes);
+            }
+            keys.ends.push(keys.bytes.len());
+        }
+        // The rows go into the tree in key order: neighbouring puts then
+        // land on the same pages (most of the cost of a large batch is
+        // walking and copying pages). The sort is stable, so of two rows
+        // with one key the later still wins, and each key's diffs keep
+        // their order.
+        if !table.instant() {
+            let mut order = std::mem::take(&mut keys.order);
+            order.sort_by(|a, b| keys.key(*a).cmp(keys.key(*b)));
+            keys.order = order;
+        }
+        keys
+    }
+
+    fn key(&self, row: usize) -> &[u8] {
+        let start = match row {
+            0 => 0,
+            _ => self.ends[row - 1],
+        };
+        &self.bytes[start..self.ends[row]]
+    }
+}
+
+/// An upsert made ready ahead of its commit: the batch conformed to the
+/// table, its rows' stored keys encoded and sorted. That is the part of a
+/// large upsert that needs no storage: a flow does it on another thread
+/// while its guest writes a snapshot. Committed with
+/// [`WriteSet::upsert_prepared`]; refused, like any write, if the table was
+/// altered since.
+#[derive(Debug, Clone)]
+pub struct PreparedUpsert {
+    table: Arc<Table>,
+    batch: RecordBatch,
+    /// `None` for an append-mode table: its keys take the commit's sequence.
+    keys: Option<RowKeys>,
+}
+
+impl PreparedUpsert {
+    /// Prepares an upsert of `batch` into `table` (see [`WriteSet::upsert`]
+    /// for what the batch may look like).
+    pub fn new(table: Arc<Table>, batch: &RecordBatch) -> Result<PreparedUpsert> {
+        let batch = conform_batch(&table, batch, false)?;
+        let keys = (!table.schema().append_mode)
+            .then(|| RowKeys::encode(&table, &readers(&table, &batch), batch.num_rows(), None));
+        Ok(PreparedUpsert { table, batch, keys })
+    }
+
+    /// The table it writes to.
+    pub fn table(&self) -> &Arc<Table> {
+        &self.table
+    }
+
+    /// The rows, conformed to the table as it was when prepared.
+    pub fn into_batch(self) -> RecordBatch {
+        self.batch
+    }
+}
+
 fn upsert_rows(
     table: &Table,
     batch: &RecordBatch,
+    keys: Option<&RowKeys>,
     seq: u64,
     op_index: u32,
     space: &mut dyn KvSpace,
     mut out: Option<&mut Changes>,
 ) -> Result<u64> {
     let readers = readers(table, batch);
-    let append = table.schema().append_mode;
     let instant = table.instant();
     let mut value = Vec::with_capacity(64);
-    // Every row's key, encoded once.
-    let mut keys = Vec::with_capacity(batch.num_rows() * 32);
-    let mut ends = Vec::with_capacity(batch.num_rows());
-    for row in 0..batch.num_rows() {
-        codec::encode_key(table, &readers, row, &mut keys);
-        if append {
-            codec::append_suffix(seq, op_index, row as u32, &mut keys);
+    let encoded;
+    let keys = match keys {
+        Some(k) => k,
+        None => {
+            let append = table.schema().append_mode.then_some((seq, op_index));
+            encoded = RowKeys::encode(table, &readers, batch.num_rows(), append);
+            &encoded
         }
-        ends.push(keys.len());
-    }
-    let key_of = |row: usize| &keys[if row == 0 { 0 } else { ends[row - 1] }..ends[row]];
-    // The rows go into the tree in key order: neighbouring puts then land on
-    // the same pages (most of the cost of a large batch is walking and
-    // copying pages). The sort is stable, so of two rows with one key the
-    // later still wins, and each key's diffs keep their order.
-    let mut order: Vec<usize> = (0..batch.num_rows()).collect();
-    if !instant {
-        order.sort_by(|a, b| key_of(*a).cmp(key_of(*b)));
-    }
+    };
     // The changes go to the log in the statement's row order, whatever
     // order the rows were stored in: `origin` is each change's row.
     let base = out.as_deref().map_or(0, Vec::len);
     let mut origin: Vec<usize> = Vec::new();
-    for row in order {
+    for &row in &keys.order {
         value.clear();
-        let key = key_of(row);
+        let key = keys.key(row);
         if instant {
             // Nothing is stored, so nothing is replaced: every row is new to the flows.
             if let Some(out) = out.as_deref_mut() {
