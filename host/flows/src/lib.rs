@@ -30,7 +30,7 @@ pub mod runner;
 pub use clock::{Clock, SystemClock, VirtualClock};
 pub use ports::{
     decode_positions, encode_positions, ChangeLog, Chunk, Commit, Failure, FlowStore, Guest,
-    Position, SinkCommitter, Stored, Waker, PART_ROWS,
+    LateSnapshot, Position, SinkCommitter, Stored, Waker, PART_ROWS,
 };
 pub use runner::{Event, Outcome, Recovery, RunStatus, Runner, RunnerConfig};
 pub use sandflow_contract::{Batch, Field, TickOutput};

@@ -198,9 +198,6 @@ pub struct Commit<'a> {
     /// Whether the guest ticked at `now` for this commit (false: a sleeping
     /// flow's state kept as a snapshot at a stop, without a tick).
     pub ticked: bool,
-    /// Whether [`SinkCommitter::prepare`] was called with this `output` and
-    /// `now` just before.
-    pub prepared: bool,
 }
 
 /// Writes a flow's output to its sink, atomically with its positions and
@@ -208,14 +205,17 @@ pub struct Commit<'a> {
 pub trait SinkCommitter: Send {
     fn commit(&mut self, commit: Commit<'_>) -> Result<u64, Failure>;
 
-    /// Does the work on a tick's output that needs neither the guest nor
-    /// the storage (conversion, netting, encoding), for the `commit` that
-    /// follows with the same output and time. The runner calls it on another
-    /// thread while the guest writes a snapshot. By default, nothing: the
-    /// commit does it all.
-    fn prepare(&mut self, output: &[Batch], now: i64) -> Result<(), Failure> {
-        let _ = (output, now);
-        Ok(())
+    /// Commits `commit`, which has no snapshot yet, with the guest's state
+    /// that `snapshot` brings: the runner's guest is writing it meanwhile on
+    /// another thread. The snapshot and the rest must still commit
+    /// together (or not at all, when the snapshot fails: its failure is
+    /// the commit's). By default, waits for the snapshot, then commits.
+    fn commit_late(&mut self, commit: Commit<'_>, snapshot: LateSnapshot) -> Result<u64, Failure> {
+        let state = snapshot.wait()?;
+        self.commit(Commit {
+            snapshot: Some(&state),
+            ..commit
+        })
     }
 
     /// Whether every tick must be committed, also one without output or
@@ -228,6 +228,31 @@ pub trait SinkCommitter: Send {
     /// since the last one (a recording starts at a snapshot).
     fn wants_snapshot(&self) -> bool {
         false
+    }
+}
+
+/// The guest's state, on its way from the thread writing it (see
+/// [`SinkCommitter::commit_late`]).
+#[derive(Debug)]
+pub struct LateSnapshot(std::sync::mpsc::Receiver<Result<Vec<u8>, Failure>>);
+
+impl LateSnapshot {
+    /// A snapshot to come, and where its maker sends it.
+    pub fn channel() -> (
+        std::sync::mpsc::SyncSender<Result<Vec<u8>, Failure>>,
+        LateSnapshot,
+    ) {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        (tx, LateSnapshot(rx))
+    }
+
+    /// Waits for the state (or the failure to write it).
+    pub fn wait(self) -> Result<Vec<u8>, Failure> {
+        self.0.recv().unwrap_or_else(|_| {
+            Err(Failure::permanent(
+                "the flow's snapshot was not written; restart the flow",
+            ))
+        })
     }
 }
 

@@ -44,7 +44,9 @@ use std::sync::Arc;
 use sandflow_contract::Batch;
 
 use crate::clock::Clock;
-use crate::ports::{ChangeLog, Commit, Failure, Guest, Position, SinkCommitter, Waker};
+use crate::ports::{
+    ChangeLog, Commit, Failure, Guest, LateSnapshot, Position, SinkCommitter, Waker,
+};
 
 /// A flow with new input ticks again this many times what its recent ticks
 /// cost (in the clock's time) after its last tick started, at most a tick
@@ -226,6 +228,15 @@ impl std::fmt::Debug for Runner {
     }
 }
 
+/// The failure of a flow whose state grew over its `state_size_limit`.
+fn over_state_limit(state_size: u64, max: u64) -> Failure {
+    Failure::permanent(format!(
+        "flow state grew to {state_size} bytes, over its state_size_limit of {max} bytes, and \
+         the flow was stopped; raise state_size_limit, add EXPIRE AFTER or reduce the number of \
+         groups"
+    ))
+}
+
 impl Runner {
     /// A runner for a guest at `recovery`'s positions.
     pub fn new(
@@ -346,7 +357,7 @@ impl Runner {
                 // waking the guest.
                 if self.status.snapshot_positions.as_deref() != Some(&self.consumed[..]) {
                     let state = state.clone();
-                    self.commit(now, &[], Some(&state), false, false)?;
+                    self.commit(now, &[], Some(&state), false)?;
                     self.status.snapshot_positions = Some(self.consumed.clone());
                 }
                 return Ok(());
@@ -539,22 +550,20 @@ impl Runner {
             if measure {
                 self.measure_state(now)?;
             }
-            let written = self.commit(now, &output, None, true, false)?;
+            let written = self.commit(now, &output, None, true)?;
             let started = self.clock.now_ms();
             let state = self.guest()?.snapshot()?;
-            self.commit(now, &[], Some(&state), false, false)?;
+            self.commit(now, &[], Some(&state), false)?;
             self.snapshot_cost_ms = (self.clock.now_ms() - started).max(0);
             written
         } else if take_snapshot && rows > 0 {
-            // The sink prepares the output's writes on another thread
-            // while the guest measures and writes its state.
             let started = self.clock.now_ms();
-            let (size, state) = self.snapshot_while_preparing(&output, now, measure)?;
+            let (size, written) = self.commit_beside_snapshot(&output, now, measure)?;
             self.snapshot_cost_ms = (self.clock.now_ms() - started).max(0);
             if let Some(size) = size {
                 self.state_measured(size, now)?;
             }
-            self.commit(now, &output, Some(&state), true, true)?
+            written
         } else {
             if measure {
                 self.measure_state(now)?;
@@ -569,7 +578,7 @@ impl Runner {
                 false => None,
             };
             if rows > 0 || snapshot.is_some() || journaling {
-                self.commit(now, &output, snapshot.as_deref(), true, false)?
+                self.commit(now, &output, snapshot.as_deref(), true)?
             } else {
                 0
             }
@@ -589,45 +598,74 @@ impl Runner {
         Ok(written)
     }
 
-    /// Asks the guest for its state size (when `measure`) and its snapshot
-    /// while the sink prepares the writes of `output` on another thread.
-    fn snapshot_while_preparing(
+    /// Commits `output` with a snapshot. The sink writes the output on a
+    /// thread of its own (`sink-commit`) while the guest measures (when
+    /// `measure`) and serialises its state here; the commit then takes the
+    /// state (see [`SinkCommitter::commit_late`]). A state over
+    /// `state_size_limit` fails the guest's side, and so the commit.
+    /// Returns the state size measured and the sink rows written.
+    fn commit_beside_snapshot(
         &mut self,
         output: &[Batch],
         now: i64,
         measure: bool,
-    ) -> Result<(Option<u64>, Vec<u8>), Failure> {
+    ) -> Result<(Option<u64>, u64), Failure> {
         self.guest()?;
         let Slot::Awake(guest) = &mut self.guest else {
             return Err(Failure::permanent(
                 "the flow's guest is gone after a failure",
             ));
         };
+        let limit = self.cfg.state_size_limit;
         let sink = &mut self.sink;
-        let (guest_side, prepared) = std::thread::scope(|scope| {
-            let preparing = std::thread::Builder::new()
-                .name("sink-prepare".into())
-                .spawn_scoped(scope, move || sink.prepare(output, now));
-            let guest_side = (|| {
+        let commit = Commit {
+            output,
+            now,
+            positions: &self.consumed,
+            snapshot: None,
+            fence: self.cfg.fence,
+            ticked: true,
+        };
+        let (send, late) = LateSnapshot::channel();
+        std::thread::scope(|scope| {
+            let committing = std::thread::Builder::new()
+                .name("sink-commit".into())
+                .spawn_scoped(scope, move || sink.commit_late(commit, late))
+                .map_err(|e| {
+                    Failure::transient(format!(
+                        "cannot start a thread to write the flow's output: {e}"
+                    ))
+                })?;
+            let made = (|| {
                 let size = match measure {
                     true => Some(guest.state_size()?),
                     false => None,
                 };
+                if let (Some(size), Some(max)) = (size, limit) {
+                    if size > max {
+                        return Err(over_state_limit(size, max));
+                    }
+                }
                 Ok((size, guest.snapshot()?))
             })();
-            let prepared = match preparing {
-                Ok(handle) => handle.join().unwrap_or_else(|_| {
-                    Err(Failure::permanent(
-                        "preparing the sink's writes failed unexpectedly; restart the flow",
-                    ))
-                }),
-                // No thread to spare: the commit does it all.
-                Err(_) => Ok(()),
+            let size = match made {
+                Ok((size, state)) => {
+                    let _ = send.send(Ok(state));
+                    Ok(size)
+                }
+                Err(f) => {
+                    let _ = send.send(Err(f.clone()));
+                    Err(f)
+                }
             };
-            (guest_side, prepared)
-        });
-        prepared?;
-        guest_side
+            let written = committing.join().unwrap_or_else(|_| {
+                Err(Failure::permanent(
+                    "writing the flow's output failed unexpectedly; restart the flow",
+                ))
+            });
+            // The guest's failure first: it failed the commit.
+            Ok((size?, written?))
+        })
     }
 
     /// Asks the guest for its state size and checks `state_size_limit`.
@@ -640,11 +678,7 @@ impl Runner {
     fn state_measured(&mut self, state_size: u64, now: i64) -> Result<(), Failure> {
         if let Some(max) = self.cfg.state_size_limit {
             if state_size > max {
-                return Err(Failure::permanent(format!(
-                    "flow state grew to {state_size} bytes, over its state_size_limit of \
-                     {max} bytes, and the flow was stopped; raise state_size_limit, add \
-                     EXPIRE AFTER or reduce the number of groups"
-                )));
+                return Err(over_state_limit(state_size, max));
             }
         }
         self.status.state_size = state_size;
@@ -659,7 +693,6 @@ impl Runner {
         output: &[Batch],
         snapshot: Option<&[u8]>,
         ticked: bool,
-        prepared: bool,
     ) -> Result<u64, Failure> {
         self.sink.commit(Commit {
             output,
@@ -668,7 +701,6 @@ impl Runner {
             snapshot,
             fence: self.cfg.fence,
             ticked,
-            prepared,
         })
     }
 
@@ -859,12 +891,8 @@ mod tests {
         want_snapshot: bool,
         /// A commit moves this clock by this many ms (what it costs).
         clock: Option<(Arc<VirtualClock>, u64)>,
-        /// Each prepare: the tick time, the output rows and the thread.
-        prepares: Vec<(i64, u32, Option<String>)>,
-        /// Each commit's `prepared`.
-        prepared: Vec<bool>,
-        /// Prepare fails with this.
-        prepare_fails: Option<Failure>,
+        /// Each commit's thread.
+        threads: Vec<Option<String>>,
     }
 
     impl SinkCommitter for Sink {
@@ -887,7 +915,8 @@ mod tests {
             }
             s.commits
                 .push((c.now, c.positions.to_vec(), c.snapshot.is_some()));
-            s.prepared.push(c.prepared);
+            s.threads
+                .push(std::thread::current().name().map(str::to_string));
             if let Some(state) = c.snapshot {
                 s.snapshot = Some((c.positions.to_vec(), state.to_vec()));
             }
@@ -899,14 +928,6 @@ mod tests {
                 clock.advance(std::time::Duration::from_millis(*cost));
             }
             Ok(n)
-        }
-
-        fn prepare(&mut self, output: &[Batch], now: i64) -> Result<(), Failure> {
-            let mut s = self.0.lock().unwrap();
-            let rows = output.iter().map(|b| b.rows).sum();
-            let thread = std::thread::current().name().map(str::to_string);
-            s.prepares.push((now, rows, thread));
-            s.prepare_fails.clone().map_or(Ok(()), Err)
         }
 
         fn journaling(&self) -> bool {
@@ -1029,37 +1050,41 @@ mod tests {
     }
 
     #[test]
-    fn the_sink_prepares_a_snapshotting_ticks_output_on_another_thread() {
+    fn output_with_a_snapshot_is_written_on_another_thread_while_the_guest_snapshots() {
         let clock = Arc::new(VirtualClock::new(1_000));
         let log = Log(Arc::new(Mutex::new(vec![vec![(1, vec![5])]])));
         let sink = Sink::default();
         let mut r = runner(&clock, &log, &sink, fresh(1));
-        // The first tick snapshots (there is no snapshot yet): its output is
-        // prepared beside the guest's snapshot, then committed with it.
+        // The first tick snapshots (there is no snapshot yet): its output
+        // is committed by another thread, with the snapshot.
         r.step(Event::Input);
-        let prepare = Some("sink-prepare".to_string());
+        let on = |name: &str| Some(name.to_string());
+        let here = std::thread::current().name().map(str::to_string);
         {
             let s = sink.0.lock().unwrap();
             assert_eq!(s.value, Some(5));
-            assert_eq!(s.prepares, vec![(1_000, 1, prepare.clone())]);
-            assert_eq!(s.prepared, vec![true]);
+            assert_eq!(
+                s.commits,
+                vec![(1_000, vec![Position::after_commit(1)], true)]
+            );
+            assert_eq!(s.snapshot.as_ref().map(|(_, b)| b.len()), Some(16));
+            assert_eq!(s.threads, vec![on("sink-commit")]);
         }
-        // A tick without a snapshot commits without preparing.
+        // A tick without a snapshot commits here.
         log.0.lock().unwrap()[0].push((2, vec![2]));
         clock.set(1_100).unwrap();
         r.step(Event::Input);
-        {
-            let s = sink.0.lock().unwrap();
-            assert_eq!(s.value, Some(7));
-            assert_eq!(s.prepares.len(), 1);
-            assert_eq!(s.prepared, vec![true, false]);
-        }
-        // A stop snapshots too. A failing prepare fails the flow before
-        // anything is committed.
-        sink.0.lock().unwrap().prepare_fails = Some(Failure::permanent("no room"));
+        assert_eq!(sink.0.lock().unwrap().threads[1], here);
+        // A stop snapshots too. A guest whose state is over its limit fails
+        // the flow, and nothing is committed.
+        r.cfg.state_size_limit = Some(8);
         log.0.lock().unwrap()[0].push((3, vec![1]));
         let out = r.step(Event::Stop);
-        assert_eq!(out.failed.map(|f| f.message), Some("no room".into()));
+        let failed = out.failed.map(|f| f.message).unwrap_or_default();
+        assert!(
+            failed.contains("over its state_size_limit of 8 bytes"),
+            "{failed}"
+        );
         let s = sink.0.lock().unwrap();
         assert_eq!(s.value, Some(7));
         assert_eq!(s.commits.len(), 2);

@@ -2194,7 +2194,6 @@ impl FlowManager {
             mapping: p.mapping,
             fence,
             recording: recording.clone(),
-            prepared: None,
         };
         let runner = Runner::new(
             cfg,

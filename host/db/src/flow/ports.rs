@@ -8,7 +8,7 @@ use std::sync::Arc;
 use datafusion::arrow::compute::concat_batches;
 use sandflow_flows::{
     decode_positions, encode_positions, Batch, ChangeLog, Chunk, Commit, Failure, Field, FlowStore,
-    Guest, Position, SinkCommitter, Stored, TickOutput, Waker,
+    Guest, LateSnapshot, Position, SinkCommitter, Stored, TickOutput, Waker,
 };
 
 use super::arrow::{batch_from_arrow, batch_to_arrow, schema_from_fields};
@@ -17,7 +17,7 @@ use super::sink::{self, SinkColumn};
 use crate::catalog::Table;
 use crate::database::Core;
 use crate::runtime::{Digest, FlowInstance, FlowLimits, RuntimeError, Sandbox};
-use crate::storage::{PreparedUpsert, Store, TableCursor, WriteSet};
+use crate::storage::{LateValue, PreparedUpsert, Store, TableCursor, WriteSet};
 
 /// Meta key of a flow's definition (JSON of `FlowDef`).
 pub(crate) const DEF_PREFIX: &str = "flow/def/";
@@ -524,17 +524,6 @@ pub(crate) struct StoreSink {
     /// The fence of the flow's current run.
     pub fence: Arc<AtomicU64>,
     pub recording: Arc<RecordingState>,
-    /// The next commit's writes, made ready by [`SinkCommitter::prepare`].
-    pub prepared: Option<PreparedWrites>,
-}
-
-/// A tick's sink writes made ready ahead of its commit: the deletes, and the
-/// upserts encoded for the sink as it was then.
-#[derive(Default)]
-pub(crate) struct PreparedWrites {
-    rows: u64,
-    deletes: Option<datafusion::arrow::record_batch::RecordBatch>,
-    upserts: Option<PreparedUpsert>,
 }
 
 impl StoreSink {
@@ -554,60 +543,73 @@ impl StoreSink {
 }
 
 impl SinkCommitter for StoreSink {
-    fn prepare(&mut self, output: &[Batch], now: i64) -> Result<(), Failure> {
-        self.prepared = None;
-        let core = self
-            .core
-            .upgrade()
-            .ok_or_else(|| Failure::transient("the database is closing"))?;
-        let writes = sink_writes(&self.sink, &self.output, &self.mapping, output, now)?;
-        let rows = writes.rows();
-        let upserts = match writes.upserts {
-            Some(u) => Some(
-                PreparedUpsert::new(self.live_sink(&core)?, &u)
-                    .map_err(|e| Failure::permanent(e.to_string()))?,
-            ),
-            None => None,
-        };
-        self.prepared = Some(PreparedWrites {
-            rows,
-            deletes: writes.deletes,
-            upserts,
-        });
-        Ok(())
+    fn commit(&mut self, c: Commit<'_>) -> Result<u64, Failure> {
+        self.commit_with(c, None)
     }
 
-    fn commit(&mut self, c: Commit<'_>) -> Result<u64, Failure> {
+    fn commit_late(&mut self, c: Commit<'_>, snapshot: LateSnapshot) -> Result<u64, Failure> {
+        // A recording's commits use the snapshot's bytes after the commit.
+        if self.recording.wants_snapshot() || self.recording.journaling() {
+            let state = snapshot.wait()?;
+            return self.commit(Commit {
+                snapshot: Some(&state),
+                ..c
+            });
+        }
+        self.commit_with(c, Some(snapshot))
+    }
+
+    fn journaling(&self) -> bool {
+        self.recording.journaling()
+    }
+
+    fn wants_snapshot(&self) -> bool {
+        self.recording.wants_snapshot()
+    }
+}
+
+impl StoreSink {
+    /// Commits `c`, and `late`'s snapshot when there is one: the commit
+    /// writes the sink rows, then waits for the snapshot under the commit
+    /// lock (see [`LateValue`]); its failure is the commit's.
+    fn commit_with(&mut self, c: Commit<'_>, late: Option<LateSnapshot>) -> Result<u64, Failure> {
         let core = self
             .core
             .upgrade()
             .ok_or_else(|| Failure::transient("the database is closing"))?;
         let mut set = WriteSet::new();
-        if !c.prepared || self.prepared.is_none() {
-            self.prepare(c.output, c.now)?;
-        }
-        let prepared = self.prepared.take().unwrap_or_default();
-        let rows = prepared.rows;
+        let writes = sink_writes(&self.sink, &self.output, &self.mapping, c.output, c.now)?;
+        let rows = writes.rows();
         if rows > 0 {
             let sink = self.live_sink(&core)?;
-            if let Some(d) = prepared.deletes {
+            if let Some(d) = writes.deletes {
                 set.delete(sink.clone(), d);
             }
-            match prepared.upserts {
-                // Encoded for the sink as it is (else it was altered since:
-                // encoded again).
-                Some(u) if u.table().info.version == sink.info.version => {
-                    set.upsert_prepared(u);
-                }
-                Some(u) => {
-                    set.upsert(sink, u.into_batch());
-                }
-                None => {}
+            if let Some(u) = writes.upserts {
+                // Keys encoded and sorted here, outside the commit lock.
+                let u =
+                    PreparedUpsert::new(sink, &u).map_err(|e| Failure::permanent(e.to_string()))?;
+                set.upsert_prepared(u);
             }
         }
         let positions = encode_positions(c.positions);
         if let Some(state) = c.snapshot {
             set.put_meta(snapshot_key(&self.name), encode_snapshot(&positions, state));
+        }
+        let late_failure: Arc<std::sync::Mutex<Option<Failure>>> = Default::default();
+        if let Some(late) = late {
+            let (at, failure) = (positions.clone(), late_failure.clone());
+            let value = LateValue::new(move || match late.wait() {
+                Ok(state) => Ok(encode_snapshot(&at, &state)),
+                Err(f) => {
+                    let message = f.message.clone();
+                    if let Ok(mut slot) = failure.lock() {
+                        *slot = Some(f);
+                    }
+                    Err(message)
+                }
+            });
+            set.put_meta_late(snapshot_key(&self.name), value);
         }
         set.put_meta(written_key(&self.name), positions);
         let entry = match c.ticked {
@@ -628,7 +630,12 @@ impl SinkCommitter for StoreSink {
                 .fail()
             }
         }));
-        match core.store.commit(set) {
+        let result = core.store.commit(set);
+        if let Some(f) = late_failure.lock().ok().and_then(|mut f| f.take()) {
+            // The snapshot failed, and so the commit.
+            return Err(f);
+        }
+        match result {
             Ok(_) => {}
             Err(_) if self.fence.load(Ordering::SeqCst) != mine => {
                 return Err(Failure::fenced(format!(
@@ -654,14 +661,6 @@ impl SinkCommitter for StoreSink {
                 .begin(&core.store, &self.name, &sink, c.now, c.positions, state);
         }
         Ok(rows)
-    }
-
-    fn journaling(&self) -> bool {
-        self.recording.journaling()
-    }
-
-    fn wants_snapshot(&self) -> bool {
-        self.recording.wants_snapshot()
     }
 }
 

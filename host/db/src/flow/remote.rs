@@ -149,7 +149,6 @@ impl FlowManager {
             mapping: prepared.mapping.clone(),
             fence: cell,
             recording: handle.recording.clone(),
-            prepared: None,
         };
         let plan = RemotePlan {
             plan: prepared.plan.clone(),
@@ -244,7 +243,6 @@ impl FlowManager {
                 snapshot: commit.snapshot.as_deref(),
                 fence: run.fence,
                 ticked: commit.ticked,
-                prepared: false,
             })
             .map_err(|f| match f.fenced {
                 true => fenced(name, fence),

@@ -145,11 +145,69 @@ fn series_order(table: &Table, batches: Vec<RecordBatch>) -> Result<Vec<RecordBa
 #[derive(Debug, Clone)]
 pub enum MetaWrite {
     Put(String, Vec<u8>),
+    /// A value made while the commit writes the rest (see [`LateValue`]).
+    PutLate(String, LateValue),
     Delete(String),
     /// Creates the (empty) key space of a new table.
     CreateTable(TableId),
     /// Removes a table's key space and rows.
     DropTable(TableId),
+}
+
+/// A metadata value made while the commit that carries it writes the rest:
+/// the commit calls `make` under the commit lock, after the set's rows, and
+/// waits for it. A flow's snapshot is one: the guest serialises its state
+/// while its sink rows go into storage, and both still commit together.
+/// `make` runs once, however many attempts the commit takes; its error
+/// refuses the commit. It must not wait for anything that commits.
+#[derive(Clone)]
+pub struct LateValue(Arc<LateInner>);
+
+type MakeValue = Box<dyn FnOnce() -> std::result::Result<Vec<u8>, String> + Send>;
+
+struct LateInner {
+    make: Mutex<Option<MakeValue>>,
+    made: std::sync::OnceLock<std::result::Result<Vec<u8>, String>>,
+}
+
+impl LateValue {
+    pub fn new(
+        make: impl FnOnce() -> std::result::Result<Vec<u8>, String> + Send + 'static,
+    ) -> LateValue {
+        LateValue(Arc::new(LateInner {
+            make: Mutex::new(Some(Box::new(make))),
+            made: std::sync::OnceLock::new(),
+        }))
+    }
+
+    /// The value, made now if it was not yet.
+    fn get(&self) -> Result<&[u8]> {
+        let made = self.0.made.get_or_init(|| {
+            let make = self.0.make.lock().ok().and_then(|mut m| m.take());
+            match make {
+                Some(make) => make(),
+                None => Err("the value was lost".to_string()),
+            }
+        });
+        match made {
+            Ok(v) => Ok(v),
+            Err(message) => crate::error::FlowSnafu {
+                message: message.clone(),
+            }
+            .fail(),
+        }
+    }
+}
+
+impl std::fmt::Debug for LateValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match self.0.made.get() {
+            None => "pending",
+            Some(Ok(_)) => "made",
+            Some(Err(_)) => "failed",
+        };
+        f.debug_tuple("LateValue").field(&state).finish()
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -252,6 +310,13 @@ impl WriteSet {
         self
     }
 
+    /// Puts a metadata value made under the commit lock, after this set's
+    /// rows are written (see [`LateValue`]).
+    pub fn put_meta_late(&mut self, key: impl Into<String>, value: LateValue) -> &mut Self {
+        self.meta.push(MetaWrite::PutLate(key.into(), value));
+        self
+    }
+
     pub fn delete_meta(&mut self, key: impl Into<String>) -> &mut Self {
         self.meta.push(MetaWrite::Delete(key.into()));
         self
@@ -279,7 +344,7 @@ impl WriteSet {
     pub fn check_user_meta(&self) -> Result<()> {
         for w in &self.meta {
             let key = match w {
-                MetaWrite::Put(k, _) | MetaWrite::Delete(k) => k,
+                MetaWrite::Put(k, _) | MetaWrite::PutLate(k, _) | MetaWrite::Delete(k) => k,
                 MetaWrite::CreateTable(_) | MetaWrite::DropTable(_) => {
                     return InvalidDataSnafu {
                         message: "create and drop tables through the catalog",
@@ -1031,16 +1096,20 @@ fn apply_set(
             Ok(())
         })?;
     }
-    if set
-        .meta
-        .iter()
-        .any(|w| matches!(w, MetaWrite::Put(..) | MetaWrite::Delete(_)))
-    {
+    if set.meta.iter().any(|w| {
+        matches!(
+            w,
+            MetaWrite::Put(..) | MetaWrite::PutLate(..) | MetaWrite::Delete(_)
+        )
+    }) {
         txn.space(Space::Meta, &mut |space| {
             for w in &set.meta {
                 match w {
                     MetaWrite::Put(k, v) => {
                         space.put(k.as_bytes(), v)?;
+                    }
+                    MetaWrite::PutLate(k, v) => {
+                        space.put(k.as_bytes(), v.get()?)?;
                     }
                     MetaWrite::Delete(k) => {
                         space.delete(k.as_bytes())?;
@@ -1202,16 +1271,6 @@ impl PreparedUpsert {
         let keys = (!table.schema().append_mode)
             .then(|| RowKeys::encode(&table, &readers(&table, &batch), batch.num_rows(), None));
         Ok(PreparedUpsert { table, batch, keys })
-    }
-
-    /// The table it writes to.
-    pub fn table(&self) -> &Arc<Table> {
-        &self.table
-    }
-
-    /// The rows, conformed to the table as it was when prepared.
-    pub fn into_batch(self) -> RecordBatch {
-        self.batch
     }
 }
 
@@ -1961,5 +2020,83 @@ mod tests {
         assert!(store.get_meta("app/5").unwrap().is_none());
         assert!(store.get_meta("app/6").unwrap().is_some());
         drop(follow.readers.pop());
+    }
+
+    #[test]
+    fn a_late_value_is_made_once_and_its_failure_refuses_only_its_set() {
+        let commits = Arc::new(AtomicU64::new(0));
+        let store = Arc::new(
+            Store::with_engine(Box::new(Counting {
+                inner: redb::RedbStorage::in_memory().unwrap(),
+                commits: commits.clone(),
+                slow_first: true,
+            }))
+            .unwrap(),
+        );
+        let t = test_table(&store, 7, key_and_time(), false);
+        assert_eq!(commits.load(Ordering::SeqCst), 1);
+        // Writer 0 holds the commit lock for 300 ms; meanwhile writer 1,
+        // whose late value fails, and writer 2 queue up and commit in one
+        // group, which is tried again set by set once writer 1 fails.
+        let made = Arc::new(AtomicU64::new(0));
+        let handles: Vec<_> = (0..3i64)
+            .map(|w| {
+                let (store, t, made) = (store.clone(), t.clone(), made.clone());
+                std::thread::spawn(move || {
+                    let mut set = WriteSet::new();
+                    set.upsert(t.clone(), rows(&t, w * 100..w * 100 + 10));
+                    set.put_meta(format!("app/{w}"), b"x".to_vec());
+                    if w > 0 {
+                        let value = LateValue::new(move || {
+                            made.fetch_add(1, Ordering::SeqCst);
+                            match w {
+                                1 => Err("the state could not be written".to_string()),
+                                _ => Ok(vec![w as u8]),
+                            }
+                        });
+                        set.put_meta_late(format!("app/late/{w}"), value);
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                    }
+                    store.commit(set)
+                })
+            })
+            .collect();
+        let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        assert_eq!(results[0].as_ref().unwrap().rows, 10);
+        let refused = format!("{:?}", results[1]);
+        assert!(
+            refused.contains("the state could not be written"),
+            "{refused}"
+        );
+        assert_eq!(results[2].as_ref().unwrap().rows, 10);
+        assert_eq!(made.load(Ordering::SeqCst), 2, "each late value made once");
+        assert_eq!(store.get_meta("app/late/2").unwrap(), Some(vec![2]));
+        assert!(store.get_meta("app/late/1").unwrap().is_none());
+        assert!(store.get_meta("app/1").unwrap().is_none());
+        assert_eq!(scanned_rows(&store, &t), 20);
+    }
+
+    #[test]
+    fn a_prepared_upsert_writes_what_the_batch_would_and_is_refused_once_its_table_is_altered() {
+        let store = Store::in_memory().unwrap();
+        let t = test_table(&store, 7, key_and_time(), false);
+        let mut set = WriteSet::new();
+        set.upsert_prepared(PreparedUpsert::new(t.clone(), &rows(&t, 0..10)).unwrap());
+        assert_eq!(store.commit(set).unwrap().rows, 10);
+        assert_eq!(scanned_rows(&store, &t), 10);
+        // Prepared for layout 0; the table is then relaid out as version 1.
+        let stale = PreparedUpsert::new(t.clone(), &rows(&t, 10..20)).unwrap();
+        let seq = store.last_seq().unwrap();
+        let mut info = t.info.clone();
+        info.version = 1;
+        let mut relayout = WriteSet::new();
+        relayout.relayout(t.id(), 1, seq);
+        relayout.upsert(Table::new(info), rows(&t, 20..21));
+        store.commit(relayout).unwrap();
+        let mut set = WriteSet::new();
+        set.upsert_prepared(stale);
+        let refused = format!("{:?}", store.commit(set));
+        assert!(refused.contains("was altered"), "{refused}");
+        assert_eq!(scanned_rows(&store, &t), 11);
     }
 }
