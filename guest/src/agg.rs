@@ -441,22 +441,23 @@ impl MultiSet {
         }
     }
     fn min_max(&self, max: bool, t: DataType) -> Out {
+        // The first value held, from the end `max` says (no boxed iterator:
+        // a tick asks this of every changed group).
+        fn held<'a, K: 'a>(mut it: impl Iterator<Item = (K, &'a i64)>) -> Option<K> {
+            it.find(|(_, c)| **c > 0).map(|(k, _)| k)
+        }
         if t.storage() == Storage::Bytes {
-            let mut it: Box<dyn Iterator<Item = (&Vec<u8>, &i64)>> = if max {
-                Box::new(self.bytes.iter().rev())
-            } else {
-                Box::new(self.bytes.iter())
+            let found = match max {
+                true => held(self.bytes.iter().rev()),
+                false => held(self.bytes.iter()),
             };
-            it.find(|(_, c)| **c > 0)
-                .map_or(Out::Null, |(k, _)| Out::B(k.clone()))
+            found.map_or(Out::Null, |k| Out::B(k.clone()))
         } else {
-            let mut it: Box<dyn Iterator<Item = (&i64, &i64)>> = if max {
-                Box::new(self.ints.iter().rev())
-            } else {
-                Box::new(self.ints.iter())
+            let found = match max {
+                true => held(self.ints.iter().rev()),
+                false => held(self.ints.iter()),
             };
-            it.find(|(_, c)| **c > 0)
-                .map_or(Out::Null, |(k, _)| from_ord_key(*k, t))
+            found.map_or(Out::Null, |k| from_ord_key(*k, t))
         }
     }
     fn is_empty(&self) -> bool {
