@@ -1672,6 +1672,19 @@ mod tests {
         }
     }
 
+    /// A store whose first commit after the first holds the commit lock
+    /// for 300 ms, and its count of storage commits.
+    fn slow_first_store() -> (Arc<Store>, Arc<AtomicU64>) {
+        let commits = Arc::new(AtomicU64::new(0));
+        let store = Store::with_engine(Box::new(Counting {
+            inner: redb::RedbStorage::in_memory().unwrap(),
+            commits: commits.clone(),
+            slow_first: true,
+        }))
+        .unwrap();
+        (Arc::new(store), commits)
+    }
+
     /// How many rows a scan of `t` returns.
     fn scanned_rows(store: &Store, t: &Table) -> usize {
         let s = store.scan(t).unwrap();
@@ -1922,15 +1935,7 @@ mod tests {
 
     #[test]
     fn concurrent_commits_share_a_storage_commit_and_each_keeps_its_own_result() {
-        let commits = Arc::new(AtomicU64::new(0));
-        let store = Arc::new(
-            Store::with_engine(Box::new(Counting {
-                inner: redb::RedbStorage::in_memory().unwrap(),
-                commits: commits.clone(),
-                slow_first: true,
-            }))
-            .unwrap(),
-        );
+        let (store, commits) = slow_first_store();
         let t = test_table(&store, 7, key_and_time(), false);
         let mut follow = store
             .follow(std::slice::from_ref(&t), None, false, &mut |_| {
@@ -2024,15 +2029,7 @@ mod tests {
 
     #[test]
     fn a_late_value_is_made_once_and_its_failure_refuses_only_its_set() {
-        let commits = Arc::new(AtomicU64::new(0));
-        let store = Arc::new(
-            Store::with_engine(Box::new(Counting {
-                inner: redb::RedbStorage::in_memory().unwrap(),
-                commits: commits.clone(),
-                slow_first: true,
-            }))
-            .unwrap(),
-        );
+        let (store, commits) = slow_first_store();
         let t = test_table(&store, 7, key_and_time(), false);
         assert_eq!(commits.load(Ordering::SeqCst), 1);
         // Writer 0 holds the commit lock for 300 ms; meanwhile writer 1,
