@@ -114,6 +114,15 @@ impl Vals {
     }
 
     #[inline]
+    /// Room for `n` more values, so that a tick's values of every changed
+    /// group are written without growing the vector step by step.
+    fn reserve(&mut self, n: usize) {
+        match self.is_wide {
+            true => self.wide.reserve(n),
+            false => self.bits.reserve(n),
+        }
+    }
+
     fn push_bits(&mut self, x: i64) {
         self.bits.push(x);
         if !self.nulls.is_empty() {
@@ -757,6 +766,7 @@ impl State {
         out: &mut Vals,
     ) {
         let at = |v: &[i64], g: u32| v.get(g as usize).copied().unwrap_or(0);
+        out.reserve(groups.len());
         match self {
             State::Count(n) => gather(&mut out.bits, n.all(rows), groups),
             State::Distinct { n, .. } => gather(&mut out.bits, n, groups),
