@@ -587,8 +587,12 @@ impl StoreSink {
             }
             if let Some(u) = writes.upserts {
                 // Keys encoded and sorted here, outside the commit lock.
-                let u =
-                    PreparedUpsert::new(sink, &u).map_err(|e| Failure::permanent(e.to_string()))?;
+                let u = PreparedUpsert::new(sink, &u).map_err(|e| {
+                    Failure::transient(format!(
+                        "cannot write to sink table '{}': {e}",
+                        self.sink.qualified_name()
+                    ))
+                })?;
                 set.upsert_prepared(u);
             }
         }
