@@ -113,7 +113,6 @@ impl Vals {
         }
     }
 
-    #[inline]
     /// Room for `n` more values, so that a tick's values of every changed
     /// group are written without growing the vector step by step.
     fn reserve(&mut self, n: usize) {
@@ -123,6 +122,7 @@ impl Vals {
         }
     }
 
+    #[inline]
     fn push_bits(&mut self, x: i64) {
         self.bits.push(x);
         if !self.nulls.is_empty() {
