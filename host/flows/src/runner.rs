@@ -228,6 +228,11 @@ impl std::fmt::Debug for Runner {
     }
 }
 
+/// The failure of a runner whose guest was dropped by an earlier failure.
+fn guest_gone() -> Failure {
+    Failure::permanent("the flow's guest is gone after a failure")
+}
+
 /// The failure of a flow whose state grew over its `state_size_limit`.
 fn over_state_limit(state_size: u64, max: u64) -> Failure {
     Failure::permanent(format!(
@@ -456,9 +461,7 @@ impl Runner {
         }
         match &mut self.guest {
             Slot::Awake(g) => Ok(g),
-            _ => Err(Failure::permanent(
-                "the flow's guest is gone after a failure",
-            )),
+            _ => Err(guest_gone()),
         }
     }
 
@@ -546,17 +549,20 @@ impl Runner {
             && !wanted
             && !journaling
             && !force_snapshot;
+        // A snapshot committed with the output: the guest measures beside
+        // the commit (see `commit_beside_snapshot`).
+        let beside = take_snapshot && rows > 0 && !apart;
+        if measure && !beside {
+            self.measure_state(now)?;
+        }
         let written = if apart {
-            if measure {
-                self.measure_state(now)?;
-            }
             let written = self.commit(now, &output, None, true)?;
             let started = self.clock.now_ms();
             let state = self.guest()?.snapshot()?;
             self.commit(now, &[], Some(&state), false)?;
             self.snapshot_cost_ms = (self.clock.now_ms() - started).max(0);
             written
-        } else if take_snapshot && rows > 0 {
+        } else if beside {
             let started = self.clock.now_ms();
             let (size, written) = self.commit_beside_snapshot(&output, now, measure)?;
             self.snapshot_cost_ms = (self.clock.now_ms() - started).max(0);
@@ -565,9 +571,6 @@ impl Runner {
             }
             written
         } else {
-            if measure {
-                self.measure_state(now)?;
-            }
             let snapshot = match take_snapshot {
                 true => {
                     let started = self.clock.now_ms();
@@ -612,9 +615,7 @@ impl Runner {
     ) -> Result<(Option<u64>, u64), Failure> {
         self.guest()?;
         let Slot::Awake(guest) = &mut self.guest else {
-            return Err(Failure::permanent(
-                "the flow's guest is gone after a failure",
-            ));
+            return Err(guest_gone());
         };
         let limit = self.cfg.state_size_limit;
         let sink = &mut self.sink;
