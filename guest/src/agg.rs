@@ -1035,6 +1035,34 @@ struct KeyTable {
     garbage: usize,
 }
 
+/// Whether `a` and `b` hold the same bytes, compared eight at a time and
+/// inline: a group key is a few words, and in wasm `==` on slices calls
+/// the C library's `memcmp`, which compares byte by byte.
+#[inline]
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let (wa, wb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (wa.remainder(), wb.remainder());
+    let word = |c: &[u8]| u64::from_le_bytes(c.try_into().unwrap_or_default());
+    wa.zip(wb).all(|(x, y)| word(x) == word(y)) && ra.iter().zip(rb).all(|(x, y)| x == y)
+}
+
+/// Copies `src` into `dst` (of one length): a short one inline, since in
+/// wasm a copy of unknown length is `memory.copy`, which the runtime
+/// serves with a call of its own.
+#[inline]
+fn copy_short(dst: &mut [u8], src: &[u8]) {
+    if src.len() <= 32 {
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = *s;
+        }
+    } else {
+        dst.copy_from_slice(src);
+    }
+}
+
 /// The high half of the key's hash (the better mixed one).
 fn key_hash(key: &[u8]) -> u32 {
     use std::hash::Hasher;
@@ -1067,7 +1095,7 @@ impl KeyTable {
     fn get_hashed(&self, key: &[u8], h: u32) -> Option<u32> {
         self.table
             .find(table_hash(h), |&(g, x)| {
-                x == h && self.key(g as usize) == key
+                x == h && same_bytes(self.key(g as usize), key)
             })
             .map(|&(g, _)| g)
     }
@@ -1260,7 +1288,7 @@ impl Encoded {
                 if !value.is_empty() {
                     let v = *a as usize;
                     if let Some(dst) = bytes.get_mut(v..v + value.len()) {
-                        dst.copy_from_slice(value);
+                        copy_short(dst, value);
                     }
                     *a += value.len() as u32;
                 }
@@ -1287,45 +1315,61 @@ impl Encoded {
 }
 
 /// Decodes column `want` of an encoded key.
-pub(crate) fn decode_key(mut b: &[u8], types: &[DataType], want: usize) -> Out {
+pub(crate) fn decode_key(b: &[u8], types: &[DataType], want: usize) -> Out {
+    match key_value(b, types, want) {
+        S::Null => Out::Null,
+        S::I(x) => Out::I(x),
+        S::F(x) => Out::F(x),
+        S::B(v) => Out::B(v.to_vec()),
+    }
+}
+
+/// Column `want` of encoded key `b`, borrowed from it: the columns before
+/// it are stepped over, not decoded.
+pub(crate) fn key_value<'a>(mut b: &'a [u8], types: &[DataType], want: usize) -> S<'a> {
     for (ci, t) in types.iter().enumerate() {
         let Some((&tag, rest)) = b.split_first() else {
-            return Out::Null;
+            return S::Null;
         };
         b = rest;
-        let v = if tag == 0 {
-            Out::Null
-        } else {
-            match t.storage() {
-                Storage::Ints | Storage::Floats => {
-                    let Some((x, rest)) = b.split_first_chunk::<8>() else {
-                        return Out::Null;
-                    };
-                    b = rest;
-                    if t.storage() == Storage::Ints {
-                        Out::I(i64::from_le_bytes(*x))
-                    } else {
-                        Out::F(f64::from_bits(u64::from_le_bytes(*x)))
-                    }
+        if tag == 0 {
+            if ci == want {
+                return S::Null;
+            }
+            continue;
+        }
+        let v = match t.storage() {
+            Storage::Ints | Storage::Floats => {
+                let Some((x, rest)) = b.split_first_chunk::<8>() else {
+                    return S::Null;
+                };
+                b = rest;
+                if ci != want {
+                    continue;
                 }
-                Storage::Bytes => {
-                    let Some((l, rest)) = b.split_first_chunk::<4>() else {
-                        return Out::Null;
-                    };
-                    let l = u32::from_le_bytes(*l) as usize;
-                    let Some(v) = rest.get(..l) else {
-                        return Out::Null;
-                    };
-                    b = rest.get(l..).unwrap_or(&[]);
-                    Out::B(v.to_vec())
+                if t.storage() == Storage::Ints {
+                    S::I(i64::from_le_bytes(*x))
+                } else {
+                    S::F(f64::from_bits(u64::from_le_bytes(*x)))
                 }
+            }
+            Storage::Bytes => {
+                let Some((l, rest)) = b.split_first_chunk::<4>() else {
+                    return S::Null;
+                };
+                let l = u32::from_le_bytes(*l) as usize;
+                let Some(v) = rest.get(..l) else {
+                    return S::Null;
+                };
+                b = rest.get(l..).unwrap_or(&[]);
+                S::B(v)
             }
         };
         if ci == want {
             return v;
         }
     }
-    Out::Null
+    S::Null
 }
 
 /// Checks a restored encoded key: exactly what [`encode_row`] writes for values of `types`
@@ -1894,8 +1938,17 @@ impl AggOp {
             _ => {
                 let ty = self.key_types.get(k).copied().unwrap_or(DataType::Int64);
                 let mut b = ColBuilder::new(ty, emit.len());
-                for &e in emit {
-                    b.push(self.key_out(group(e), k).as_s());
+                match &self.keys {
+                    Keys::Encoded(table) => {
+                        for &e in emit {
+                            b.push(key_value(table.key(group(e)), &self.key_types, k));
+                        }
+                    }
+                    _ => {
+                        for &e in emit {
+                            b.push(self.key_out(group(e), k).as_s());
+                        }
+                    }
                 }
                 b.finish()
             }

@@ -28,8 +28,11 @@ impl Hasher for FxHasher {
         }
         let rest = chunks.remainder();
         if !rest.is_empty() {
+            // A byte loop, not a copy of unknown length (in wasm, a call).
             let mut w = [0u8; 8];
-            w[..rest.len()].copy_from_slice(rest);
+            for (d, s) in w.iter_mut().zip(rest) {
+                *d = *s;
+            }
             self.add(u64::from_le_bytes(w) ^ ((rest.len() as u64) << 56));
         }
     }
