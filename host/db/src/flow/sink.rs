@@ -444,6 +444,15 @@ pub fn writes(
         None => (&batch, diffs),
     };
     let rows = batch.num_rows();
+    if diffs.len() >= rows && diffs.iter().take(rows).all(|d| *d > 0) {
+        // Only insertions (a back-fill's, a first tick's): the upsert
+        // itself lets the later row of a key win, so there is nothing to
+        // net.
+        return Ok(SinkWrites {
+            upserts: Some(batch.clone()),
+            deletes: None,
+        });
+    }
     let key_cols: Vec<ArrayRef> = table
         .key_columns
         .iter()
@@ -686,5 +695,16 @@ mod tests {
             .downcast_ref::<TimestampMillisecondArray>()
             .unwrap();
         assert_eq!(at.value(0), 99);
+        // Only insertions: every row is upserted as it is (of one key, the
+        // store keeps the later), nothing is deleted.
+        let w = writes(&t, &mapping, &batch, &[1, 1, 1, 1], 99).unwrap();
+        assert!(w.deletes.is_none());
+        let up = w.upserts.unwrap();
+        let v = up
+            .column(2)
+            .as_any()
+            .downcast_ref::<Float64Array>()
+            .unwrap();
+        assert_eq!(v.values(), &[1.0, 2.0, 3.0, 4.0]);
     }
 }
