@@ -1233,11 +1233,41 @@ impl RowKeys {
         // with one key the later still wins, and each key's diffs keep
         // their order.
         if !table.instant() {
-            let mut order = std::mem::take(&mut keys.order);
-            order.sort_by(|a, b| keys.key(*a).cmp(keys.key(*b)));
-            keys.order = order;
+            keys.order = keys.sorted_order();
         }
         keys
+    }
+
+    /// The rows in key order, and of rows with one key the earlier first.
+    /// Sorted by each key's first 16 bytes (zero padded, so that they
+    /// order as the keys do), then the whole key, then the row: most
+    /// comparisons are of two integers, not of two keys behind two
+    /// indirections.
+    fn sorted_order(&self) -> Vec<usize> {
+        let rows = self.ends.len();
+        if u32::try_from(rows).is_err() {
+            let mut order: Vec<usize> = (0..rows).collect();
+            order.sort_by(|a, b| self.key(*a).cmp(self.key(*b)));
+            return order;
+        }
+        let mut heads: Vec<(u128, u32)> = (0..rows)
+            .map(|row| {
+                let key = self.key(row);
+                let mut head = [0u8; 16];
+                let n = key.len().min(16);
+                head[..n].copy_from_slice(&key[..n]);
+                (u128::from_be_bytes(head), row as u32)
+            })
+            .collect();
+        let order = |(ha, a): &(u128, u32), (hb, b): &(u128, u32)| {
+            ha.cmp(hb)
+                .then_with(|| self.key(*a as usize).cmp(self.key(*b as usize)))
+                .then(a.cmp(b))
+        };
+        if !heads.is_sorted_by(|a, b| order(a, b).is_le()) {
+            heads.sort_unstable_by(order);
+        }
+        heads.into_iter().map(|(_, row)| row as usize).collect()
     }
 
     fn key(&self, row: usize) -> &[u8] {
@@ -2071,6 +2101,52 @@ mod tests {
         assert!(store.get_meta("app/late/1").unwrap().is_none());
         assert!(store.get_meta("app/1").unwrap().is_none());
         assert_eq!(scanned_rows(&store, &t), 20);
+    }
+
+    #[test]
+    fn rows_are_ordered_by_key_and_of_one_key_the_earlier_first() {
+        // Keys that tie on their first 16 bytes, share prefixes, end in
+        // zero bytes or are short; each several times.
+        let long = |tail: &[u8]| [b"0123456789abcdef".as_slice(), tail].concat();
+        let distinct: Vec<Vec<u8>> = vec![
+            long(b"b"),
+            long(b"a"),
+            long(b""),
+            long(b"a\0"),
+            b"ab".to_vec(),
+            b"ab\0".to_vec(),
+            b"a".to_vec(),
+            Vec::new(),
+            b"\xff".to_vec(),
+        ];
+        let mut keys = RowKeys {
+            bytes: Vec::new(),
+            ends: Vec::new(),
+            order: Vec::new(),
+        };
+        let mut stream = Vec::new();
+        for i in 0..60usize {
+            let key = &distinct[(i * 7) % distinct.len()];
+            keys.bytes.extend_from_slice(key);
+            keys.ends.push(keys.bytes.len());
+            stream.push(key.clone());
+        }
+        let mut expected: Vec<usize> = (0..stream.len()).collect();
+        expected.sort_by(|a, b| stream[*a].cmp(&stream[*b]));
+        assert_eq!(keys.sorted_order(), expected);
+        // Already in order: kept as it is.
+        let sorted = RowKeys {
+            bytes: expected.iter().flat_map(|&r| stream[r].clone()).collect(),
+            ends: expected
+                .iter()
+                .scan(0, |end, &r| {
+                    *end += stream[r].len();
+                    Some(*end)
+                })
+                .collect(),
+            order: Vec::new(),
+        };
+        assert_eq!(sorted.sorted_order(), (0..stream.len()).collect::<Vec<_>>());
     }
 
     #[test]
