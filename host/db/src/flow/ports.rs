@@ -570,13 +570,34 @@ impl SinkCommitter for StoreSink {
 
 impl StoreSink {
     /// Commits `c`, and `late`'s snapshot when there is one: the commit
-    /// writes the sink rows, then waits for the snapshot under the commit
-    /// lock (see [`LateValue`]); its failure is the commit's.
+    /// writes the sink rows, then takes the snapshot (compressed meanwhile
+    /// on a thread of its own) under the commit lock (see [`LateValue`]);
+    /// its failure is the commit's.
     fn commit_with(&mut self, c: Commit<'_>, late: Option<LateSnapshot>) -> Result<u64, Failure> {
         let core = self
             .core
             .upgrade()
             .ok_or_else(|| Failure::transient("the database is closing"))?;
+        let positions = encode_positions(c.positions);
+        // The late snapshot is compressed as soon as the guest hands it
+        // over, on a thread of its own: while the sink rows are prepared and
+        // written, not under the commit lock.
+        let encoding = match late {
+            Some(late) => {
+                let at = positions.clone();
+                let encode = move || late.wait().map(|state| encode_snapshot(&at, &state));
+                let spawned = std::thread::Builder::new()
+                    .name("snapshot-encode".into())
+                    .spawn(encode)
+                    .map_err(|e| {
+                        Failure::transient(format!(
+                            "cannot start a thread to store the flow's state: {e}"
+                        ))
+                    })?;
+                Some(spawned)
+            }
+            None => None,
+        };
         let mut set = WriteSet::new();
         let writes = sink_writes(&self.sink, &self.output, &self.mapping, c.output, c.now)?;
         let rows = writes.rows();
@@ -596,21 +617,27 @@ impl StoreSink {
                 set.upsert_prepared(u);
             }
         }
-        let positions = encode_positions(c.positions);
         if let Some(state) = c.snapshot {
             set.put_meta(snapshot_key(&self.name), encode_snapshot(&positions, state));
         }
         let late_failure: Arc<std::sync::Mutex<Option<Failure>>> = Default::default();
-        if let Some(late) = late {
-            let (at, failure) = (positions.clone(), late_failure.clone());
-            let value = LateValue::new(move || match late.wait() {
-                Ok(state) => Ok(encode_snapshot(&at, &state)),
-                Err(f) => {
-                    let message = f.message.clone();
-                    if let Ok(mut slot) = failure.lock() {
-                        *slot = Some(f);
+        if let Some(encoding) = encoding {
+            let failure = late_failure.clone();
+            let value = LateValue::new(move || {
+                let made = encoding.join().unwrap_or_else(|_| {
+                    Err(Failure::transient(
+                        "storing the flow's state failed unexpectedly",
+                    ))
+                });
+                match made {
+                    Ok(value) => Ok(value),
+                    Err(f) => {
+                        let message = f.message.clone();
+                        if let Ok(mut slot) = failure.lock() {
+                            *slot = Some(f);
+                        }
+                        Err(message)
                     }
-                    Err(message)
                 }
             });
             set.put_meta_late(snapshot_key(&self.name), value);
