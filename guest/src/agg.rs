@@ -340,6 +340,28 @@ impl DoubleEndedIterator for IntCountsIter<'_> {
     }
 }
 
+/// `Vec::insert` for a vector of at most [`SMALL_SET`] entries: the shift
+/// as a loop, since in wasm a move of unknown length is `memory.copy`, a
+/// call into the runtime, and a group's set is a few entries.
+#[inline]
+fn insert_small(v: &mut Vec<(i64, i64)>, at: usize, e: (i64, i64)) {
+    v.push(e);
+    let mut j = v.len() - 1;
+    while j > at {
+        v.swap(j, j - 1);
+        j -= 1;
+    }
+}
+
+/// `Vec::remove` the same way (see [`insert_small`]).
+#[inline]
+fn remove_small(v: &mut Vec<(i64, i64)>, at: usize) {
+    for j in at + 1..v.len() {
+        v.swap(j - 1, j);
+    }
+    v.pop();
+}
+
 impl IntCounts {
     fn iter(&self) -> IntCountsIter<'_> {
         match self {
@@ -367,7 +389,7 @@ impl IntCounts {
         match self {
             IntCounts::Small(v) => match v.binary_search_by_key(&k, |e| e.0) {
                 Ok(i) => v[i].1 = c,
-                Err(i) => v.insert(i, (k, c)),
+                Err(i) => insert_small(v, i, (k, c)),
             },
             IntCounts::Tree(t) => {
                 t.insert(k, c);
@@ -383,7 +405,7 @@ impl IntCounts {
                     let old = v[i].1;
                     let new = old.wrapping_add(d);
                     if new == 0 {
-                        v.remove(i);
+                        remove_small(v, i);
                     } else {
                         v[i].1 = new;
                     }
@@ -391,7 +413,7 @@ impl IntCounts {
                 }
                 Err(i) => {
                     if d != 0 {
-                        v.insert(i, (k, d));
+                        insert_small(v, i, (k, d));
                     }
                     (0, d)
                 }
