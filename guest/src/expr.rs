@@ -544,11 +544,7 @@ fn eval_call(f: &Func, args: &[Expr], t: DataType, c: &Chunk) -> Result<Column, 
             let v = a.eval(c)?;
             let unit = a.ty().timestamp_unit_nanos().unwrap_or(1) as i128;
             let out_unit = t.timestamp_unit_nanos().unwrap_or(1) as i128;
-            let out = v
-                .ints
-                .iter()
-                .map(|x| (date_trunc_ns(*x as i128 * unit, *u).div_euclid(out_unit)) as i64)
-                .collect();
+            let out = date_trunc_column(&v.ints, *u, unit, out_unit);
             Ok(Column {
                 ints: out,
                 nulls: v.nulls.clone(),
@@ -689,15 +685,41 @@ impl DateBins {
 
 const NS_PER_DAY: i128 = 86_400_000_000_000;
 
-fn date_trunc_ns(ns: i128, u: TruncUnit) -> i128 {
-    let fixed = |step: i128| ns.div_euclid(step) * step;
+/// `date_trunc(u, x)` of each `x` (a count of `unit` ns) as a count of
+/// `out_unit` ns.
+fn date_trunc_column(xs: &[i64], u: TruncUnit, unit: i128, out_unit: i128) -> Vec<i64> {
+    let wide = |x: i64| (date_trunc_ns(x as i128 * unit, u).div_euclid(out_unit)) as i64;
+    // A fixed step that is a whole number of the column's unit, in and
+    // out: the same in 64 bits, without wasm's software 128-bit multiply
+    // and divide per row.
+    let step = match (fixed_step_ns(u), unit == out_unit) {
+        (Some(step), true) if step % unit == 0 => i64::try_from(step / unit).ok(),
+        _ => None,
+    };
+    match step {
+        Some(s) => xs
+            .iter()
+            .map(|&x| x.div_euclid(s).checked_mul(s).unwrap_or_else(|| wide(x)))
+            .collect(),
+        None => xs.iter().map(|&x| wide(x)).collect(),
+    }
+}
+
+/// The length of `u` in nanoseconds, when every one is as long.
+fn fixed_step_ns(u: TruncUnit) -> Option<i128> {
     match u {
-        TruncUnit::Microsecond => fixed(1_000),
-        TruncUnit::Millisecond => fixed(1_000_000),
-        TruncUnit::Second => fixed(1_000_000_000),
-        TruncUnit::Minute => fixed(60_000_000_000),
-        TruncUnit::Hour => fixed(3_600_000_000_000),
-        TruncUnit::Day => fixed(NS_PER_DAY),
+        TruncUnit::Microsecond => Some(1_000),
+        TruncUnit::Millisecond => Some(1_000_000),
+        TruncUnit::Second => Some(1_000_000_000),
+        TruncUnit::Minute => Some(60_000_000_000),
+        TruncUnit::Hour => Some(3_600_000_000_000),
+        TruncUnit::Day => Some(NS_PER_DAY),
+        TruncUnit::Week | TruncUnit::Month | TruncUnit::Quarter | TruncUnit::Year => None,
+    }
+}
+
+fn date_trunc_ns(ns: i128, u: TruncUnit) -> i128 {
+    match u {
         TruncUnit::Week => {
             // 1970-01-01 was a Thursday; weeks start on Monday (1969-12-29).
             let days = ns.div_euclid(NS_PER_DAY);
@@ -712,6 +734,10 @@ fn date_trunc_ns(ns: i128, u: TruncUnit) -> i128 {
                 _ => 1,
             };
             days_from_civil(y, m, 1) as i128 * NS_PER_DAY
+        }
+        _ => {
+            let step = fixed_step_ns(u).unwrap_or(1);
+            ns.div_euclid(step) * step
         }
     }
 }
@@ -1279,7 +1305,52 @@ fn format_float(x: f64) -> String {
 
 #[cfg(test)]
 mod date_bin_tests {
-    use super::DateBins;
+    use super::{date_trunc_column, date_trunc_ns, DateBins, TruncUnit};
+
+    #[test]
+    fn date_trunc_in_64_bits_is_what_it_is_in_nanoseconds() {
+        let xs = [
+            i64::MIN,
+            i64::MIN + 1,
+            -86_400_001,
+            -60_001,
+            -60_000,
+            -1,
+            0,
+            1,
+            59_999,
+            60_000,
+            1_767_225_600_123,
+            i64::MAX - 1,
+            i64::MAX,
+        ];
+        let units = [1, 1_000, 1_000_000, 1_000_000_000];
+        let all = [
+            TruncUnit::Microsecond,
+            TruncUnit::Millisecond,
+            TruncUnit::Second,
+            TruncUnit::Minute,
+            TruncUnit::Hour,
+            TruncUnit::Day,
+            TruncUnit::Week,
+            TruncUnit::Month,
+        ];
+        for u in all {
+            for unit in units {
+                for out_unit in units {
+                    let got = date_trunc_column(&xs, u, unit, out_unit);
+                    for (x, g) in xs.iter().zip(got) {
+                        let wide =
+                            (date_trunc_ns(*x as i128 * unit, u).div_euclid(out_unit)) as i64;
+                        assert_eq!(
+                            g, wide,
+                            "date_trunc({u:?}, {x}) in {unit} ns, out {out_unit} ns"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn the_same_unit_path_bins_exactly_as_nanoseconds_do() {
