@@ -661,8 +661,7 @@ impl DateBins {
         if let Some((s, o)) = self.same_unit {
             let b = x
                 .checked_sub(o)
-                .map(|d| d.div_euclid(s))
-                .and_then(|q| q.checked_mul(s))
+                .and_then(|d| floor_multiple(d, s))
                 .and_then(|b| b.checked_add(o));
             if let Some(b) = b {
                 return b;
@@ -699,10 +698,19 @@ fn date_trunc_column(xs: &[i64], u: TruncUnit, unit: i128, out_unit: i128) -> Ve
     match step {
         Some(s) => xs
             .iter()
-            .map(|&x| x.div_euclid(s).checked_mul(s).unwrap_or_else(|| wide(x)))
+            .map(|&x| floor_multiple(x, s).unwrap_or_else(|| wide(x)))
             .collect(),
         None => xs.iter().map(|&x| wide(x)).collect(),
     }
+}
+
+/// The largest multiple of `s` (> 0) at or below `d`, when it fits an
+/// i64. Without a checked multiply, which in wasm is a call: the multiple
+/// lies in `(d - s, d]`, so it fits unless `d` is within `s` of the
+/// smallest i64.
+#[inline]
+fn floor_multiple(d: i64, s: i64) -> Option<i64> {
+    (s > 0 && d > i64::MIN + s).then(|| d.div_euclid(s) * s)
 }
 
 /// The length of `u` in nanoseconds, when every one is as long.
