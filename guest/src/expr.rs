@@ -1315,23 +1315,26 @@ fn format_float(x: f64) -> String {
 mod date_bin_tests {
     use super::{date_trunc_column, date_trunc_ns, DateBins, TruncUnit};
 
+    /// Values around zero, a minute, a day, now, and the ends of an i64.
+    const EDGES: [i64; 13] = [
+        i64::MIN,
+        i64::MIN + 1,
+        -86_400_001,
+        -60_001,
+        -60_000,
+        -1,
+        0,
+        1,
+        59_999,
+        60_000,
+        1_767_225_600_123,
+        i64::MAX - 1,
+        i64::MAX,
+    ];
+
     #[test]
     fn date_trunc_in_64_bits_is_what_it_is_in_nanoseconds() {
-        let xs = [
-            i64::MIN,
-            i64::MIN + 1,
-            -86_400_001,
-            -60_001,
-            -60_000,
-            -1,
-            0,
-            1,
-            59_999,
-            60_000,
-            1_767_225_600_123,
-            i64::MAX - 1,
-            i64::MAX,
-        ];
+        let xs = EDGES;
         let units = [1, 1_000, 1_000_000, 1_000_000_000];
         let all = [
             TruncUnit::Microsecond,
@@ -1362,21 +1365,7 @@ mod date_bin_tests {
 
     #[test]
     fn the_same_unit_path_bins_exactly_as_nanoseconds_do() {
-        let xs = [
-            i64::MIN,
-            i64::MIN + 1,
-            -86_400_001,
-            -60_001,
-            -60_000,
-            -1,
-            0,
-            1,
-            59_999,
-            60_000,
-            1_767_225_600_123,
-            i64::MAX - 1,
-            i64::MAX,
-        ];
+        let xs = EDGES;
         let ms = 1_000_000;
         for (unit, stride, origin, out_unit) in [
             (ms, 60_000 * ms, 0, ms),
