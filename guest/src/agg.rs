@@ -1071,6 +1071,27 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     wa.zip(wb).all(|(x, y)| word(x) == word(y)) && ra.iter().zip(rb).all(|(x, y)| x == y)
 }
 
+/// The storage of column `c` when its first `rows` rows are all there and
+/// none is NULL (each then encodes the same way, without a per-row check).
+fn dense(c: &Column, storage: Storage, rows: usize) -> Option<Storage> {
+    let there = match storage {
+        Storage::Bytes => c.offsets.len() > rows,
+        Storage::Ints => c.ints.len() >= rows,
+        Storage::Floats => c.floats.len() >= rows,
+    };
+    (there && !c.nulls.iter().any(|n| *n != 0)).then_some(storage)
+}
+
+/// The bytes between two neighbouring offsets of a string column (empty
+/// when they are not a range of it, as [`Column::bytes_at`] reads them).
+#[inline]
+fn span<'a>(c: &'a Column, w: &[u32]) -> &'a [u8] {
+    match w {
+        [s, e] => c.bytes.get(*s as usize..*e as usize).unwrap_or(&[]),
+        _ => &[],
+    }
+}
+
 /// Copies `src` into `dst` (of one length): a short one inline, since in
 /// wasm a copy of unknown length is `memory.copy`, which the runtime
 /// serves with a call of its own.
@@ -1231,12 +1252,22 @@ impl Encoded {
             offsets.reserve(rows + 1);
             let mut lens = vec![0u32; rows];
             for (c, t) in cols.iter().zip(types) {
-                for (i, l) in lens.iter_mut().enumerate() {
-                    *l += match get(c, t.storage(), i) {
-                        S::Null => 1,
-                        S::I(_) | S::F(_) => 9,
-                        S::B(b) => 5 + b.len() as u32,
-                    };
+                match dense(c, t.storage(), rows) {
+                    Some(Storage::Bytes) => {
+                        for (l, w) in lens.iter_mut().zip(c.offsets.windows(2)) {
+                            *l += 5 + span(c, w).len() as u32;
+                        }
+                    }
+                    Some(_) => lens.iter_mut().for_each(|l| *l += 9),
+                    None => {
+                        for (i, l) in lens.iter_mut().enumerate() {
+                            *l += match get(c, t.storage(), i) {
+                                S::Null => 1,
+                                S::I(_) | S::F(_) => 9,
+                                S::B(b) => 5 + b.len() as u32,
+                            };
+                        }
+                    }
                 }
             }
             offsets.push(0);
@@ -1279,6 +1310,20 @@ impl Encoded {
         // Where the next value of each row goes.
         let mut at: Vec<u32> = offsets.get(..rows).unwrap_or(&[]).to_vec();
         for (c, t) in cols.iter().zip(types) {
+            if dense(c, t.storage(), rows) == Some(Storage::Bytes) {
+                for (a, w) in at.iter_mut().zip(c.offsets.windows(2)) {
+                    let start = *a as usize;
+                    let value = span(c, w);
+                    let len = value.len() as u32;
+                    if let Some(dst) = bytes.get_mut(start..start + 5 + value.len()) {
+                        dst[0] = 1;
+                        dst[1..5].copy_from_slice(&len.to_le_bytes());
+                        copy_short(&mut dst[5..], value);
+                    }
+                    *a += 5 + len;
+                }
+                continue;
+            }
             for (i, a) in at.iter_mut().enumerate() {
                 let start = *a as usize;
                 let (tag, value): (u8, &[u8]) = match get(c, t.storage(), i) {
