@@ -432,12 +432,22 @@ impl IntCounts {
         self.grow_up();
         (old, new)
     }
-    /// Moves a vector grown past [`SMALL_SET`] into a tree.
+    /// Moves a vector grown past [`SMALL_SET`] into a tree. Inline: it is
+    /// asked after every add, and the answer is nearly always no.
+    #[inline]
     fn grow_up(&mut self) {
         if let IntCounts::Small(v) = self {
             if v.len() > SMALL_SET {
-                *self = IntCounts::Tree(std::mem::take(v).into_iter().collect());
+                self.make_tree();
             }
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn make_tree(&mut self) {
+        if let IntCounts::Small(v) = self {
+            *self = IntCounts::Tree(std::mem::take(v).into_iter().collect());
         }
     }
 }
@@ -1151,7 +1161,15 @@ impl KeyTable {
     /// [`KeyTable::insert`] of a key whose [`key_hash`] is `h`.
     fn insert_hashed(&mut self, key: &[u8], h: u32, g: u32) {
         let start = self.bytes.len();
-        self.bytes.extend_from_slice(key);
+        if key.len() <= 32 {
+            // A byte loop, not a copy of unknown length (see `copy_short`).
+            self.bytes.reserve(key.len());
+            for &b in key {
+                self.bytes.push(b);
+            }
+        } else {
+            self.bytes.extend_from_slice(key);
+        }
         let gi = g as usize;
         if self.spans.len() <= gi {
             self.spans.resize(gi + 1, (0, 0));
