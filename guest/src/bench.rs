@@ -318,3 +318,32 @@ pub fn run_join_workload(dims: Batch, facts: Vec<Batch>) -> Result<(u64, i64), c
     }
     Ok((rows, sum))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_drained_in_parts_is_the_output_drained_at_once() {
+        let drain = |max: u32| {
+            let mut flow = Flow::create(&reference_plan(), reference_sources(), vec![]).unwrap();
+            flow.push(0, reference_batch(0, 2500)).unwrap();
+            let (mut rows, mut parts) = (Vec::new(), 0);
+            loop {
+                let t = flow.tick(0, max).unwrap();
+                assert!(t.output.rows <= max);
+                parts += 1;
+                rows.extend(t.output.to_rows(&flow.output_schema()));
+                if !t.more {
+                    break;
+                }
+            }
+            (rows, parts)
+        };
+        let (whole, one) = drain(u32::MAX);
+        let (parted, many) = drain(300);
+        assert_eq!(whole.len(), 1000);
+        assert_eq!((one, many), (1, 4));
+        assert_eq!(parted, whole);
+    }
+}

@@ -5,7 +5,7 @@ use std::rc::Rc;
 
 use crate::agg::AggOp;
 use crate::codec::{checksum, Reader, Writer};
-use crate::column::{append, empty_column, take, take_chunk, Chunk, Diffs};
+use crate::column::{append, empty_column, slice, take_chunk, Chunk, Diffs};
 use crate::expr::Expr;
 use crate::hash::FxHashMap;
 use crate::join::JoinOp;
@@ -641,31 +641,35 @@ impl Flow {
         if n <= max_rows {
             return std::mem::replace(&mut self.queue, empty_batch(&self.out_types));
         }
-        let head: Vec<u32> = (0..max_rows).collect();
-        let tail: Vec<u32> = (max_rows..n).collect();
         let q = &self.queue;
-        let cut = |idx: &[u32]| Batch {
-            rows: idx.len() as u32,
-            columns: q
-                .columns
-                .iter()
-                .zip(&self.out_types)
-                .map(|(c, t)| take(c, t.storage(), idx))
-                .collect(),
-            times: match q.times.as_slice() {
-                [t] if !idx.is_empty() => vec![*t],
-                times => idx
-                    .iter()
-                    .map(|&i| times.get(i as usize).copied().unwrap_or(0))
-                    .collect(),
-            },
-            diffs: idx
-                .iter()
-                .map(|&i| q.diffs.get(i as usize).copied().unwrap_or(0))
-                .collect(),
+        // Rows `start..end`, copied a range at a time.
+        let list = |v: &[i64], start: usize, end: usize| {
+            let mut out = v
+                .get(start.min(v.len())..end.min(v.len()))
+                .unwrap_or_default()
+                .to_vec();
+            out.resize(end - start, 0);
+            out
         };
-        let out = cut(&head);
-        let rest = cut(&tail);
+        let cut = |start: u32, end: u32| {
+            let (start, end) = (start as usize, end as usize);
+            Batch {
+                rows: (end - start) as u32,
+                columns: q
+                    .columns
+                    .iter()
+                    .zip(&self.out_types)
+                    .map(|(c, t)| slice(c, t.storage(), start, end))
+                    .collect(),
+                times: match q.times.as_slice() {
+                    [t] if end > start => vec![*t],
+                    times => list(times, start, end),
+                },
+                diffs: list(&q.diffs, start, end),
+            }
+        };
+        let out = cut(0, max_rows);
+        let rest = cut(max_rows, n);
         self.queue = rest;
         out
     }
