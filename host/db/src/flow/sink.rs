@@ -444,10 +444,12 @@ pub fn writes(
         None => (&batch, diffs),
     };
     let rows = batch.num_rows();
-    if diffs.len() >= rows && diffs.iter().take(rows).all(|d| *d > 0) {
-        // Only insertions (a back-fill's, a first tick's): the upsert
-        // itself lets the later row of a key win, so there is nothing to
-        // net.
+    let keyed = !table.schema().append_mode;
+    if keyed && diffs.len() >= rows && diffs.iter().take(rows).all(|d| *d > 0) {
+        // Only insertions (a back-fill's, a first tick's) into a table
+        // keyed by its primary key: the upsert itself lets the later row
+        // of a key win, so there is nothing to net. (An append-mode table
+        // would keep both.)
         return Ok(SinkWrites {
             upserts: Some(batch.clone()),
             deletes: None,
@@ -706,5 +708,19 @@ mod tests {
             .downcast_ref::<Float64Array>()
             .unwrap();
         assert_eq!(v.values(), &[1.0, 2.0, 3.0, 4.0]);
+        // An append-mode sink would keep both rows of a key: there the
+        // insertions are still netted to one row a key, the later.
+        let mut schema = t.schema().clone();
+        schema.append_mode = true;
+        let t = table(schema);
+        let w = writes(&t, &mapping, &batch, &[1, 1, 1, 1], 99).unwrap();
+        assert!(w.deletes.is_none());
+        let up = w.upserts.unwrap();
+        let v = up
+            .column(2)
+            .as_any()
+            .downcast_ref::<Float64Array>()
+            .unwrap();
+        assert_eq!(v.values(), &[2.0, 3.0, 4.0]);
     }
 }
