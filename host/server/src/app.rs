@@ -263,6 +263,21 @@ fn text_of(header: &Option<String>, rows: &[String]) -> String {
     out
 }
 
+/// The user's cache for `sandflow test`: `$XDG_CACHE_HOME/sandflow`, else
+/// `$HOME/.cache/sandflow`; none when neither is set (or is relative).
+fn user_cache_dir() -> Option<std::path::PathBuf> {
+    let absolute =
+        |v: std::ffi::OsString| Some(std::path::PathBuf::from(v)).filter(|p| p.is_absolute());
+    std::env::var_os("XDG_CACHE_HOME")
+        .and_then(absolute)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .and_then(absolute)
+                .map(|h| h.join(".cache"))
+        })
+        .map(|d| d.join("sandflow"))
+}
+
 /// `sandflow test`: runs the files, prints a line each, writes the JUnit
 /// report; exit status 0 only if every file passed (2 for bad arguments).
 fn run_tests(args: &crate::config::TestArgs) -> ExitCode {
@@ -286,11 +301,20 @@ fn run_tests(args: &crate::config::TestArgs) -> ExitCode {
         Ok(rt) => rt,
         Err(code) => return code,
     };
-    // One sandbox for every file: the engine component is compiled once.
+    // One sandbox for every file: the engine component is compiled once,
+    // and kept compiled on disk for the next run unless --no-cache.
+    let cache_dir = match args.no_cache {
+        true => None,
+        false => args.cache_dir.clone().or_else(user_cache_dir),
+    };
     let sandbox = match engine {
         sandflow::flow::FlowEngine::Native => None,
         sandflow::flow::FlowEngine::Wasm => {
-            match sandflow::runtime::Sandbox::new(sandflow::runtime::RuntimeConfig::default()) {
+            let config = sandflow::runtime::RuntimeConfig {
+                cache_dir,
+                ..Default::default()
+            };
+            match sandflow::runtime::Sandbox::new(config) {
                 Ok(s) => Some(Arc::new(s)),
                 Err(e) => {
                     eprintln!("sandflow test: cannot set up the sandbox: {e}");

@@ -266,6 +266,15 @@ pub struct TestArgs {
     /// Also write a JUnit XML report here.
     #[arg(long, value_name = "FILE")]
     pub junit: Option<PathBuf>,
+    /// Where the compiled engine is kept between runs, so that only the
+    /// first run compiles it (about a second; a cached form is used only
+    /// if its checksum is the one written when it was compiled).
+    /// [default: $XDG_CACHE_HOME/sandflow, else $HOME/.cache/sandflow]
+    #[arg(long, value_name = "DIR", env = "SANDFLOW_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Compile the engine in memory and keep nothing on disk.
+    #[arg(long)]
+    pub no_cache: bool,
     /// Files, or directories searched for `*.slt`.
     #[arg(required = true, value_name = "PATH")]
     pub paths: Vec<PathBuf>,

@@ -147,6 +147,58 @@ fn bad_runs_are_refused_clearly() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown engine 'jit'"));
 }
 
+/// The compiled engine is kept in the cache directory between runs; a
+/// damaged cached form is compiled anew, and `--no-cache` writes nothing.
+#[test]
+fn the_compiled_engine_is_kept_between_runs_and_a_damaged_one_is_replaced() {
+    let tmp = temp_data_dir();
+    let cache = tmp.path().join("cache");
+    let file = slt_dir().join("filter.slt");
+    let run = |extra: &[&str]| {
+        let mut args = vec!["--cache-dir", cache.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        args.push(file.to_str().unwrap());
+        let out = sandflow_test(&args);
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        results(&out)
+    };
+    let files = || {
+        let mut names: Vec<String> = std::fs::read_dir(&cache)
+            .map(|d| {
+                d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    // --no-cache leaves the directory alone.
+    let report = run(&["--no-cache"]);
+    assert!(files().is_empty(), "{:?}", files());
+    // The first run compiles and keeps the compiled form and its checksum,
+    // and nothing half-written.
+    assert_eq!(run(&[]), report);
+    let kept = files();
+    assert_eq!(kept.len(), 2, "{kept:?}");
+    assert!(
+        kept[0].ends_with(".cwasm") && kept[1].ends_with(".sha256"),
+        "{kept:?}"
+    );
+    let compiled = cache.join(&kept[0]);
+    assert!(std::fs::read(&compiled).unwrap().starts_with(b"\x7fELF"));
+    // A damaged compiled form is not loaded: the run compiles anew, passes
+    // the same, and replaces it.
+    std::fs::write(&compiled, b"not machine code").unwrap();
+    assert_eq!(run(&[]), report);
+    assert_eq!(files(), kept);
+    assert!(std::fs::read(&compiled).unwrap().starts_with(b"\x7fELF"));
+}
+
 /// Each scenario file run 20 times in one process (one sandbox, so the
 /// engine compiles once): every run passes, in both engines.
 #[test]
