@@ -699,28 +699,19 @@ mod tests {
         assert_eq!(at.value(0), 99);
         // Only insertions: every row is upserted as it is (of one key, the
         // store keeps the later), nothing is deleted.
-        let w = writes(&t, &mapping, &batch, &[1, 1, 1, 1], 99).unwrap();
-        assert!(w.deletes.is_none());
-        let up = w.upserts.unwrap();
-        let v = up
-            .column(2)
-            .as_any()
-            .downcast_ref::<Float64Array>()
-            .unwrap();
-        assert_eq!(v.values(), &[1.0, 2.0, 3.0, 4.0]);
+        let upserted = |t: &Arc<Table>| {
+            let w = writes(t, &mapping, &batch, &[1, 1, 1, 1], 99).unwrap();
+            assert!(w.deletes.is_none());
+            let up = w.upserts.unwrap();
+            let v = up.column(2).as_any().downcast_ref::<Float64Array>();
+            v.unwrap().values().to_vec()
+        };
+        assert_eq!(upserted(&t), [1.0, 2.0, 3.0, 4.0]);
         // An append-mode sink would keep both rows of a key: there the
         // insertions are still netted to one row a key, the later.
         let mut schema = t.schema().clone();
         schema.append_mode = true;
         let t = table(schema);
-        let w = writes(&t, &mapping, &batch, &[1, 1, 1, 1], 99).unwrap();
-        assert!(w.deletes.is_none());
-        let up = w.upserts.unwrap();
-        let v = up
-            .column(2)
-            .as_any()
-            .downcast_ref::<Float64Array>()
-            .unwrap();
-        assert_eq!(v.values(), &[2.0, 3.0, 4.0]);
+        assert_eq!(upserted(&t), [2.0, 3.0, 4.0]);
     }
 }
