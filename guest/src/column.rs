@@ -222,21 +222,25 @@ pub(crate) fn take(col: &Column, storage: Storage, idx: &[u32]) -> Column {
     out
 }
 
+/// Entries `start..end` of `v`, copied as one range; those past its end
+/// are the default (as [`take`] reads a missing entry).
+pub(crate) fn range_of<T: Copy + Default>(v: &[T], start: usize, end: usize) -> Vec<T> {
+    let mut out = v
+        .get(start.min(v.len())..end.min(v.len()))
+        .unwrap_or_default()
+        .to_vec();
+    out.resize(end.saturating_sub(start), T::default());
+    out
+}
+
 /// Rows `start..end` of `col`, copied a range at a time: what [`take`] of
 /// those rows gives, without reading them one by one.
 pub(crate) fn slice(col: &Column, storage: Storage, start: usize, end: usize) -> Column {
     let rows = end.saturating_sub(start);
-    let range = |len: usize| start.min(len)..end.min(len);
     let mut out = Column::default();
     match storage {
-        Storage::Ints => {
-            out.ints = col.ints[range(col.ints.len())].to_vec();
-            out.ints.resize(rows, 0);
-        }
-        Storage::Floats => {
-            out.floats = col.floats[range(col.floats.len())].to_vec();
-            out.floats.resize(rows, 0.0);
-        }
+        Storage::Ints => out.ints = range_of(&col.ints, start, end),
+        Storage::Floats => out.floats = range_of(&col.floats, start, end),
         Storage::Bytes => {
             let offsets = col.offsets.get(start..=end).unwrap_or_default();
             let first = offsets.first().map_or(0, |o| *o as usize);
@@ -256,8 +260,7 @@ pub(crate) fn slice(col: &Column, storage: Storage, start: usize, end: usize) ->
         }
     }
     if !col.nulls.is_empty() {
-        out.nulls = col.nulls[range(col.nulls.len())].to_vec();
-        out.nulls.resize(rows, 0);
+        out.nulls = range_of(&col.nulls, start, end);
         if out.nulls.iter().all(|n| *n == 0) {
             out.nulls = Vec::new();
         }

@@ -5,7 +5,7 @@ use std::rc::Rc;
 
 use crate::agg::AggOp;
 use crate::codec::{checksum, Reader, Writer};
-use crate::column::{append, empty_column, slice, take_chunk, Chunk, Diffs};
+use crate::column::{append, empty_column, range_of, slice, take_chunk, Chunk, Diffs};
 use crate::expr::Expr;
 use crate::hash::FxHashMap;
 use crate::join::JoinOp;
@@ -642,15 +642,6 @@ impl Flow {
             return std::mem::replace(&mut self.queue, empty_batch(&self.out_types));
         }
         let q = &self.queue;
-        // Rows `start..end`, copied a range at a time.
-        let list = |v: &[i64], start: usize, end: usize| {
-            let mut out = v
-                .get(start.min(v.len())..end.min(v.len()))
-                .unwrap_or_default()
-                .to_vec();
-            out.resize(end - start, 0);
-            out
-        };
         let cut = |start: u32, end: u32| {
             let (start, end) = (start as usize, end as usize);
             Batch {
@@ -663,9 +654,9 @@ impl Flow {
                     .collect(),
                 times: match q.times.as_slice() {
                     [t] if end > start => vec![*t],
-                    times => list(times, start, end),
+                    times => range_of(times, start, end),
                 },
-                diffs: list(&q.diffs, start, end),
+                diffs: range_of(&q.diffs, start, end),
             }
         };
         let out = cut(0, max_rows);
