@@ -629,16 +629,13 @@ impl StoreSink {
                         "storing the flow's state failed unexpectedly",
                     ))
                 });
-                match made {
-                    Ok(value) => Ok(value),
-                    Err(f) => {
-                        let message = f.message.clone();
-                        if let Ok(mut slot) = failure.lock() {
-                            *slot = Some(f);
-                        }
-                        Err(message)
+                made.map_err(|f| {
+                    let message = f.message.clone();
+                    if let Ok(mut slot) = failure.lock() {
+                        *slot = Some(f);
                     }
-                }
+                    message
+                })
             });
             set.put_meta_late(snapshot_key(&self.name), value);
         }
