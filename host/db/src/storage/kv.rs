@@ -42,7 +42,30 @@ pub trait KvSpace {
     /// Removes, returning the previous value.
     fn delete(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>>;
     fn scan(&self, start: &[u8], visit: &mut Visitor<'_>) -> Result<()>;
+
+    /// Whether every key of the space sorts before `key` (so for an empty
+    /// space, yes).
+    fn all_before(&self, key: &[u8]) -> Result<bool> {
+        let mut later = false;
+        self.scan(key, &mut |_, _| {
+            later = true;
+            Ok(false)
+        })?;
+        Ok(!later)
+    }
+
+    /// Inserts a run of new entries: `fill` calls `put` once per entry, with
+    /// keys that ascend strictly and all sort after every key the space held
+    /// (see [`KvSpace::all_before`]). An engine may write such a run faster
+    /// than one [`KvSpace::put`] each; a key out of order is an error.
+    fn append(&mut self, fill: &mut Fill<'_>) -> Result<()> {
+        fill(&mut |key, value| self.put(key, value).map(|_| ()))
+    }
 }
+
+/// Writes a run of entries through the `put` it is given (see
+/// [`KvSpace::append`]).
+pub type Fill<'a> = dyn FnMut(&mut dyn FnMut(&[u8], &[u8]) -> Result<()>) -> Result<()> + 'a;
 
 /// A write transaction: nothing is visible or durable until `commit` returns
 /// `Ok`, and then all of it is (a crash never leaves part of it behind).

@@ -1270,6 +1270,20 @@ impl RowKeys {
         heads.into_iter().map(|(_, row)| row as usize).collect()
     }
 
+    /// Whether the rows can be written as one run of new entries (see
+    /// [`KvSpace::append`]): their keys, in order, ascend strictly, and the
+    /// first sorts after every key `space` holds.
+    fn appendable(&self, space: &dyn KvSpace) -> Result<bool> {
+        let Some(&first) = self.order.first() else {
+            return Ok(false);
+        };
+        let ascending = self
+            .order
+            .windows(2)
+            .all(|w| self.key(w[0]) < self.key(w[1]));
+        Ok(ascending && space.all_before(self.key(first))?)
+    }
+
     fn key(&self, row: usize) -> &[u8] {
         let start = match row {
             0 => 0,
@@ -1329,19 +1343,66 @@ fn upsert_rows(
     // order the rows were stored in: `origin` is each change's row.
     let base = out.as_deref().map_or(0, Vec::len);
     let mut origin: Vec<usize> = Vec::new();
+    if !instant && !table.last_non_null() && keys.appendable(space)? {
+        // Every key is new and after the stored ones: one run of inserts,
+        // each an insertion for the flows.
+        space.append(&mut |put| {
+            for &row in &keys.order {
+                let key = keys.key(row);
+                value.clear();
+                put(key, value_bytes(table, &readers, row, &mut value))?;
+                if let Some(out) = out.as_deref_mut() {
+                    out.push((key.to_vec(), value.clone(), 1));
+                    origin.push(row);
+                }
+            }
+            Ok(())
+        })?;
+    } else {
+        put_rows(
+            table,
+            &readers,
+            keys,
+            space,
+            out.as_deref_mut(),
+            &mut origin,
+        )?;
+    }
+    if let Some(out) = out {
+        if origin.len() == out.len() - base && origin.windows(2).any(|w| w[0] > w[1]) {
+            let mut changes: Vec<_> = origin.into_iter().zip(out.drain(base..)).collect();
+            changes.sort_by_key(|(row, _)| *row);
+            out.extend(changes.into_iter().map(|(_, c)| c));
+        }
+    }
+    Ok(batch.num_rows() as u64)
+}
+
+/// Writes the rows one `put` each, in key order; each change to `out` with
+/// its row in `origin` (see [`upsert_rows`]).
+fn put_rows(
+    table: &Table,
+    readers: &[ColumnReader<'_>],
+    keys: &RowKeys,
+    space: &mut dyn KvSpace,
+    mut out: Option<&mut Changes>,
+    origin: &mut Vec<usize>,
+) -> Result<()> {
+    let instant = table.instant();
+    let mut value = Vec::with_capacity(64);
     for &row in &keys.order {
         value.clear();
         let key = keys.key(row);
         if instant {
             // Nothing is stored, so nothing is replaced: every row is new to the flows.
             if let Some(out) = out.as_deref_mut() {
-                let value = value_bytes(table, &readers, row, &mut value).to_vec();
+                let value = value_bytes(table, readers, row, &mut value).to_vec();
                 out.push((key.to_vec(), value, 1));
             }
             continue;
         }
         if table.last_non_null() {
-            value_bytes(table, &readers, row, &mut value);
+            value_bytes(table, readers, row, &mut value);
             if let Some(old) = space.get(key)? {
                 value = codec::merge_last_non_null(table, &old, &value)?;
             }
@@ -1349,7 +1410,7 @@ fn upsert_rows(
         let old = if table.last_non_null() {
             space.put(key, &value)?
         } else {
-            space.put(key, value_bytes(table, &readers, row, &mut value))?
+            space.put(key, value_bytes(table, readers, row, &mut value))?
         };
         if let Some(out) = out.as_deref_mut() {
             match old {
@@ -1366,14 +1427,7 @@ fn upsert_rows(
             }
         }
     }
-    if let Some(out) = out {
-        if origin.len() == out.len() - base && origin.windows(2).any(|w| w[0] > w[1]) {
-            let mut changes: Vec<_> = origin.into_iter().zip(out.drain(base..)).collect();
-            changes.sort_by_key(|(row, _)| *row);
-            out.extend(changes.into_iter().map(|(_, c)| c));
-        }
-    }
-    Ok(batch.num_rows() as u64)
+    Ok(())
 }
 
 /// Applies a transaction's staged writes to one table (see [`Staged`]): each
@@ -1656,16 +1710,44 @@ mod tests {
 
     /// redb in memory, counting durable commits; the first one is slow, so
     /// that the commits started meanwhile queue up behind it.
+    /// It also counts runs written with [`KvSpace::append`].
     struct Counting {
         inner: redb::RedbStorage,
         commits: Arc<AtomicU64>,
         slow_first: bool,
+        appends: Arc<AtomicU64>,
     }
 
     struct CountingTxn {
         inner: Box<dyn KvWriteTxn>,
         commits: Arc<AtomicU64>,
         slow: bool,
+        appends: Arc<AtomicU64>,
+    }
+
+    /// A key space that counts its appends.
+    struct CountingSpace<'a> {
+        inner: &'a mut dyn KvSpace,
+        appends: &'a AtomicU64,
+    }
+
+    impl KvSpace for CountingSpace<'_> {
+        fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+            self.inner.get(key)
+        }
+        fn put(&mut self, key: &[u8], value: &[u8]) -> Result<Option<Vec<u8>>> {
+            self.inner.put(key, value)
+        }
+        fn delete(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+            self.inner.delete(key)
+        }
+        fn scan(&self, start: &[u8], visit: &mut kv::Visitor<'_>) -> Result<()> {
+            self.inner.scan(start, visit)
+        }
+        fn append(&mut self, fill: &mut kv::Fill<'_>) -> Result<()> {
+            self.appends.fetch_add(1, Ordering::SeqCst);
+            self.inner.append(fill)
+        }
     }
 
     impl KvStorage for Counting {
@@ -1675,6 +1757,7 @@ mod tests {
                 inner: self.inner.begin_write()?,
                 commits: self.commits.clone(),
                 slow,
+                appends: self.appends.clone(),
             }))
         }
         fn begin_read(&self) -> Result<Box<dyn KvReadTxn>> {
@@ -1688,7 +1771,13 @@ mod tests {
             space: Space,
             f: &mut dyn FnMut(&mut dyn KvSpace) -> Result<()>,
         ) -> Result<()> {
-            self.inner.space(space, f)
+            let appends = &self.appends;
+            self.inner.space(space, &mut |inner| {
+                f(&mut CountingSpace {
+                    inner,
+                    appends: appends.as_ref(),
+                })
+            })
         }
         fn drop_space(&mut self, space: Space) -> Result<()> {
             self.inner.drop_space(space)
@@ -1710,6 +1799,7 @@ mod tests {
             inner: redb::RedbStorage::in_memory().unwrap(),
             commits: commits.clone(),
             slow_first: true,
+            appends: Arc::default(),
         }))
         .unwrap();
         (Arc::new(store), commits)
@@ -1961,6 +2051,104 @@ mod tests {
         // The log has the changes in the statement's row order.
         assert_eq!(k, vec![3, 1, 3, 3, 2, 1, 1]);
         assert_eq!(part.change.diffs, vec![1, 1, -1, 1, 1, -1, 1]);
+    }
+
+    /// Rows whose keys are all new and after the stored ones (a fresh sink's,
+    /// rows of later times in a table keyed by time first) are written as one
+    /// run; any other batch row by row. Either way a scan and the change log
+    /// show what one put per row would.
+    #[test]
+    fn rows_after_every_stored_key_are_appended_and_others_put_one_by_one() {
+        let appends = Arc::new(AtomicU64::new(0));
+        let store = Store::with_engine(Box::new(Counting {
+            inner: redb::RedbStorage::in_memory().unwrap(),
+            commits: Arc::default(),
+            slow_first: false,
+            appends: appends.clone(),
+        }))
+        .unwrap();
+        let mut columns = key_and_time();
+        columns.insert(1, ColumnSchema::new("v", ColumnType::Int64, true));
+        let t = test_table(&store, 11, columns, false);
+        let follow = store
+            .follow(std::slice::from_ref(&t), None, false, &mut |_| {
+                Box::new(|_| {})
+            })
+            .unwrap();
+        let ints = |b: &RecordBatch, c: usize| {
+            b.column(c)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap()
+                .values()
+                .to_vec()
+        };
+        let mut after = Position::after_commit(follow.seq);
+        // (keys, values, appended?, the log's (key, value, diff) in row order)
+        type Step = (Vec<i64>, Vec<i64>, bool, Vec<(i64, i64, i64)>);
+        let steps: Vec<Step> = vec![
+            // Into the empty table.
+            (
+                vec![12, 10, 11],
+                vec![1, 2, 3],
+                true,
+                vec![(12, 1, 1), (10, 2, 1), (11, 3, 1)],
+            ),
+            // All after the stored keys, in any row order.
+            (vec![30, 20], vec![4, 5], true, vec![(30, 4, 1), (20, 5, 1)]),
+            // One before them.
+            (vec![40, 5], vec![6, 7], false, vec![(40, 6, 1), (5, 7, 1)]),
+            // The first equal to the last stored key: replaced, not appended.
+            (
+                vec![40, 50],
+                vec![8, 9],
+                false,
+                vec![(40, 6, -1), (40, 8, 1), (50, 9, 1)],
+            ),
+            // One key twice: the later row wins.
+            (
+                vec![60, 60],
+                vec![1, 2],
+                false,
+                vec![(60, 1, 1), (60, 1, -1), (60, 2, 1)],
+            ),
+        ];
+        for (i, (keys, values, appended, logged)) in steps.into_iter().enumerate() {
+            let before = appends.load(Ordering::SeqCst);
+            let n = keys.len();
+            let batch = RecordBatch::try_new(
+                t.arrow_schema.clone(),
+                vec![
+                    Arc::new(Int64Array::from(keys)),
+                    Arc::new(Int64Array::from(values)),
+                    Arc::new(TimestampMillisecondArray::from(vec![0; n])),
+                ],
+            )
+            .unwrap();
+            let mut set = WriteSet::new();
+            set.upsert(t.clone(), batch);
+            assert_eq!(store.commit(set).unwrap().rows, n as u64, "step {i}");
+            assert_eq!(
+                appends.load(Ordering::SeqCst) > before,
+                appended,
+                "step {i}"
+            );
+            let part = store.read_log_part(&t, after).unwrap().unwrap();
+            after = part.end;
+            let (k, v) = (ints(&part.change.batch, 0), ints(&part.change.batch, 1));
+            let got: Vec<(i64, i64, i64)> = (0..k.len())
+                .map(|r| (k[r], v[r], part.change.diffs[r]))
+                .collect();
+            assert_eq!(got, logged, "step {i}");
+        }
+        let snapshot = store.scan(&t).unwrap();
+        let (mut k, mut v) = (Vec::new(), Vec::new());
+        for b in &snapshot.batches {
+            k.extend(ints(b, 0));
+            v.extend(ints(b, 1));
+        }
+        assert_eq!(k, vec![5, 10, 11, 12, 20, 30, 40, 50, 60]);
+        assert_eq!(v, vec![7, 2, 3, 1, 5, 4, 8, 9, 2]);
     }
 
     #[test]
