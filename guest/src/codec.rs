@@ -7,31 +7,55 @@ use crate::types::{bad, FlowError};
 #[derive(Default)]
 pub(crate) struct Writer {
     pub buf: Vec<u8>,
+    /// A counting writer stores nothing: it adds up what it would write (see
+    /// [`Writer::counting`]).
+    counted: Option<usize>,
 }
 
 impl Writer {
+    /// A writer that only counts the bytes written through it, so that a
+    /// large snapshot's buffer can be made its exact size at once: grown
+    /// step by step, it is copied at each step into memory the guest never
+    /// touched before (each page of which the host then faults in).
+    pub fn counting() -> Writer {
+        Writer {
+            buf: Vec::new(),
+            counted: Some(0),
+        }
+    }
+    /// The bytes written so far (stored or counted).
+    pub fn len(&self) -> usize {
+        self.counted.unwrap_or(self.buf.len())
+    }
+    #[inline]
+    fn put(&mut self, b: &[u8]) {
+        match &mut self.counted {
+            Some(n) => *n += b.len(),
+            None => self.buf.extend_from_slice(b),
+        }
+    }
     pub fn u8(&mut self, v: u8) {
-        self.buf.push(v);
+        self.put(&[v]);
     }
     pub fn u32(&mut self, v: u32) {
-        self.buf.extend_from_slice(&v.to_le_bytes());
+        self.put(&v.to_le_bytes());
     }
     pub fn u64(&mut self, v: u64) {
-        self.buf.extend_from_slice(&v.to_le_bytes());
+        self.put(&v.to_le_bytes());
     }
     pub fn i64(&mut self, v: i64) {
-        self.buf.extend_from_slice(&v.to_le_bytes());
+        self.put(&v.to_le_bytes());
     }
     pub fn bytes(&mut self, b: &[u8]) {
         self.u64(b.len() as u64);
-        self.buf.extend_from_slice(b);
+        self.put(b);
     }
     /// Writes what `f` writes as [`Writer::bytes`] would, without a buffer of its own to copy.
     pub fn section(&mut self, f: impl FnOnce(&mut Writer)) {
-        let at = self.buf.len();
+        let at = self.len();
         self.u64(0);
         f(self);
-        let len = (self.buf.len() - at - 8) as u64;
+        let len = (self.len() - at - 8) as u64;
         if let Some(l) = self.buf.get_mut(at..at + 8) {
             l.copy_from_slice(&len.to_le_bytes());
         }
