@@ -23,11 +23,13 @@
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, BinaryBuilder, BooleanBuilder, Date32Builder, Float32Builder,
-    Float64Builder, Int16Builder, Int32Builder, Int64Builder, Int8Builder, StringBuilder,
-    TimestampMicrosecondBuilder, TimestampMillisecondBuilder, TimestampNanosecondBuilder,
-    TimestampSecondBuilder, UInt16Builder, UInt32Builder, UInt64Builder, UInt8Builder,
+    Array, ArrayRef, ArrowPrimitiveType, AsArray, BinaryArray, BinaryBuilder, BooleanArray,
+    BooleanBuilder, Date32Builder, Float32Builder, Float64Builder, Int16Builder, Int32Builder,
+    Int64Builder, Int8Builder, StringArray, StringBuilder, TimestampMicrosecondBuilder,
+    TimestampMillisecondBuilder, TimestampNanosecondBuilder, TimestampSecondBuilder, UInt16Builder,
+    UInt32Builder, UInt64Builder, UInt8Builder,
 };
+use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::datatypes::{
     Date32Type, Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type,
     TimestampMicrosecondType, TimestampMillisecondType, TimestampNanosecondType,
@@ -52,64 +54,106 @@ pub(crate) enum Cell<'a> {
     Bytes(&'a [u8]),
 }
 
-/// Reads cells of one column of a batch whose types equal the table's.
+/// Reads cells of one column of a batch whose types equal the table's. The
+/// array is looked at once, here, not per cell: a downcast and a call
+/// through `dyn Array` for every cell of every row cost as much as encoding
+/// the cell.
 pub(crate) struct ColumnReader<'a> {
-    array: &'a dyn Array,
-    ty: ColumnType,
+    nulls: Option<&'a NullBuffer>,
+    values: Values<'a>,
+}
+
+/// A column's values, typed (see [`ColumnReader`]).
+enum Values<'a> {
+    Bool(&'a BooleanArray),
+    I8(&'a [i8]),
+    I16(&'a [i16]),
+    I32(&'a [i32]),
+    I64(&'a [i64]),
+    U8(&'a [u8]),
+    U16(&'a [u16]),
+    U32(&'a [u32]),
+    U64(&'a [u64]),
+    F32(&'a [f32]),
+    F64(&'a [f64]),
+    Str(&'a StringArray),
+    Bin(&'a BinaryArray),
     /// A list column's rows in the contract's list encoding, which is also
     /// how a list cell is stored.
-    lists: Option<sandflow_contract::Column>,
+    List(Option<sandflow_contract::Column>),
+    /// An array not of the column's type: every cell reads as NULL (rows
+    /// are conformed to their table before they are read).
+    Other,
+}
+
+/// Cell `row` of `v` made by `f` (NULL past the end).
+#[inline]
+fn at<T: Copy>(v: &[T], row: usize, f: impl Fn(T) -> Cell<'static>) -> Cell<'static> {
+    v.get(row).copied().map_or(Cell::Null, f)
+}
+
+fn prim<T: ArrowPrimitiveType>(a: &dyn Array) -> Option<&[T::Native]> {
+    a.as_primitive_opt::<T>().map(|p| p.values().as_ref())
 }
 
 impl<'a> ColumnReader<'a> {
     pub fn new(array: &'a ArrayRef, ty: ColumnType) -> Self {
-        let lists = ty.item().and_then(|_| {
-            let t = sandflow_contract::arrow::data_type_from_arrow(array.data_type())?;
-            sandflow_contract::arrow::column_from_arrow(array.as_ref(), t).ok()
-        });
+        let a = array.as_ref();
+        let values = match ty {
+            ColumnType::List(_) => Some(Values::List(ty.item().and_then(|_| {
+                let t = sandflow_contract::arrow::data_type_from_arrow(a.data_type())?;
+                sandflow_contract::arrow::column_from_arrow(a, t).ok()
+            }))),
+            ColumnType::Boolean => a.as_boolean_opt().map(Values::Bool),
+            ColumnType::Int8 => prim::<Int8Type>(a).map(Values::I8),
+            ColumnType::Int16 => prim::<Int16Type>(a).map(Values::I16),
+            ColumnType::Int32 => prim::<Int32Type>(a).map(Values::I32),
+            ColumnType::Int64 => prim::<Int64Type>(a).map(Values::I64),
+            ColumnType::UInt8 => prim::<UInt8Type>(a).map(Values::U8),
+            ColumnType::UInt16 => prim::<UInt16Type>(a).map(Values::U16),
+            ColumnType::UInt32 => prim::<UInt32Type>(a).map(Values::U32),
+            ColumnType::UInt64 => prim::<UInt64Type>(a).map(Values::U64),
+            ColumnType::Float32 => prim::<Float32Type>(a).map(Values::F32),
+            ColumnType::Float64 => prim::<Float64Type>(a).map(Values::F64),
+            ColumnType::String => a.as_string_opt::<i32>().map(Values::Str),
+            ColumnType::Binary => a.as_binary_opt::<i32>().map(Values::Bin),
+            ColumnType::Date => prim::<Date32Type>(a).map(Values::I32),
+            ColumnType::TimestampSecond => prim::<TimestampSecondType>(a).map(Values::I64),
+            ColumnType::TimestampMillisecond => {
+                prim::<TimestampMillisecondType>(a).map(Values::I64)
+            }
+            ColumnType::TimestampMicrosecond => {
+                prim::<TimestampMicrosecondType>(a).map(Values::I64)
+            }
+            ColumnType::TimestampNanosecond => prim::<TimestampNanosecondType>(a).map(Values::I64),
+        };
         ColumnReader {
-            array: array.as_ref(),
-            ty,
-            lists,
+            nulls: a.nulls(),
+            values: values.unwrap_or(Values::Other),
         }
     }
 
+    #[inline]
     pub fn cell(&self, row: usize) -> Cell<'_> {
-        let a = self.array;
-        if a.is_null(row) {
+        if self.nulls.is_some_and(|n| n.is_null(row)) {
             return Cell::Null;
         }
-        match self.ty {
-            ColumnType::List(_) => match &self.lists {
-                Some(l) => Cell::Bytes(l.bytes_at(row)),
-                None => Cell::Null,
-            },
-            ColumnType::Boolean => Cell::Bool(a.as_boolean().value(row)),
-            ColumnType::Int8 => Cell::Int(a.as_primitive::<Int8Type>().value(row) as i64),
-            ColumnType::Int16 => Cell::Int(a.as_primitive::<Int16Type>().value(row) as i64),
-            ColumnType::Int32 => Cell::Int(a.as_primitive::<Int32Type>().value(row) as i64),
-            ColumnType::Int64 => Cell::Int(a.as_primitive::<Int64Type>().value(row)),
-            ColumnType::UInt8 => Cell::UInt(a.as_primitive::<UInt8Type>().value(row) as u64),
-            ColumnType::UInt16 => Cell::UInt(a.as_primitive::<UInt16Type>().value(row) as u64),
-            ColumnType::UInt32 => Cell::UInt(a.as_primitive::<UInt32Type>().value(row) as u64),
-            ColumnType::UInt64 => Cell::UInt(a.as_primitive::<UInt64Type>().value(row)),
-            ColumnType::Float32 => Cell::F32(a.as_primitive::<Float32Type>().value(row)),
-            ColumnType::Float64 => Cell::F64(a.as_primitive::<Float64Type>().value(row)),
-            ColumnType::String => Cell::Bytes(a.as_string::<i32>().value(row).as_bytes()),
-            ColumnType::Binary => Cell::Bytes(a.as_binary::<i32>().value(row)),
-            ColumnType::Date => Cell::Int(a.as_primitive::<Date32Type>().value(row) as i64),
-            ColumnType::TimestampSecond => {
-                Cell::Int(a.as_primitive::<TimestampSecondType>().value(row))
-            }
-            ColumnType::TimestampMillisecond => {
-                Cell::Int(a.as_primitive::<TimestampMillisecondType>().value(row))
-            }
-            ColumnType::TimestampMicrosecond => {
-                Cell::Int(a.as_primitive::<TimestampMicrosecondType>().value(row))
-            }
-            ColumnType::TimestampNanosecond => {
-                Cell::Int(a.as_primitive::<TimestampNanosecondType>().value(row))
-            }
+        match &self.values {
+            Values::Bool(a) => Cell::Bool(a.value(row)),
+            Values::I8(v) => at(v, row, |x: i8| Cell::Int(x as i64)),
+            Values::I16(v) => at(v, row, |x: i16| Cell::Int(x as i64)),
+            Values::I32(v) => at(v, row, |x: i32| Cell::Int(x as i64)),
+            Values::I64(v) => at(v, row, Cell::Int),
+            Values::U8(v) => at(v, row, |x: u8| Cell::UInt(x as u64)),
+            Values::U16(v) => at(v, row, |x: u16| Cell::UInt(x as u64)),
+            Values::U32(v) => at(v, row, |x: u32| Cell::UInt(x as u64)),
+            Values::U64(v) => at(v, row, Cell::UInt),
+            Values::F32(v) => at(v, row, Cell::F32),
+            Values::F64(v) => at(v, row, Cell::F64),
+            Values::Str(a) => Cell::Bytes(a.value(row).as_bytes()),
+            Values::Bin(a) => Cell::Bytes(a.value(row)),
+            Values::List(Some(l)) => Cell::Bytes(l.bytes_at(row)),
+            Values::List(None) | Values::Other => Cell::Null,
         }
     }
 }
