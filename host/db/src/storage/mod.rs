@@ -2000,17 +2000,34 @@ mod tests {
         .unwrap()
     }
 
-    #[test]
-    fn within_one_batch_the_later_row_of_a_key_wins_and_the_log_keeps_the_row_order() {
-        let store = Store::in_memory().unwrap();
+    /// Table `id` of `k BIGINT, v BIGINT, ts`, with a log reader, so that its
+    /// commits are logged while the returned `Following` lives.
+    fn followed_key_value_table(store: &Store, id: TableId) -> (Arc<Table>, log::Following) {
         let mut columns = key_and_time();
         columns.insert(1, ColumnSchema::new("v", ColumnType::Int64, true));
-        let t = test_table(&store, 9, columns, false);
+        let t = test_table(store, id, columns, false);
         let follow = store
             .follow(std::slice::from_ref(&t), None, false, &mut |_| {
                 Box::new(|_| {})
             })
             .unwrap();
+        (t, follow)
+    }
+
+    /// Column `c` of `b`, a BIGINT column.
+    fn ints(b: &RecordBatch, c: usize) -> Vec<i64> {
+        b.column(c)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap()
+            .values()
+            .to_vec()
+    }
+
+    #[test]
+    fn within_one_batch_the_later_row_of_a_key_wins_and_the_log_keeps_the_row_order() {
+        let store = Store::in_memory().unwrap();
+        let (t, follow) = followed_key_value_table(&store, 9);
         let batch = RecordBatch::try_new(
             t.arrow_schema.clone(),
             vec![
@@ -2023,14 +2040,6 @@ mod tests {
         let mut set = WriteSet::new();
         set.upsert(t.clone(), batch);
         assert_eq!(store.commit(set).unwrap().rows, 5);
-        let ints = |b: &RecordBatch, c: usize| {
-            b.column(c)
-                .as_any()
-                .downcast_ref::<Int64Array>()
-                .unwrap()
-                .values()
-                .to_vec()
-        };
         let snapshot = store.scan(&t).unwrap();
         let b = &snapshot.batches[0];
         assert_eq!((ints(b, 0), ints(b, 1)), (vec![1, 2, 3], vec![5, 4, 3]));
@@ -2067,22 +2076,7 @@ mod tests {
             appends: appends.clone(),
         }))
         .unwrap();
-        let mut columns = key_and_time();
-        columns.insert(1, ColumnSchema::new("v", ColumnType::Int64, true));
-        let t = test_table(&store, 11, columns, false);
-        let follow = store
-            .follow(std::slice::from_ref(&t), None, false, &mut |_| {
-                Box::new(|_| {})
-            })
-            .unwrap();
-        let ints = |b: &RecordBatch, c: usize| {
-            b.column(c)
-                .as_any()
-                .downcast_ref::<Int64Array>()
-                .unwrap()
-                .values()
-                .to_vec()
-        };
+        let (t, follow) = followed_key_value_table(&store, 11);
         let mut after = Position::after_commit(follow.seq);
         // (keys, values, appended?, the log's (key, value, diff) in row order)
         type Step = (Vec<i64>, Vec<i64>, bool, Vec<(i64, i64, i64)>);
