@@ -100,10 +100,10 @@ impl<'a> ColumnReader<'a> {
     pub fn new(array: &'a ArrayRef, ty: ColumnType) -> Self {
         let a = array.as_ref();
         let values = match ty {
-            ColumnType::List(_) => Some(Values::List(ty.item().and_then(|_| {
-                let t = sandflow_contract::arrow::data_type_from_arrow(a.data_type())?;
-                sandflow_contract::arrow::column_from_arrow(a, t).ok()
-            }))),
+            ColumnType::List(_) => Some(Values::List(
+                sandflow_contract::arrow::data_type_from_arrow(a.data_type())
+                    .and_then(|t| sandflow_contract::arrow::column_from_arrow(a, t).ok()),
+            )),
             ColumnType::Boolean => a.as_boolean_opt().map(Values::Bool),
             ColumnType::Int8 => prim::<Int8Type>(a).map(Values::I8),
             ColumnType::Int16 => prim::<Int16Type>(a).map(Values::I16),
