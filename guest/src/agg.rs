@@ -545,10 +545,12 @@ impl MultiSet {
     }
     fn write(&self, w: &mut Writer) {
         w.u64(self.ints.len() as u64);
-        for (k, c) in &self.ints {
-            w.i64(*k);
-            w.i64(*c);
-        }
+        w.each(self.ints.len(), &self.ints, |(k, c)| {
+            let mut b = [0u8; 16];
+            b[..8].copy_from_slice(&k.to_le_bytes());
+            b[8..].copy_from_slice(&c.to_le_bytes());
+            b
+        });
         w.u64(self.bytes.len() as u64);
         for (k, c) in &self.bytes {
             w.bytes(k);
@@ -558,10 +560,19 @@ impl MultiSet {
     fn read(r: &mut Reader<'_>) -> Result<MultiSet, FlowError> {
         let mut m = MultiSet::default();
         let n = r.len(16)?;
+        let mut ints = Vec::with_capacity(n);
         for _ in 0..n {
-            let k = r.i64()?;
-            let c = r.i64()?;
-            m.ints.insert(k, c);
+            ints.push((r.i64()?, r.i64()?));
+        }
+        // A snapshot holds them in value order, each once: as they are
+        // when few, one by one otherwise (which also takes what is not).
+        let ordered = ints.windows(2).all(|w| matches!(w, [a, b] if a.0 < b.0));
+        if ordered && n <= SMALL_SET {
+            m.ints = IntCounts::Small(ints);
+        } else {
+            for (k, c) in ints {
+                m.ints.insert(k, c);
+            }
         }
         let n = r.len(12)?;
         for _ in 0..n {
@@ -2086,9 +2097,7 @@ impl AggOp {
         let n = self.rows.len();
         w.u64(n as u64);
         w.i64s(&self.rows);
-        for a in &self.alive {
-            w.u8(*a as u8);
-        }
+        w.each(self.alive.len(), &self.alive, |a| [*a as u8]);
         match &self.keys {
             Keys::Global => {}
             Keys::Int { vals, nulls, .. } => {
