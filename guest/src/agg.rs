@@ -142,6 +142,19 @@ impl Vals {
         self.nulls.push(true);
     }
 
+    /// `n` NULLs at once (see [`Vals::push_null`]).
+    fn push_nulls(&mut self, n: usize) {
+        if self.is_wide {
+            self.wide.resize(self.wide.len() + n, Out::Null);
+            return;
+        }
+        if self.nulls.is_empty() {
+            self.nulls.resize(self.bits.len(), false);
+        }
+        self.bits.resize(self.bits.len() + n, 0);
+        self.nulls.resize(self.bits.len(), true);
+    }
+
     fn push_wide(&mut self, v: Out) {
         self.wide.push(v);
     }
@@ -1675,8 +1688,20 @@ impl AggOp {
                 .map(|&g| group_present(alive, rows, g as usize));
             self.old_present.extend(present);
         }
+        let from = self.old_present.len() - fresh.len();
+        let all_new = !self
+            .old_present
+            .get(from..)
+            .unwrap_or_default()
+            .contains(&true);
         for ((s, t), vals) in self.states.iter().zip(&self.arg_types).zip(&mut self.old) {
-            s.values(&self.states, fresh, *t, &self.rows, vals);
+            match all_new {
+                // Groups without output before (all a back-fill touches):
+                // flush never reads their earlier values, so none is asked
+                // of their state.
+                true => vals.push_nulls(fresh.len()),
+                false => s.values(&self.states, fresh, *t, &self.rows, vals),
+            }
         }
         self.recorded = self.touched.len();
     }
