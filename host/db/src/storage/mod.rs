@@ -2312,33 +2312,31 @@ mod tests {
             Vec::new(),
             b"\xff".to_vec(),
         ];
-        let mut keys = RowKeys {
-            bytes: Vec::new(),
-            ends: Vec::new(),
-            order: Vec::new(),
+        // The rows of `stream`, one key each, and their order by key.
+        let keys_of = |stream: &[Vec<u8>]| {
+            let keys = RowKeys {
+                bytes: stream.concat(),
+                ends: stream
+                    .iter()
+                    .scan(0, |end, key| {
+                        *end += key.len();
+                        Some(*end)
+                    })
+                    .collect(),
+                order: Vec::new(),
+            };
+            let mut expected: Vec<usize> = (0..stream.len()).collect();
+            expected.sort_by(|a, b| stream[*a].cmp(&stream[*b]));
+            (keys, expected)
         };
-        let mut stream = Vec::new();
-        for i in 0..60usize {
-            let key = &distinct[(i * 7) % distinct.len()];
-            keys.bytes.extend_from_slice(key);
-            keys.ends.push(keys.bytes.len());
-            stream.push(key.clone());
-        }
-        let mut expected: Vec<usize> = (0..stream.len()).collect();
-        expected.sort_by(|a, b| stream[*a].cmp(&stream[*b]));
+        let stream: Vec<Vec<u8>> = (0..60usize)
+            .map(|i| distinct[(i * 7) % distinct.len()].clone())
+            .collect();
+        let (keys, expected) = keys_of(&stream);
         assert_eq!(keys.sorted_order(), expected);
         // Already in order: kept as it is.
-        let sorted = RowKeys {
-            bytes: expected.iter().flat_map(|&r| stream[r].clone()).collect(),
-            ends: expected
-                .iter()
-                .scan(0, |end, &r| {
-                    *end += stream[r].len();
-                    Some(*end)
-                })
-                .collect(),
-            order: Vec::new(),
-        };
+        let in_order: Vec<Vec<u8>> = expected.iter().map(|&r| stream[r].clone()).collect();
+        let (sorted, _) = keys_of(&in_order);
         assert_eq!(sorted.sorted_order(), (0..stream.len()).collect::<Vec<_>>());
         // Runs of one first word in order, each run shuffled (as a flow's
         // output in a table keyed by time first comes), and the same rows
@@ -2353,19 +2351,7 @@ mod tests {
         let mut out_of_place = word_runs.clone();
         out_of_place.swap(0, 39);
         for stream in [word_runs, out_of_place] {
-            let keys = RowKeys {
-                bytes: stream.concat(),
-                ends: stream
-                    .iter()
-                    .scan(0, |end, key| {
-                        *end += key.len();
-                        Some(*end)
-                    })
-                    .collect(),
-                order: Vec::new(),
-            };
-            let mut expected: Vec<usize> = (0..stream.len()).collect();
-            expected.sort_by(|a, b| stream[*a].cmp(&stream[*b]));
+            let (keys, expected) = keys_of(&stream);
             assert_eq!(keys.sorted_order(), expected);
         }
     }
