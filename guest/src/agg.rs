@@ -118,8 +118,24 @@ impl Vals {
     fn reserve(&mut self, n: usize) {
         match self.is_wide {
             true => self.wide.reserve(n),
-            false => self.bits.reserve(n),
+            false => {
+                self.bits.reserve(n);
+                if !self.nulls.is_empty() {
+                    self.nulls.reserve(n);
+                }
+            }
         }
+    }
+
+    /// Room for `n` more earlier values and, after all of them, for as many
+    /// new ones: the flush appends each changed group's new value after the
+    /// earlier values, and with this room it does not move them.
+    fn reserve_halves(&mut self, n: usize) {
+        let len = match self.is_wide {
+            true => self.wide.len(),
+            false => self.bits.len(),
+        };
+        self.reserve(len + 2 * n);
     }
 
     #[inline]
@@ -148,10 +164,11 @@ impl Vals {
             self.wide.resize(self.wide.len() + n, Out::Null);
             return;
         }
-        if self.nulls.is_empty() {
-            self.nulls.resize(self.bits.len(), false);
-        }
         self.bits.resize(self.bits.len() + n, 0);
+        // The flags get the values' room (see `reserve_halves`).
+        self.nulls
+            .reserve(self.bits.capacity().saturating_sub(self.nulls.len()));
+        self.nulls.resize(self.bits.len() - n, false);
         self.nulls.resize(self.bits.len(), true);
     }
 
@@ -1695,6 +1712,7 @@ impl AggOp {
             .unwrap_or_default()
             .contains(&true);
         for ((s, t), vals) in self.states.iter().zip(&self.arg_types).zip(&mut self.old) {
+            vals.reserve_halves(fresh.len());
             match all_new {
                 // Groups without output before (all a back-fill touches):
                 // flush never reads their earlier values, so none is asked
