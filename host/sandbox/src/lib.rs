@@ -224,7 +224,11 @@ impl Default for FlowLimits {
         FlowLimits {
             memory: 256 << 20,
             cpu_per_call: Duration::from_secs(10),
-            max_output_rows: 100_000,
+            // One call returns a tick of up to a million rows whole: the
+            // guest need not cut its output, nor the host join the pieces
+            // (a back-fill's first tick is often past 100,000 rows). What
+            // one call may return is bounded by the guest's memory anyway.
+            max_output_rows: 1_000_000,
             output_rows_per_tick: DEFAULT_OUTPUT_ROWS_PER_TICK,
             state_size: None,
         }
