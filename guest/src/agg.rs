@@ -573,27 +573,66 @@ impl MultiSet {
     fn approx_bytes(&self) -> usize {
         self.ints.len() * 24 + self.bytes.keys().map(|k| k.len() + 40).sum::<usize>()
     }
+    /// Writes the multiset (snapshot format 4): one word for its shape,
+    /// `n << 2 | bytes << 1 | once`: `n` integers, whether byte strings
+    /// follow them, and whether each integer is there once (nearly always:
+    /// a rollup's values rarely repeat within a group). Then the integers
+    /// in value order, each with its multiplicity unless `once`; then, if
+    /// any, the byte strings with theirs.
     fn write(&self, w: &mut Writer) {
-        w.u64(self.ints.len() as u64);
-        w.each(self.ints.len(), &self.ints, |(k, c)| {
-            let mut b = [0u8; 16];
-            b[..8].copy_from_slice(&k.to_le_bytes());
-            b[8..].copy_from_slice(&c.to_le_bytes());
-            b
-        });
-        w.u64(self.bytes.len() as u64);
-        for (k, c) in &self.bytes {
-            w.bytes(k);
-            w.i64(*c);
+        let n = self.ints.len();
+        let once = self.ints.values().all(|c| *c == 1);
+        let bytes = !self.bytes.is_empty();
+        w.u64(((n as u64) << 2) | (u64::from(bytes) << 1) | u64::from(once));
+        match once {
+            true => w.each(n, self.ints.keys(), |k| k.to_le_bytes()),
+            false => w.each(n, &self.ints, |(k, c)| {
+                let mut b = [0u8; 16];
+                b[..8].copy_from_slice(&k.to_le_bytes());
+                b[8..].copy_from_slice(&c.to_le_bytes());
+                b
+            }),
+        }
+        if bytes {
+            w.u64(self.bytes.len() as u64);
+            for (k, c) in &self.bytes {
+                w.bytes(k);
+                w.i64(*c);
+            }
         }
     }
-    fn read(r: &mut Reader<'_>) -> Result<MultiSet, FlowError> {
+
+    /// Reads what [`MultiSet::write`] wrote into a snapshot of format
+    /// `version` (before 4: a count and (value, multiplicity) pairs, then a
+    /// count and the byte strings, always).
+    fn read(r: &mut Reader<'_>, version: u32) -> Result<MultiSet, FlowError> {
         let mut m = MultiSet::default();
-        let n = r.len(16)?;
-        let mut ints = Vec::with_capacity(n);
-        for _ in 0..n {
-            ints.push((r.i64()?, r.i64()?));
-        }
+        let (n, once, bytes) = match version {
+            0..=3 => (r.len(16)?, false, true),
+            _ => {
+                let shape = r.u64()?;
+                let once = shape & 1 == 1;
+                let n = usize::try_from(shape >> 2)
+                    .ok()
+                    .filter(|n| n.saturating_mul(if once { 8 } else { 16 }) <= r.remaining())
+                    .ok_or_else(|| crate::types::bad("snapshot is truncated or corrupt"))?;
+                (n, once, shape & 2 == 2)
+            }
+        };
+        let ints: Vec<(i64, i64)> = match once {
+            true => r
+                .take(n * 8)?
+                .chunks_exact(8)
+                .map(|b| (i64::from_le_bytes(b.try_into().unwrap_or_default()), 1))
+                .collect(),
+            false => {
+                let mut ints = Vec::with_capacity(n);
+                for _ in 0..n {
+                    ints.push((r.i64()?, r.i64()?));
+                }
+                ints
+            }
+        };
         // A snapshot holds them in value order, each once: as they are
         // when few, one by one otherwise (which also takes what is not).
         let ordered = ints.windows(2).all(|w| matches!(w, [a, b] if a.0 < b.0));
@@ -604,11 +643,13 @@ impl MultiSet {
                 m.ints.insert(k, c);
             }
         }
-        let n = r.len(12)?;
-        for _ in 0..n {
-            let k = r.bytes()?.to_vec();
-            let c = r.i64()?;
-            m.bytes.insert(k, c);
+        if bytes {
+            let n = r.len(12)?;
+            for _ in 0..n {
+                let k = r.bytes()?.to_vec();
+                let c = r.i64()?;
+                m.bytes.insert(k, c);
+            }
         }
         Ok(m)
     }
@@ -1018,7 +1059,7 @@ impl State {
             State::Mirror { .. } => {
                 let l = r.len(16)?;
                 for _ in 0..l {
-                    MultiSet::read(r)?;
+                    MultiSet::read(r, version)?;
                 }
                 check(l)?;
             }
@@ -1049,7 +1090,7 @@ impl State {
                 let l = r.len(16)?;
                 let mut v = Vec::with_capacity(l);
                 for _ in 0..l {
-                    v.push(MultiSet::read(r)?);
+                    v.push(MultiSet::read(r, version)?);
                 }
                 *sets = v;
                 check(sets.len())?;
@@ -1058,7 +1099,7 @@ impl State {
                 let l = r.len(16)?;
                 let mut v = Vec::with_capacity(l);
                 for _ in 0..l {
-                    v.push(MultiSet::read(r)?);
+                    v.push(MultiSet::read(r, version)?);
                 }
                 *sets = v;
                 *n = r.i64s()?;
