@@ -612,10 +612,7 @@ impl MultiSet {
             _ => {
                 let shape = r.u64()?;
                 let once = shape & 1 == 1;
-                let n = usize::try_from(shape >> 2)
-                    .ok()
-                    .filter(|n| n.saturating_mul(if once { 8 } else { 16 }) <= r.remaining())
-                    .ok_or_else(|| crate::types::bad("snapshot is truncated or corrupt"))?;
+                let n = r.fits(shape >> 2, if once { 8 } else { 16 })?;
                 (n, once, shape & 2 == 2)
             }
         };

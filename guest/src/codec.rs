@@ -146,6 +146,11 @@ impl<'a> Reader<'a> {
     /// Reads a list length whose elements take at least `min_elem` bytes each.
     pub fn len(&mut self, min_elem: usize) -> Result<usize, FlowError> {
         let n = self.u64()?;
+        self.fits(n, min_elem)
+    }
+    /// `n`, a list length read some other way, if that many elements of at
+    /// least `min_elem` bytes each fit in what is left.
+    pub fn fits(&self, n: u64, min_elem: usize) -> Result<usize, FlowError> {
         let n = usize::try_from(n).map_err(|_| truncated())?;
         if n.saturating_mul(min_elem.max(1)) > self.remaining() {
             return Err(truncated());
