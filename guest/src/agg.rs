@@ -3197,6 +3197,78 @@ mod tests {
         }
     }
 
+    #[test]
+    fn rows_of_a_two_column_key_find_their_group_in_runs_or_apart() -> Result<(), FlowError> {
+        // Keys (name, n): runs, a key that comes back after another, and a
+        // key that differs from the row before in its second column only.
+        let keys = [
+            ("a", 1),
+            ("a", 1),
+            ("b", 1),
+            ("a", 1),
+            ("a", 2),
+            ("a", 2),
+            ("b", 1),
+        ];
+        let mut names = Column {
+            offsets: vec![0],
+            ..Column::default()
+        };
+        for (k, _) in keys {
+            names.bytes.extend_from_slice(k.as_bytes());
+            names.offsets.push(names.bytes.len() as u32);
+        }
+        let chunk = Chunk {
+            rows: keys.len(),
+            cols: vec![
+                names,
+                Column {
+                    ints: keys.iter().map(|&(_, n)| n).collect(),
+                    ..Column::default()
+                },
+            ],
+            diffs: Diffs::All(1),
+        };
+        let spec = AggSpec {
+            keys: vec![Expr::Col(0, DataType::Utf8), Expr::Col(1, DataType::Int64)],
+            key_nullable: vec![false, false],
+            measures: vec![MeasureSpec {
+                kind: AggKind::CountStar,
+                arg: None,
+                filter: None,
+                out: DataType::Int64,
+                param: Vec::new(),
+            }],
+        };
+        let mut op = AggOp::new(spec, None);
+        // Twice: the second chunk finds the groups the first one made.
+        for round in 1..=2 {
+            op.absorb(&chunk, 0)?;
+            let g = op.gids.clone();
+            assert_eq!([g[1], g[3]], [g[0], g[0]], "round {round}: {g:?}");
+            assert_eq!([g[5], g[6]], [g[4], g[2]], "round {round}: {g:?}");
+            assert!(g[0] != g[2] && g[0] != g[4] && g[2] != g[4], "{g:?}");
+            let out = op.flush();
+            let diffs = match &out.diffs {
+                Diffs::Each(d) => d.clone(),
+                Diffs::All(d) => vec![*d; out.rows],
+            };
+            let mut got: Vec<(i64, i64, i64)> = (0..out.rows)
+                .map(|r| (out.cols[1].ints[r], out.cols[2].ints[r], diffs[r]))
+                .collect();
+            got.sort();
+            let counts = |n: i64, d: i64| vec![(1, 2 * n, d), (1, 3 * n, d), (2, 2 * n, d)];
+            let mut want = counts(round, 1);
+            if round == 2 {
+                // The first round's counts, retracted.
+                want.extend(counts(1, -1));
+                want.sort();
+            }
+            assert_eq!(got, want, "round {round}");
+        }
+        Ok(())
+    }
+
     fn key(cols: &[Column], types: &[DataType]) -> Vec<u8> {
         let cows: Vec<Cow<'_, Column>> = cols.iter().map(Cow::Borrowed).collect();
         let mut buf = Vec::new();
