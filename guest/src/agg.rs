@@ -326,18 +326,24 @@ const SMALL_SET: usize = 32;
 /// The integers of a [`MultiSet`] (value → multiplicity) in value order: a
 /// sorted vector while it holds at most [`SMALL_SET`] values (one
 /// allocation and no tree nodes: most groups of a rollup see a few values),
-/// a B-tree beyond.
+/// a B-tree beyond. The vector holds the values alone while each is there
+/// once (a min/max group's values rarely repeat: half the memory), and
+/// (value, multiplicity) pairs from the first that is not.
 #[derive(Debug, Clone)]
 pub(crate) enum IntCounts {
+    Once(Vec<i64>),
     Small(Vec<(i64, i64)>),
     Tree(BTreeMap<i64, i64>),
 }
 
 impl Default for IntCounts {
     fn default() -> IntCounts {
-        IntCounts::Small(Vec::new())
+        IntCounts::Once(Vec::new())
     }
 }
+
+/// The multiplicity of each value of an [`IntCounts::Once`].
+static ONCE: i64 = 1;
 
 impl PartialEq for IntCounts {
     fn eq(&self, other: &IntCounts) -> bool {
@@ -347,6 +353,7 @@ impl PartialEq for IntCounts {
 
 /// An [`IntCounts`]' entries in value order, either way.
 pub(crate) enum IntCountsIter<'a> {
+    Once(std::slice::Iter<'a, i64>),
     Small(std::slice::Iter<'a, (i64, i64)>),
     Tree(std::collections::btree_map::Iter<'a, i64, i64>),
 }
@@ -355,6 +362,7 @@ impl<'a> Iterator for IntCountsIter<'a> {
     type Item = (&'a i64, &'a i64);
     fn next(&mut self) -> Option<Self::Item> {
         match self {
+            IntCountsIter::Once(it) => it.next().map(|k| (k, &ONCE)),
             IntCountsIter::Small(it) => it.next().map(|(k, c)| (k, c)),
             IntCountsIter::Tree(it) => it.next(),
         }
@@ -364,6 +372,7 @@ impl<'a> Iterator for IntCountsIter<'a> {
 impl DoubleEndedIterator for IntCountsIter<'_> {
     fn next_back(&mut self) -> Option<Self::Item> {
         match self {
+            IntCountsIter::Once(it) => it.next_back().map(|k| (k, &ONCE)),
             IntCountsIter::Small(it) => it.next_back().map(|(k, c)| (k, c)),
             IntCountsIter::Tree(it) => it.next_back(),
         }
@@ -374,7 +383,7 @@ impl DoubleEndedIterator for IntCountsIter<'_> {
 /// as a loop, since in wasm a move of unknown length is `memory.copy`, a
 /// call into the runtime, and a group's set is a few entries.
 #[inline]
-fn insert_small(v: &mut Vec<(i64, i64)>, at: usize, e: (i64, i64)) {
+fn insert_small<T>(v: &mut Vec<T>, at: usize, e: T) {
     v.push(e);
     let mut j = v.len() - 1;
     while j > at {
@@ -385,7 +394,7 @@ fn insert_small(v: &mut Vec<(i64, i64)>, at: usize, e: (i64, i64)) {
 
 /// `Vec::remove` the same way (see [`insert_small`]).
 #[inline]
-fn remove_small(v: &mut Vec<(i64, i64)>, at: usize) {
+fn remove_small<T>(v: &mut Vec<T>, at: usize) {
     for j in at + 1..v.len() {
         v.swap(j - 1, j);
     }
@@ -395,6 +404,7 @@ fn remove_small(v: &mut Vec<(i64, i64)>, at: usize) {
 impl IntCounts {
     fn iter(&self) -> IntCountsIter<'_> {
         match self {
+            IntCounts::Once(v) => IntCountsIter::Once(v.iter()),
             IntCounts::Small(v) => IntCountsIter::Small(v.iter()),
             IntCounts::Tree(t) => IntCountsIter::Tree(t.iter()),
         }
@@ -407,6 +417,7 @@ impl IntCounts {
     }
     fn len(&self) -> usize {
         match self {
+            IntCounts::Once(v) => v.len(),
             IntCounts::Small(v) => v.len(),
             IntCounts::Tree(t) => t.len(),
         }
@@ -417,6 +428,15 @@ impl IntCounts {
     /// Sets `k`'s multiplicity to `c` (restoring; 0 is kept for `check`).
     fn insert(&mut self, k: i64, c: i64) {
         match self {
+            IntCounts::Once(v) if c == 1 => {
+                if let Err(i) = v.binary_search(&k) {
+                    insert_small(v, i, k);
+                }
+            }
+            IntCounts::Once(_) => {
+                self.count_each();
+                return self.insert(k, c);
+            }
             IntCounts::Small(v) => match v.binary_search_by_key(&k, |e| e.0) {
                 Ok(i) => v[i].1 = c,
                 Err(i) => insert_small(v, i, (k, c)),
@@ -430,6 +450,25 @@ impl IntCounts {
     /// Adds `d` copies of `k`; returns (old multiplicity, new multiplicity).
     fn add(&mut self, k: i64, d: i64) -> (i64, i64) {
         let (old, new) = match self {
+            IntCounts::Once(v) => match (v.binary_search(&k), d) {
+                (_, 0) => {
+                    let old = i64::from(v.binary_search(&k).is_ok());
+                    (old, old)
+                }
+                (Ok(i), -1) => {
+                    remove_small(v, i);
+                    (1, 0)
+                }
+                (Err(i), 1) => {
+                    insert_small(v, i, k);
+                    (0, 1)
+                }
+                // A value there more than once (or fewer than none).
+                _ => {
+                    self.count_each();
+                    return self.add(k, d);
+                }
+            },
             IntCounts::Small(v) => match v.binary_search_by_key(&k, |e| e.0) {
                 Ok(i) => {
                     let old = v[i].1;
@@ -466,8 +505,8 @@ impl IntCounts {
     /// asked after every add, and the answer is nearly always no.
     #[inline]
     fn grow_up(&mut self) {
-        if let IntCounts::Small(v) = self {
-            if v.len() > SMALL_SET {
+        if let IntCounts::Once(_) | IntCounts::Small(_) = self {
+            if self.len() > SMALL_SET {
                 self.make_tree();
             }
         }
@@ -476,8 +515,28 @@ impl IntCounts {
     #[cold]
     #[inline(never)]
     fn make_tree(&mut self) {
-        if let IntCounts::Small(v) = self {
-            *self = IntCounts::Tree(std::mem::take(v).into_iter().collect());
+        match self {
+            IntCounts::Once(v) => *self = IntCounts::Tree(v.iter().map(|&k| (k, 1)).collect()),
+            IntCounts::Small(v) => *self = IntCounts::Tree(std::mem::take(v).into_iter().collect()),
+            IntCounts::Tree(_) => {}
+        }
+    }
+
+    /// From values alone to values with their multiplicities.
+    #[cold]
+    #[inline(never)]
+    fn count_each(&mut self) {
+        if let IntCounts::Once(v) = self {
+            *self = IntCounts::Small(v.iter().map(|&k| (k, 1)).collect());
+        }
+    }
+
+    /// Bytes it holds, roughly.
+    fn approx_bytes(&self) -> usize {
+        match self {
+            IntCounts::Once(v) => v.len() * 8,
+            IntCounts::Small(v) => v.len() * 16,
+            IntCounts::Tree(t) => t.len() * 24,
         }
     }
 }
@@ -571,7 +630,7 @@ impl MultiSet {
         Ok(())
     }
     fn approx_bytes(&self) -> usize {
-        self.ints.len() * 24 + self.bytes.keys().map(|k| k.len() + 40).sum::<usize>()
+        self.ints.approx_bytes() + self.bytes.keys().map(|k| k.len() + 40).sum::<usize>()
     }
     /// Writes the multiset (snapshot format 4): one word for its shape,
     /// `n << 2 | bytes << 1 | once`: `n` integers, whether byte strings
@@ -616,28 +675,34 @@ impl MultiSet {
                 (n, once, shape & 2 == 2)
             }
         };
-        let ints: Vec<(i64, i64)> = match once {
-            true => r
-                .take(n * 8)?
-                .chunks_exact(8)
-                .map(|b| (i64::from_le_bytes(b.try_into().unwrap_or_default()), 1))
-                .collect(),
-            false => {
-                let mut ints = Vec::with_capacity(n);
-                for _ in 0..n {
-                    ints.push((r.i64()?, r.i64()?));
-                }
-                ints
-            }
-        };
         // A snapshot holds them in value order, each once: as they are
         // when few, one by one otherwise (which also takes what is not).
-        let ordered = ints.windows(2).all(|w| matches!(w, [a, b] if a.0 < b.0));
-        if ordered && n <= SMALL_SET {
-            m.ints = IntCounts::Small(ints);
+        if once {
+            let ints: Vec<i64> = r
+                .take(n * 8)?
+                .chunks_exact(8)
+                .map(|b| i64::from_le_bytes(b.try_into().unwrap_or_default()))
+                .collect();
+            let ordered = ints.windows(2).all(|w| matches!(w, [a, b] if a < b));
+            if ordered && n <= SMALL_SET {
+                m.ints = IntCounts::Once(ints);
+            } else {
+                for k in ints {
+                    m.ints.insert(k, 1);
+                }
+            }
         } else {
-            for (k, c) in ints {
-                m.ints.insert(k, c);
+            let mut ints = Vec::with_capacity(n);
+            for _ in 0..n {
+                ints.push((r.i64()?, r.i64()?));
+            }
+            let ordered = ints.windows(2).all(|w| matches!(w, [a, b] if a.0 < b.0));
+            if ordered && n <= SMALL_SET {
+                m.ints = IntCounts::Small(ints);
+            } else {
+                for (k, c) in ints {
+                    m.ints.insert(k, c);
+                }
             }
         }
         if bytes {
@@ -3047,7 +3112,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn int_counts_hold_what_a_btree_holds_on_both_sides_of_the_switch() {
+    fn int_counts_hold_what_a_btree_holds_in_each_of_their_forms() {
         // A fixed pseudo-random walk of adds and removes over 0..80 values.
         let mut x = 0x2545_f491_4f6c_dd1du64;
         let mut next = || {
@@ -3057,11 +3122,16 @@ mod tests {
             x
         };
         let (mut counts, mut tree) = (IntCounts::default(), BTreeMap::<i64, i64>::new());
-        let mut was_tree = false;
+        let (mut was_once, mut was_small, mut was_tree) = (false, false, false);
         for step in 0..20_000 {
-            let k = (next() % 80) as i64 - 40;
+            // The first steps add distinct values only (the values-alone
+            // form), then any of 0..80.
+            let k = match step {
+                0..8 => step * 3,
+                _ => (next() % 80) as i64 - 40,
+            };
             // Mostly adds at first, mostly removals later.
-            let d = if (next() % 100) < (if step < 10_000 { 80 } else { 30 }) {
+            let d = if step < 8 || (next() % 100) < (if step < 10_000 { 80 } else { 30 }) {
                 1
             } else {
                 -1
@@ -3073,6 +3143,8 @@ mod tests {
                 tree.remove(&k);
             }
             assert_eq!(counts.add(k, d), (old, old + d), "step {step}");
+            was_once |= matches!(&counts, IntCounts::Once(v) if v.len() > 1);
+            was_small |= matches!(counts, IntCounts::Small(_));
             was_tree |= matches!(counts, IntCounts::Tree(_));
             assert_eq!(counts.len(), tree.len());
             if step % 97 == 0 {
@@ -3080,7 +3152,23 @@ mod tests {
                 assert!(counts.iter().rev().eq(tree.iter().rev()), "step {step}");
             }
         }
+        assert!(was_once && was_small, "the walk repeated a value");
         assert!(was_tree, "the walk went past the vector's size");
+        // The values-alone form: removing a value, asking after one, adding
+        // none, and a removal of a value not there (a count of -1).
+        let mut once = IntCounts::default();
+        for k in [6, 0, 3] {
+            assert_eq!(once.add(k, 1), (0, 1));
+        }
+        assert_eq!(once.add(3, -1), (1, 0));
+        assert_eq!((once.add(0, 0), once.add(1, 0)), ((1, 1), (0, 0)));
+        assert!(
+            matches!(&once, IntCounts::Once(v) if v == &[0, 6]),
+            "{once:?}"
+        );
+        assert_eq!(once.add(5, -1), (0, -1));
+        let held: Vec<(i64, i64)> = once.iter().map(|(k, c)| (*k, *c)).collect();
+        assert_eq!(held, [(0, 1), (5, -1), (6, 1)]);
         let mut small = IntCounts::default();
         small.add(3, 1);
         let mut big = IntCounts::Tree(BTreeMap::from([(3, 1)]));
