@@ -451,8 +451,8 @@ impl IntCounts {
     fn add(&mut self, k: i64, d: i64) -> (i64, i64) {
         let (old, new) = match self {
             IntCounts::Once(v) => match (v.binary_search(&k), d) {
-                (_, 0) => {
-                    let old = i64::from(v.binary_search(&k).is_ok());
+                (found, 0) => {
+                    let old = i64::from(found.is_ok());
                     (old, old)
                 }
                 (Ok(i), -1) => {
@@ -675,34 +675,30 @@ impl MultiSet {
                 (n, once, shape & 2 == 2)
             }
         };
+        // As read: maybe out of order or repeated, until checked below.
+        let read = match once {
+            true => IntCounts::Once(
+                r.take(n * 8)?
+                    .chunks_exact(8)
+                    .map(|b| i64::from_le_bytes(b.try_into().unwrap_or_default()))
+                    .collect(),
+            ),
+            false => {
+                let mut ints = Vec::with_capacity(n);
+                for _ in 0..n {
+                    ints.push((r.i64()?, r.i64()?));
+                }
+                IntCounts::Small(ints)
+            }
+        };
         // A snapshot holds them in value order, each once: as they are
         // when few, one by one otherwise (which also takes what is not).
-        if once {
-            let ints: Vec<i64> = r
-                .take(n * 8)?
-                .chunks_exact(8)
-                .map(|b| i64::from_le_bytes(b.try_into().unwrap_or_default()))
-                .collect();
-            let ordered = ints.windows(2).all(|w| matches!(w, [a, b] if a < b));
-            if ordered && n <= SMALL_SET {
-                m.ints = IntCounts::Once(ints);
-            } else {
-                for k in ints {
-                    m.ints.insert(k, 1);
-                }
-            }
+        let ordered = read.iter().zip(read.iter().skip(1)).all(|(a, b)| a.0 < b.0);
+        if ordered && n <= SMALL_SET {
+            m.ints = read;
         } else {
-            let mut ints = Vec::with_capacity(n);
-            for _ in 0..n {
-                ints.push((r.i64()?, r.i64()?));
-            }
-            let ordered = ints.windows(2).all(|w| matches!(w, [a, b] if a.0 < b.0));
-            if ordered && n <= SMALL_SET {
-                m.ints = IntCounts::Small(ints);
-            } else {
-                for (k, c) in ints {
-                    m.ints.insert(k, c);
-                }
+            for (k, c) in &read {
+                m.ints.insert(*k, *c);
             }
         }
         if bytes {
