@@ -239,6 +239,26 @@ impl Vals {
         }
     }
 
+    /// Writes what [`Vals::write`] writes for `n` NULLs of this form (the
+    /// values of `self` are not stored: see `AggOp::old_unstored`).
+    fn write_nulls(&self, w: &mut Writer, n: usize) {
+        match self.is_wide {
+            true => {
+                w.i64s(&[]);
+                w.bools(&[]);
+                w.u64(n as u64);
+                w.each(n, 0..n, |_| [0u8]);
+            }
+            false => {
+                w.u64(n as u64);
+                w.each(n, 0..n, |_| 0i64.to_le_bytes());
+                w.u64(n as u64);
+                w.each(n, 0..n, |_| [1u8]);
+                w.u64(0);
+            }
+        }
+    }
+
     /// Reads what [`Vals::write`] wrote into `self` (made by [`Vals::new`] for the measure):
     /// `n` values of its form.
     fn read(&mut self, r: &mut Reader<'_>, n: usize) -> Result<(), FlowError> {
@@ -1673,6 +1693,12 @@ pub(crate) struct AggOp {
     old_present: Vec<bool>,
     old: Vec<Vals>,
     recorded: usize,
+    /// How many of `touched[..recorded]`, from the first, were new groups
+    /// whose earlier values (all NULL) are not stored in `old`. Either 0 or
+    /// `recorded` (with `old` empty): a tick that makes only new groups (a
+    /// back-fill's) stores no earlier value at all, and the first group
+    /// that existed before stores those NULLs after all.
+    old_unstored: usize,
     initialized: bool,
     global: bool,
     /// Index of the key used for expiry and its type.
@@ -1748,6 +1774,7 @@ impl AggOp {
             old_present: Vec::new(),
             old: Vec::new(),
             recorded: 0,
+            old_unstored: 0,
             initialized: false,
             global,
             time_key,
@@ -1823,12 +1850,18 @@ impl AggOp {
             .get(from..)
             .unwrap_or_default()
             .contains(&true);
+        if all_new && self.old_unstored == self.recorded {
+            // Groups without output before (all a back-fill touches):
+            // flush never reads their earlier values, so none is stored.
+            self.old_unstored += fresh.len();
+            self.recorded = self.touched.len();
+            return;
+        }
+        let unstored = std::mem::take(&mut self.old_unstored);
         for ((s, t), vals) in self.states.iter().zip(&self.arg_types).zip(&mut self.old) {
-            vals.reserve_halves(fresh.len());
+            vals.reserve_halves(unstored + fresh.len());
+            vals.push_nulls(unstored);
             match all_new {
-                // Groups without output before (all a back-fill touches):
-                // flush never reads their earlier values, so none is asked
-                // of their state.
                 true => vals.push_nulls(fresh.len()),
                 false => s.values(&self.states, fresh, *t, &self.rows, vals),
             }
@@ -2108,14 +2141,26 @@ impl AggOp {
         let old_present = std::mem::take(&mut self.old_present);
         let mut vals = std::mem::take(&mut self.old);
         let t = touched.len();
+        // Where the values after the tick start: after the earlier ones, or
+        // first when none was stored (every group is new, see `old_unstored`).
+        let after = match std::mem::take(&mut self.old_unstored) {
+            0 => t,
+            _ => 0,
+        };
         for ((s, ty), v) in self.states.iter().zip(&self.arg_types).zip(&mut vals) {
+            if after == 0 {
+                v.reserve(t);
+            }
             s.values(&self.states, &touched, *ty, &self.rows, v);
         }
-        // A group is emitted unless it was and is present with the same values.
+        // A group is emitted unless it was and is present with the same values
+        // (none of them was present when no earlier value was stored).
         let is: Vec<bool> = touched.iter().map(|&g| self.present(g as usize)).collect();
         let mut same: Vec<bool> = old_present.iter().zip(&is).map(|(&w, &i)| w & i).collect();
-        for v in &vals {
-            v.same_halves(&mut same);
+        if after == t {
+            for v in &vals {
+                v.same_halves(&mut same);
+            }
         }
         let emit = emit_rows(&old_present, &is, &same);
         let mut cols = Vec::with_capacity(self.key_types.len() + self.states.len());
@@ -2123,7 +2168,7 @@ impl AggOp {
             cols.push(self.key_column(k, &emit, &touched));
         }
         for (v, m) in vals.iter().zip(&self.spec.measures) {
-            cols.push(measure_column(&emit, v, t, m.out));
+            cols.push(measure_column(&emit, v, after, m.out));
         }
         let diffs: Vec<i64> = emit.iter().map(|e| ((e & 1) as i64) * 2 - 1).collect();
         unmark(&mut self.mark, &touched);
@@ -2279,7 +2324,10 @@ impl AggOp {
         w.u32s(self.touched.get(..self.recorded).unwrap_or_default());
         w.bools(self.old_present.get(..self.recorded).unwrap_or_default());
         for v in &self.old {
-            v.write(w);
+            match self.old_unstored {
+                0 => v.write(w),
+                n => v.write_nulls(w, n),
+            }
         }
     }
 
@@ -2326,6 +2374,7 @@ impl AggOp {
         self.touched = touched;
         self.old_present = old_present;
         self.recorded = t;
+        self.old_unstored = 0;
         self.mark = mark;
         Ok(())
     }
@@ -2434,6 +2483,7 @@ impl AggOp {
         self.old_present.clear();
         self.old.iter_mut().for_each(Vals::clear);
         self.recorded = 0;
+        self.old_unstored = 0;
         if version >= 3 {
             self.read_touched(r, &alive)?;
         }
