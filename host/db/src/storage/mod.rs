@@ -1264,19 +1264,22 @@ impl RowKeys {
                 .then_with(|| self.key(*a as usize).cmp(self.key(*b as usize)))
                 .then(a.cmp(b))
         };
-        // Rows that already come in order of their keys' first 8 bytes
-        // (a table keyed by time first, written in time order: a flow's
-        // output) are sorted within each run of equal first 8 bytes alone:
-        // many small sorts, each in cache, not one over all rows.
+        // First by the keys' first 8 bytes alone, keeping the order of rows
+        // with the same 8 bytes; then each run of those is sorted, if it is
+        // not already, alone: many small sorts, each in cache, not one over
+        // all rows. Rows that come in order of those bytes (a table keyed by
+        // time first, written in time order: a flow's tick) are not moved at
+        // all; rows that come in runs of them (a back-fill's output, by
+        // series and then time, into a sink keyed by time first) are merged,
+        // and come out of it sorted within each time.
         let word = |h: &(u128, u32)| (h.0 >> 64) as u64;
-        if heads.is_sorted_by_key(word) {
-            for run in heads.chunk_by_mut(|a, b| word(a) == word(b)) {
-                if !run.is_sorted_by(|a, b| order(a, b).is_le()) {
-                    run.sort_unstable_by(order);
-                }
+        if !heads.is_sorted_by_key(word) {
+            heads.sort_by_key(word);
+        }
+        for run in heads.chunk_by_mut(|a, b| word(a) == word(b)) {
+            if !run.is_sorted_by(|a, b| order(a, b).is_le()) {
+                run.sort_unstable_by(order);
             }
-        } else if !heads.is_sorted_by(|a, b| order(a, b).is_le()) {
-            heads.sort_unstable_by(order);
         }
         heads.into_iter().map(|(_, row)| row as usize).collect()
     }
@@ -2350,7 +2353,20 @@ mod tests {
             .collect();
         let mut out_of_place = word_runs.clone();
         out_of_place.swap(0, 39);
-        for stream in [word_runs, out_of_place] {
+        // A back-fill's output into a table keyed by time first: by series,
+        // each series' times ascending (one first word per time), with
+        // series names that tie on their first bytes.
+        let by_series: Vec<Vec<u8>> = (0..6u64)
+            .flat_map(|series| {
+                (0..9u64).map(move |time| {
+                    let mut key = (time * 60_000).to_be_bytes().to_vec();
+                    key.extend_from_slice(b"host-0000000");
+                    key.push(b'a' + series as u8);
+                    key
+                })
+            })
+            .collect();
+        for stream in [word_runs, out_of_place, by_series] {
             let (keys, expected) = keys_of(&stream);
             assert_eq!(keys.sorted_order(), expected);
         }
