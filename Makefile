@@ -72,13 +72,14 @@ unit: setup
 run: build
 	$(CARGO_TARGET_DIR)/release/sandflow start --data-dir $(DATA_DIR) --auth none
 
-## The benchmarks: the reference workload in wasm and natively, recovery, many
+## The benchmarks: the reference workload in wasm and natively, the guest's part
+## of a back-fill (both engines, rows in time and in series order), recovery, many
 ## flows, the change log, joins against differential-dataflow, user components,
 ## then the whole path (the release server) against PostgreSQL 15, and a
 ## flow on a flow node (etcd, NATS JetStream) against one node, and failover.
 bench: setup examples build
 	@test -x /usr/lib/postgresql/15/bin/initdb || { (apt-get update -qq || true) && apt-get install -y -qq postgresql-15; }
-	$(CARGO) bench -p sandflow-tests --features dd --bench engine --bench recovery --bench flows_scale --bench pull_log --bench joins --bench components
+	$(CARGO) bench -p sandflow-tests --features dd --bench engine --bench backfill --bench recovery --bench flows_scale --bench pull_log --bench joins --bench components
 	python3 tests/benches/whole_path.py --sandflow $(CARGO_TARGET_DIR)/release/sandflow
 	python3 tests/benches/cluster.py --sandflow $(CARGO_TARGET_DIR)/release/sandflow
 
