@@ -1289,13 +1289,20 @@ fn copy_short(dst: &mut [u8], src: &[u8]) {
     }
 }
 
-/// The high half of the key's hash (the better mixed one).
+/// The high half of the key's hash (the better mixed one), never
+/// [`REPEAT`].
 fn key_hash(key: &[u8]) -> u32 {
     use std::hash::Hasher;
     let mut h = crate::hash::FxHasher::default();
     h.write(key);
-    (h.finish() >> 32) as u32
+    match (h.finish() >> 32) as u32 {
+        REPEAT => REPEAT - 1,
+        h => h,
+    }
 }
+
+/// In [`AggOp::lookup`]'s hashes, a row whose key is the row before's.
+const REPEAT: u32 = u32::MAX;
 
 /// The table's hash of a stored key hash: both halves, for hashbrown's
 /// bucket (low bits) and tag (high bits).
@@ -2003,16 +2010,34 @@ impl AggOp {
                 // All keys encoded first, then all hashed, then looked up:
                 // each pass reads what the one before wrote long ago, and
                 // the lookups of different rows overlap in the CPU.
+                // A row whose key is the row before's (rows that come in
+                // runs of a group: a back-fill read by series and time) is
+                // marked with `REPEAT` and takes that row's group, without
+                // hashing or probing: a word compare of bytes just read.
                 let enc = Encoded::new(keys, &self.key_types, n);
                 let mut hashes = std::mem::take(&mut self.key_hashes);
                 hashes.clear();
-                hashes.extend((0..n).map(|i| key_hash(enc.row(i))));
+                hashes.reserve(n);
+                let mut before: &[u8] = &[];
+                for i in 0..n {
+                    let key = enc.row(i);
+                    let repeat = i > 0 && same_bytes(key, before);
+                    hashes.push(if repeat { REPEAT } else { key_hash(key) });
+                    before = key;
+                }
                 for (i, &h) in hashes.iter().enumerate() {
+                    if h == REPEAT && i > 0 {
+                        if let Some(&g) = gids.last() {
+                            gids.push(g);
+                            continue;
+                        }
+                    }
                     if threshold.is_some() && expired(i) {
                         gids.push(SKIP);
                         continue;
                     }
                     let key = enc.row(i);
+                    let h = if h == REPEAT { key_hash(key) } else { h };
                     let found = match &self.keys {
                         Keys::Encoded(table) => table.get_hashed(key, h),
                         _ => None,
