@@ -15,6 +15,7 @@ mod column;
 mod expr;
 mod flow;
 mod hash;
+mod heap;
 mod join;
 mod plan;
 pub mod sketch;

@@ -22,6 +22,8 @@
 
 mod component;
 mod convert;
+#[cfg(target_os = "linux")]
+mod memory;
 mod wasi;
 
 use std::collections::HashMap;
@@ -565,6 +567,14 @@ fn make_engine(config: &RuntimeConfig) -> Result<Engine, RuntimeError> {
         None => wasmtime::InstanceAllocationStrategy::OnDemand,
     };
     let mut wasm = Config::new();
+    // Memories of our own making, on demand: wasmtime's layout with huge
+    // pages (memory.rs). They take their data segments by copy, not as a
+    // copy-on-write image (the engine's are a few KiB).
+    #[cfg(target_os = "linux")]
+    if config.pool.is_none() {
+        wasm.with_host_memory(Arc::new(memory::HugePageMemories))
+            .memory_init_cow(false);
+    }
     wasm.wasm_component_model(true)
         .epoch_interruption(true)
         .allocation_strategy(strategy)

@@ -200,6 +200,10 @@ pub fn add_wasi(linker: &mut Linker<GuestState>) -> Result<(), RuntimeError> {
     })
 }
 
+/// The step in which sandflow's engine grows its memory (huge pages, see
+/// `memory.rs`).
+const GROWTH_STEP: usize = 2 << 20;
+
 /// Caps linear memory; `hit` records that the cap was the reason a call failed.
 pub struct MemoryLimiter {
     limit: usize,
@@ -215,6 +219,13 @@ impl ResourceLimiter for MemoryLimiter {
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
         if desired > self.limit {
+            // A growth to a 2 MiB boundary that overshoots a limit which is
+            // not one is refused (memory.grow returns -1) rather than
+            // trapped: the engine's allocator grows in such steps (guest
+            // heap.rs) and then asks for only what it needs.
+            if desired.is_multiple_of(GROWTH_STEP) && desired - self.limit < GROWTH_STEP {
+                return Ok(false);
+            }
             self.hit = true;
             // Trap at once with a clear reason instead of letting the guest's
             // allocator abort with a less helpful message.
@@ -291,5 +302,40 @@ impl rand::TryRng for FixedRandom {
             chunk.copy_from_slice(&v[..chunk.len()]);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limiter(limit: usize) -> MemoryLimiter {
+        MemoryLimiter {
+            limit,
+            current: 0,
+            hit: false,
+        }
+    }
+
+    #[test]
+    fn a_growth_step_past_an_odd_limit_is_refused_and_a_growth_past_any_limit_traps() {
+        let mib = 1 << 20;
+        let mut odd = limiter(25 * mib);
+        // To the step past the limit: refused, no trap, not a hit.
+        assert!(!odd.memory_growing(24 * mib, 26 * mib, None).unwrap());
+        assert!(!odd.hit);
+        // What fits is granted.
+        assert!(odd.memory_growing(24 * mib, 25 * mib, None).unwrap());
+        assert_eq!(odd.current, 25 * mib);
+        // Past the limit otherwise: a trap that names the limit.
+        let err = odd
+            .memory_growing(25 * mib, 25 * mib + 65536, None)
+            .unwrap_err();
+        assert!(err.to_string().contains("memory limit"), "{err}");
+        assert!(odd.hit);
+        // A limit on a step boundary: a step past it traps.
+        let mut even = limiter(24 * mib);
+        assert!(even.memory_growing(24 * mib, 26 * mib, None).is_err());
+        assert!(even.hit);
     }
 }

@@ -11,6 +11,7 @@
 //! - `alloc`: allocates without bound.
 //! - `recurse`: recurses without bound.
 //! - `panic`: panics with a message.
+//! - `out-of-bounds`: reads the first byte past its linear memory.
 //! - `chatty`: prints a line to stdout, a 5000-byte line and 2000 more lines
 //!   to stderr on every tick, then returns one valid row.
 //! - `huge-output`: returns more rows than `max-rows`.
@@ -212,6 +213,12 @@ mod component {
                     one_row(now, r as i64)
                 }
                 "panic" => panic!("hostile guest panics on purpose"),
+                "out-of-bounds" => {
+                    let end = core::arch::wasm32::memory_size(0) * 65536;
+                    // SAFETY: none; this is the attack. The sandbox must trap it.
+                    let byte = unsafe { core::ptr::read_volatile(end as *const u8) };
+                    one_row(now, i64::from(byte))
+                }
                 "chatty" => {
                     println!("chatty says hello at tick {n}");
                     eprintln!("{}", "x".repeat(5000));

@@ -1,7 +1,7 @@
 //! The hostile-guest suite driven through the whole database: flows that run
 //! a deliberately evil guest component (tests/hostile-guest) next to flows
 //! that run sandflow's own engine, in one `Database`. Every attack — an
-//! infinite loop, unbounded allocation, deep recursion, a panic, output past
+//! infinite loop, unbounded allocation, deep recursion, a panic, a read past its memory, output past
 //! the per-call and per-tick row bounds, malformed batches — fails only its
 //! own flow, with a clear error in FLUSH_FLOW and `information_schema.flows`,
 //! and the real flows keep producing exactly their queries' results.
@@ -45,6 +45,7 @@ const ATTACKS: &[(&str, &[&str])] = &[
     ("alloc", &["memory limit"]),
     ("recurse", &["trapped"]),
     ("panic", &["trapped", "panics on purpose"]),
+    ("out-of-bounds", &["trapped", "out of bounds"]),
     ("huge-output", &["broke the contract"]),
     ("endless-output", &["output_rows_limit_per_tick"]),
     ("wrong-lengths", &["broke the contract"]),

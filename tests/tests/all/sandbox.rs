@@ -86,6 +86,11 @@ fn each_hostile_behaviour_fails_only_its_flow_with_a_clear_error() {
             "panics on purpose",
         ),
         (
+            "out-of-bounds",
+            |e| matches!(e, RuntimeError::Trap { .. }),
+            "out of bounds memory access",
+        ),
+        (
             "huge-output",
             |e| matches!(e, RuntimeError::Contract { .. }),
             "more than",
@@ -235,6 +240,60 @@ fn the_real_guest_is_stopped_by_its_memory_cap_and_others_continue() {
     let got = out.output.to_rows(modest.output_schema());
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].0, vec![Value::Int(1), Value::Int(2)]);
+}
+
+/// The engine grows its memory in 2 MiB steps (for huge pages, see the
+/// sandbox's `memory.rs`). Under a limit that is not a whole number of steps
+/// the last step is refused without a trap and the engine takes only what it
+/// needs: it grows past its last whole step, up to its limit.
+#[test]
+fn the_real_guest_grows_in_steps_and_into_a_limit_between_them() {
+    const STEP: usize = 2 << 20;
+    let sources = vec![SourceSchema {
+        name: "t".into(),
+        fields: vec![Field::new("g", DataType::Int64, false)],
+    }];
+    let plan = plan("SELECT g, count(*) AS n FROM t GROUP BY g", &sources);
+    let rt = wasm_runtime();
+    let limits = |memory| FlowLimits {
+        memory,
+        cpu_per_call: Duration::from_secs(30),
+        max_output_rows: 100_000,
+        ..FlowLimits::default()
+    };
+    let round = |r: i64| {
+        let rows: Vec<Vec<Value>> = (0..1000).map(|i| vec![Value::Int(r * 1000 + i)]).collect();
+        Batch::from_rows(&sources[0].fields, &rows, &[r; 1000], &[1; 1000]).expect("batch")
+    };
+    // A flow grows its memory to the next step at once, and under a limit
+    // half a step past that, into the half step.
+    let start = rt
+        .create_flow(&plan, &sources, &[], limits(64 << 20))
+        .expect("flow")
+        .memory_size();
+    let step = start.next_multiple_of(STEP);
+    let limit = step + STEP / 2;
+    let mut flow = rt
+        .create_flow(&plan, &sources, &[], limits(limit))
+        .expect("flow");
+    let mut sizes = vec![flow.memory_size()];
+    let mut r = 0;
+    while flow.memory_size() <= step {
+        assert!(r < 1000, "the flow never grew past {step} bytes: {sizes:?}");
+        flow.push(0, round(r))
+            .and_then(|_| flow.tick(r))
+            .unwrap_or_else(|e| panic!("round {r} at {sizes:?}: {e}"));
+        if sizes.last() != Some(&flow.memory_size()) {
+            sizes.push(flow.memory_size());
+        }
+        r += 1;
+    }
+    assert_eq!(sizes.get(1), Some(&step), "{sizes:?}");
+    let now = flow.memory_size();
+    assert!(
+        now > step && now <= limit,
+        "{sizes:?} under a limit of {limit}"
+    );
 }
 
 #[test]
