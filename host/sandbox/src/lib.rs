@@ -572,7 +572,7 @@ fn make_engine(config: &RuntimeConfig) -> Result<Engine, RuntimeError> {
     // copy-on-write image (the engine's are a few KiB).
     #[cfg(target_os = "linux")]
     if config.pool.is_none() {
-        wasm.with_host_memory(Arc::new(memory::HugePageMemories))
+        wasm.with_host_memory(Arc::new(memory::HugePageMemories::default()))
             .memory_init_cow(false);
     }
     wasm.wasm_component_model(true)

@@ -20,9 +20,18 @@
 //! huge pages too. With transparent huge pages off, or where the kernel
 //! cannot find one, the advice changes nothing.
 //!
+//! A memory that is dropped is kept for the next one of the same layout
+//! (at most [`SPARE_MEMORIES`]): its accessible bytes are zeroed then (the
+//! first [`KEEP_RESIDENT`] by writing zeros over pages that stay resident,
+//! the rest handed back to the kernel) and made inaccessible again. A new
+//! flow, or a sleeping one that wakes, then starts on warm pages instead of
+//! faulting in fresh ones: on the VM this was measured on, the kernel took
+//! 29 ms to zero the huge pages of one back-fill's 62 MiB state.
+//!
 //! Must not know what runs in the memory.
 
 use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
 
 use rustix::mm::{Advice, MapFlags, MprotectFlags, ProtFlags};
 use wasmtime::{LinearMemory, MemoryCreator, MemoryType};
@@ -30,8 +39,46 @@ use wasmtime::{LinearMemory, MemoryCreator, MemoryType};
 /// The size of a transparent huge page on x86-64 and aarch64 (4 KiB base pages).
 const HUGE_PAGE: usize = 2 << 20;
 
+/// Most dropped memories kept for reuse.
+pub(crate) const SPARE_MEMORIES: usize = 2;
+
+/// Most bytes of a kept memory that stay resident (zeroed); the rest is
+/// handed back to the kernel.
+pub(crate) const KEEP_RESIDENT: usize = 64 << 20;
+
 /// Makes the memories of an engine (`Config::with_host_memory`).
-pub(crate) struct HugePageMemories;
+#[derive(Default)]
+pub(crate) struct HugePageMemories {
+    spare: Arc<Spare>,
+}
+
+/// Dropped memories, zeroed and inaccessible, for the next ones.
+#[derive(Default)]
+struct Spare(Mutex<Vec<Mapped>>);
+
+impl Spare {
+    /// A kept memory of this layout, if there is one.
+    fn take(&self, reserved: usize, guard: usize) -> Option<Mapped> {
+        let mut maps = self.0.lock().ok()?;
+        let at = maps
+            .iter()
+            .position(|m| m.reserved == reserved && m.guard == guard)?;
+        Some(maps.swap_remove(at))
+    }
+
+    fn has_room(&self) -> bool {
+        self.0.lock().is_ok_and(|m| m.len() < SPARE_MEMORIES)
+    }
+
+    /// Keeps `m` (dropped instead when there is no room left).
+    fn put(&self, m: Mapped) {
+        if let Ok(mut maps) = self.0.lock() {
+            if maps.len() < SPARE_MEMORIES {
+                maps.push(m);
+            }
+        }
+    }
+}
 
 // SAFETY: every memory is a private mapping of its own, laid out as
 // `new_memory`'s contract asks (see `Mapped::new`).
@@ -68,9 +115,16 @@ unsafe impl MemoryCreator for HugePageMemories {
                 "memory of {minimum} bytes does not fit its reservation of {reserved} bytes"
             ));
         }
-        Mapped::new(reserved, guard_size_in_bytes, minimum)
-            .map(|m| Box::new(m) as Box<dyn LinearMemory>)
-            .map_err(|e| format!("cannot map a guest memory of {reserved} bytes: {e}"))
+        let mut mapped = match self.spare.take(reserved, guard_size_in_bytes) {
+            Some(m) => m,
+            None => Mapped::new(reserved, guard_size_in_bytes)
+                .map_err(|e| format!("cannot map a guest memory of {reserved} bytes: {e}"))?,
+        };
+        mapped
+            .grow_to(minimum)
+            .map_err(|e| format!("cannot make a guest memory of {minimum} bytes: {e}"))?;
+        mapped.spare = Some(self.spare.clone());
+        Ok(Box::new(mapped))
     }
 }
 
@@ -86,6 +140,10 @@ struct Mapped {
     size: usize,
     /// Bytes from `base` that may become accessible.
     reserved: usize,
+    /// Inaccessible bytes after the reservation (and at least as many before).
+    guard: usize,
+    /// Where the memory goes when dropped, to be reused.
+    spare: Option<Arc<Spare>>,
 }
 
 // SAFETY: the mapping belongs to this value alone; wasmtime serialises
@@ -95,7 +153,8 @@ unsafe impl Send for Mapped {}
 unsafe impl Sync for Mapped {}
 
 impl Mapped {
-    fn new(reserved: usize, guard: usize, minimum: usize) -> rustix::io::Result<Mapped> {
+    /// A new mapping with nothing accessible yet.
+    fn new(reserved: usize, guard: usize) -> rustix::io::Result<Mapped> {
         let too_large = rustix::io::Errno::NOMEM;
         let map_len = guard
             .checked_add(HUGE_PAGE)
@@ -117,12 +176,14 @@ impl Mapped {
         // `base - start` < guard + HUGE_PAGE, so the memory and the guard
         // after it lie inside the mapping.
         let base = map.cast::<u8>().wrapping_add(base - start);
-        let mut mapped = Mapped {
+        let mapped = Mapped {
             map,
             map_len,
             base,
             size: 0,
             reserved,
+            guard,
+            spare: None,
         };
         if reserved > 0 {
             // Advice only: EINVAL where transparent huge pages are not built
@@ -130,8 +191,34 @@ impl Mapped {
             // SAFETY: inside our own mapping; no data is discarded.
             let _ = unsafe { rustix::mm::madvise(base.cast(), reserved, Advice::LinuxHugepage) };
         }
-        mapped.grow_to(minimum).map_err(|_| too_large)?;
         Ok(mapped)
+    }
+
+    /// Zeroes what the memory's user could reach and makes it inaccessible
+    /// again: the first [`KEEP_RESIDENT`] bytes by writing zeros (the pages
+    /// stay), the rest handed back to the kernel (they come back zero).
+    fn reset(&mut self) -> rustix::io::Result<()> {
+        let keep = self.size.min(KEEP_RESIDENT);
+        // SAFETY: the memory's accessible bytes, which nobody uses any more
+        // (the memory is being dropped).
+        unsafe { std::ptr::write_bytes(self.base, 0, keep) };
+        if self.size > keep {
+            // SAFETY: inside our own mapping; discarding its contents is
+            // the point.
+            unsafe {
+                rustix::mm::madvise(
+                    self.base.wrapping_add(keep).cast(),
+                    self.size - keep,
+                    Advice::LinuxDontNeed,
+                )
+            }?;
+        }
+        if self.size > 0 {
+            // SAFETY: inside our own mapping.
+            unsafe { rustix::mm::mprotect(self.base.cast(), self.size, MprotectFlags::empty()) }?;
+        }
+        self.size = 0;
+        Ok(())
     }
 }
 
@@ -183,6 +270,25 @@ unsafe impl LinearMemory for Mapped {
 
 impl Drop for Mapped {
     fn drop(&mut self) {
+        if self.map.is_null() {
+            return;
+        }
+        if let Some(spare) = self.spare.take() {
+            if spare.has_room() && self.reset().is_ok() {
+                // The mapping moves into the spare list; this value no
+                // longer owns it.
+                spare.put(Mapped {
+                    map: std::mem::replace(&mut self.map, std::ptr::null_mut()),
+                    map_len: self.map_len,
+                    base: self.base,
+                    size: 0,
+                    reserved: self.reserved,
+                    guard: self.guard,
+                    spare: None,
+                });
+                return;
+            }
+        }
         // SAFETY: the whole mapping made in `new`, no longer used.
         let _ = unsafe { rustix::mm::munmap(self.map, self.map_len) };
     }
@@ -219,7 +325,7 @@ mod tests {
     #[test]
     fn a_memory_is_aligned_zeroed_grows_in_place_and_is_advised_huge() {
         let ty = MemoryType::new(1, None);
-        let mem = HugePageMemories
+        let mem = HugePageMemories::default()
             .new_memory(ty, 64 << 10, None, Some(64 << 20), 1 << 20)
             .unwrap();
         let mut mem = mem;
@@ -251,9 +357,61 @@ mod tests {
     }
 
     #[test]
+    fn a_dropped_memory_is_reused_zeroed_and_inaccessible_past_the_new_size() {
+        let creator = HugePageMemories::default();
+        let ty = MemoryType::new(1, None);
+        let layout = (Some(64 << 20), 1 << 20);
+        let mut first = creator
+            .new_memory(ty.clone(), 1 << 20, None, layout.0, layout.1)
+            .unwrap();
+        first.grow_to(8 << 20).unwrap();
+        let base = first.as_ptr();
+        // SAFETY: the first 8 MiB are accessible.
+        unsafe { std::slice::from_raw_parts_mut(base, 8 << 20) }.fill(0xab);
+        drop(first);
+        let mut second = creator
+            .new_memory(ty.clone(), 64 << 10, None, layout.0, layout.1)
+            .unwrap();
+        assert_eq!(second.as_ptr(), base, "the dropped mapping is reused");
+        assert_eq!(second.byte_size(), 64 << 10);
+        let past = vm_flags(base as usize + (64 << 10));
+        assert!(!past.contains("rd") && !past.contains("wr"), "{past}");
+        second.grow_to(8 << 20).unwrap();
+        // SAFETY: the first 8 MiB are accessible again.
+        let bytes = unsafe { std::slice::from_raw_parts(base, 8 << 20) };
+        assert!(bytes.iter().all(|b| *b == 0), "a reused memory is zero");
+        // Another layout does not take it.
+        let mut big = creator
+            .new_memory(ty, 64 << 10, None, Some(128 << 20), 1 << 20)
+            .unwrap();
+        assert_ne!(big.as_ptr(), base);
+        // Past KEEP_RESIDENT, a kept memory's bytes are handed back to the
+        // kernel; they read zero too.
+        let size = KEEP_RESIDENT + (8 << 20);
+        big.grow_to(size).unwrap();
+        let b = big.as_ptr();
+        // SAFETY: `size` bytes are accessible.
+        unsafe { std::slice::from_raw_parts_mut(b, size) }.fill(1);
+        drop(big);
+        let again = creator
+            .new_memory(
+                MemoryType::new(1, None),
+                size,
+                None,
+                Some(128 << 20),
+                1 << 20,
+            )
+            .unwrap();
+        assert_eq!(again.as_ptr(), b);
+        // SAFETY: `size` bytes are accessible.
+        let bytes = unsafe { std::slice::from_raw_parts(b, size) };
+        assert!(bytes.iter().all(|x| *x == 0), "a reused memory is zero");
+    }
+
+    #[test]
     fn shared_memories_are_refused_with_a_reason() {
         let shared = MemoryType::shared(1, 2);
-        let err = HugePageMemories
+        let err = HugePageMemories::default()
             .new_memory(shared, 64 << 10, Some(128 << 10), Some(1 << 20), 0)
             .err()
             .unwrap();
