@@ -555,12 +555,18 @@ async fn place_round(member: &Member, db: &Arc<Database>) -> Result<(), String> 
             }
         }
     }
-    // One flow at a time towards a node with fewer.
+    // One flow at a time towards a node with fewer: the one placed there
+    // longest ago (the lowest fence), so that a flow just put somewhere (by
+    // ADMIN MOVE_FLOW) stays where it was told.
     if moves.is_empty() {
         let most = load.iter().max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)));
         if let (Some((from, &hi)), Some(to)) = (most, least(&load)) {
             if hi > load[&to] + 1 {
-                if let Some(p) = mine.values().find(|p| &p.node == from) {
+                let oldest = mine
+                    .values()
+                    .filter(|p| &p.node == from)
+                    .min_by(|a, b| a.fence.cmp(&b.fence).then(a.flow.cmp(&b.flow)));
+                if let Some(p) = oldest {
                     moves.push((p.flow.clone(), to, Some(p.fence)));
                 }
             }
