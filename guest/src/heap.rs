@@ -8,8 +8,8 @@
 //! of the memory; `malloc` grows the memory by 64 KiB at a time, so most of
 //! a growing state was first touched in its last, partial range and got
 //! 4 KiB pages. Measured with the `backfill` bench (wasm, 1M rows, time
-//! order), huge pages cut push + tick + snapshot by about 15% (page faults
-//! and TLB misses). `malloc` itself is unchanged: the break still moves by
+//! order), huge pages cut push + tick + snapshot by about 10% (180 against
+//! 201 ms: page faults and TLB misses; guest/README.md has the figures). `malloc` itself is unchanged: the break still moves by
 //! exactly what it asks for, only the memory runs ahead of it.
 //!
 //! A memory limit that is not a multiple of 2 MiB may refuse the rounded

@@ -569,7 +569,7 @@ fn make_engine(config: &RuntimeConfig) -> Result<Engine, RuntimeError> {
     let mut wasm = Config::new();
     // Memories of our own making, on demand: wasmtime's layout with huge
     // pages (memory.rs). They take their data segments by copy, not as a
-    // copy-on-write image (the engine's are a few KiB).
+    // copy-on-write image (sandflow's engine has 400 KiB of them).
     #[cfg(target_os = "linux")]
     if config.pool.is_none() {
         wasm.with_host_memory(Arc::new(memory::HugePageMemories::default()))
