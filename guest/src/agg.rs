@@ -694,6 +694,17 @@ impl MultiSet {
         }
     }
 
+    /// The fewest bytes [`MultiSet::write`] writes for one multiset in
+    /// format `version`: an empty one is its shape word alone from format 4
+    /// on, two counts before (a list of multisets is checked against this
+    /// before anything is allocated, so it must not be more).
+    fn min_written(version: u32) -> usize {
+        match version {
+            0..=3 => 16,
+            _ => 8,
+        }
+    }
+
     /// Reads what [`MultiSet::write`] wrote into a snapshot of format
     /// `version` (before 4: a count and (value, multiplicity) pairs, then a
     /// count and the byte strings, always).
@@ -1178,7 +1189,7 @@ impl State {
                 check(s.len())?;
             }
             State::MinMax { sets, .. } | State::Sketch { sets, .. } | State::Stat { sets, .. } => {
-                let l = r.len(16)?;
+                let l = r.len(MultiSet::min_written(version))?;
                 let mut v = Vec::with_capacity(l);
                 for _ in 0..l {
                     v.push(MultiSet::read(r, version)?);
@@ -1187,7 +1198,7 @@ impl State {
                 check(sets.len())?;
             }
             State::Distinct { sets, n } => {
-                let l = r.len(16)?;
+                let l = r.len(MultiSet::min_written(version))?;
                 let mut v = Vec::with_capacity(l);
                 for _ in 0..l {
                     v.push(MultiSet::read(r, version)?);

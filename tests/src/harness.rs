@@ -49,14 +49,20 @@ pub struct Server {
     _tmp: Option<Arc<tempfile::TempDir>>,
 }
 
-/// A temporary data directory that outlives several server runs.
+/// A temporary data directory that outlives several server runs. With
+/// `SANDFLOW_TEST_KEEP_DATA=1` it is left on disk after the test (its path
+/// is printed), to look at what a failing run stored.
 pub fn temp_data_dir() -> Arc<tempfile::TempDir> {
-    Arc::new(
-        tempfile::Builder::new()
-            .prefix("sandflow-e2e-")
-            .tempdir()
-            .expect("tempdir"),
-    )
+    let keep = std::env::var_os("SANDFLOW_TEST_KEEP_DATA").is_some_and(|v| v == "1");
+    let dir = tempfile::Builder::new()
+        .prefix("sandflow-e2e-")
+        .disable_cleanup(keep)
+        .tempdir()
+        .expect("tempdir");
+    if keep {
+        eprintln!("data directory kept: {}", dir.path().display());
+    }
+    Arc::new(dir)
 }
 
 /// How to start a server.

@@ -17,7 +17,8 @@
 //! depend on timing). A failure names the seed and the round and shows the
 //! logs of the killed run and of the restarted one. To look at some flows
 //! alone, `SANDFLOW_CRASH_FLOWS=host_minute,minute_total` creates and checks
-//! only those (all four by default).
+//! only those (all four by default). `SANDFLOW_TEST_KEEP_DATA=1` leaves the
+//! data directory on disk to look at what was stored.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
