@@ -1312,6 +1312,11 @@ fn key_hash(key: &[u8]) -> u32 {
     }
 }
 
+/// Slots of [`AggOp::lookup`]'s cache of a chunk's keys (a power of two):
+/// 32 KiB, and a chunk of a table read in time order holds a few thousand
+/// distinct keys.
+const RECENT: usize = 4096;
+
 /// In [`AggOp::lookup`]'s hashes, a row whose key is the row before's.
 const REPEAT: u32 = u32::MAX;
 
@@ -1724,6 +1729,9 @@ pub(crate) struct AggOp {
     expire_ms: Option<i64>,
     /// Scratch: each row's key hash in a lookup.
     key_hashes: Vec<u32>,
+    /// Scratch: [`RECENT`] slots of (key hash, row) of the chunk being
+    /// looked up (see [`AggOp::lookup`]).
+    recent: Vec<(u32, u32)>,
     gids: Vec<u32>,
 }
 
@@ -1798,6 +1806,7 @@ impl AggOp {
             time_key,
             expire_ms,
             key_hashes: Vec::new(),
+            recent: Vec::new(),
             gids: Vec::new(),
         };
         op.old = op
@@ -2025,7 +2034,15 @@ impl AggOp {
                 // runs of a group: a back-fill read by series and time) is
                 // marked with `REPEAT` and takes that row's group, without
                 // hashing or probing: a word compare of bytes just read.
+                // A row whose key an earlier row of the chunk had (rows in
+                // time order: each series' rows of one minute, a few
+                // seconds apart) finds that row's group in `recent`, slots
+                // by key hash of the chunk's rows, in memory just touched,
+                // instead of probing the table (a cache miss or more).
                 let enc = Encoded::new(keys, &self.key_types, n);
+                let mut recent = std::mem::take(&mut self.recent);
+                recent.clear();
+                recent.resize(RECENT, (0, u32::MAX));
                 let mut hashes = std::mem::take(&mut self.key_hashes);
                 hashes.clear();
                 hashes.reserve(n);
@@ -2049,6 +2066,16 @@ impl AggOp {
                     }
                     let key = enc.row(i);
                     let h = if h == REPEAT { key_hash(key) } else { h };
+                    let slot = h as usize & (RECENT - 1);
+                    if let Some(&(sh, row)) = recent.get(slot) {
+                        if sh == h && row != u32::MAX && same_bytes(enc.row(row as usize), key) {
+                            // Touched when that row was looked up.
+                            if let Some(&g) = gids.get(row as usize) {
+                                gids.push(g);
+                                continue;
+                            }
+                        }
+                    }
                     let found = match &self.keys {
                         Keys::Encoded(table) => table.get_hashed(key, h),
                         _ => None,
@@ -2066,9 +2093,13 @@ impl AggOp {
                     if !self.mark.get(g as usize).copied().unwrap_or(true) {
                         self.touch(g);
                     }
+                    if let Some(r) = recent.get_mut(slot) {
+                        *r = (h, i as u32);
+                    }
                     gids.push(g);
                 }
                 self.key_hashes = hashes;
+                self.recent = recent;
             }
         }
         self.gids = gids;

@@ -1150,6 +1150,47 @@ mod tests {
         Ok(())
     }
 
+    /// Rows of many keys interleaved in one chunk (as a table keyed by time first is read),
+    /// more distinct keys than `lookup`'s cache of the chunk's keys has slots, so that keys
+    /// share slots: the same result as the same rows one key after the other.
+    #[test]
+    fn interleaved_keys_in_a_chunk_give_what_runs_of_keys_give() -> Result<(), FlowError> {
+        let old = Flow::restore(include_bytes!("../testdata/snapshot-v2-rollup.bin"))?;
+        let keys = 6000usize;
+        let batch = |order: &[(usize, usize)]| {
+            let mut k = Column::default();
+            k.offsets.push(0);
+            let (mut ts, mut v) = (Column::default(), Column::default());
+            for &(key, i) in order {
+                k.bytes.extend_from_slice(format!("key-{key}").as_bytes());
+                k.offsets.push(k.bytes.len() as u32);
+                ts.ints.push(1_767_225_630_000 + 10_000 * i as i64);
+                v.floats.push(((key * 7 + i) % 13) as f64);
+            }
+            Batch {
+                rows: order.len() as u32,
+                columns: vec![k, ts, v],
+                times: vec![0],
+                diffs: vec![1],
+            }
+        };
+        let by_time: Vec<(usize, usize)> = (0..4)
+            .flat_map(|i| (0..keys).map(move |key| (key, i)))
+            .collect();
+        let mut by_key = by_time.clone();
+        by_key.sort();
+        let mut outputs = Vec::new();
+        for order in [&by_time, &by_key] {
+            let mut f = Flow::create(&old.plan, old.sources.clone(), vec![])?;
+            f.push(0, batch(order))?;
+            outputs.push(sorted(&mut f, 1)?);
+        }
+        // Four rows per key, at 30, 40, 50 s and the next minute: two groups each.
+        assert_eq!(outputs[0].len(), 2 * keys);
+        assert_eq!(outputs[0], outputs[1]);
+        Ok(())
+    }
+
     /// A group whose rows were all deleted keeps an empty min/max multiset, which format 4
     /// writes in one word: a snapshot of a rollup with mostly such groups is shorter than 16
     /// bytes per multiset, and must still restore (it was refused as truncated).
