@@ -1538,6 +1538,32 @@ impl Encoded {
                 }
                 continue;
             }
+            // A column of numbers without NULLs (a binned time beside a
+            // string key): each value written as it is, no per-row match.
+            let put = |bytes: &mut [u8], a: &mut u32, x: u64| {
+                let start = *a as usize;
+                if let Some(dst) = bytes.get_mut(start..start + 9) {
+                    dst[0] = 1;
+                    dst[1..].copy_from_slice(&x.to_le_bytes());
+                }
+                *a += 9;
+            };
+            match dense(c, t.storage(), rows) {
+                Some(Storage::Ints) => {
+                    for (a, x) in at.iter_mut().zip(&c.ints) {
+                        put(&mut bytes, a, *x as u64);
+                    }
+                    continue;
+                }
+                Some(Storage::Floats) => {
+                    for (a, f) in at.iter_mut().zip(&c.floats) {
+                        let f = if f.is_nan() { f64::NAN } else { f + 0.0 };
+                        put(&mut bytes, a, f.to_bits());
+                    }
+                    continue;
+                }
+                _ => {}
+            }
             for (i, a) in at.iter_mut().enumerate() {
                 let start = *a as usize;
                 let (tag, value): (u8, &[u8]) = match get(c, t.storage(), i) {
