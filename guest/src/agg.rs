@@ -18,14 +18,24 @@ fn int_fits(t: DataType, v: i64) -> bool {
     t.wrap_int(v) == v
 }
 
+/// A float's bits in the one form keys and multisets hold: every NaN as
+/// the one NaN, -0.0 as 0.0 (equal values, equal bytes).
+#[inline]
+fn canonical_bits(f: f64) -> u64 {
+    if f.is_nan() {
+        f64::NAN.to_bits()
+    } else {
+        (f + 0.0).to_bits()
+    }
+}
+
 /// Maps a value to an i64 whose signed order is the SQL order of the value's type.
 pub(crate) fn ord_key(v: S<'_>, t: DataType) -> Option<i64> {
     match v {
         S::I(x) if t == DataType::UInt64 => Some(x ^ i64::MIN),
         S::I(x) => Some(x),
         S::F(f) => {
-            let f = if f.is_nan() { f64::NAN } else { f + 0.0 };
-            let b = f.to_bits();
+            let b = canonical_bits(f);
             let u = if b >> 63 == 1 { !b } else { b | (1 << 63) };
             Some((u ^ (1 << 63)) as i64)
         }
@@ -1427,8 +1437,7 @@ pub(crate) fn encode_row(
             }
             S::F(f) => {
                 buf.push(1);
-                let f = if f.is_nan() { f64::NAN } else { f + 0.0 };
-                buf.extend_from_slice(&f.to_bits().to_le_bytes());
+                buf.extend_from_slice(&canonical_bits(f).to_le_bytes());
             }
             S::B(b) => {
                 buf.push(1);
@@ -1500,10 +1509,9 @@ impl Encoded {
                 let rows_of = bytes.chunks_exact_mut(w.max(1));
                 if t.storage() == Storage::Floats {
                     for (r, f) in rows_of.zip(&c.floats) {
-                        let f = if f.is_nan() { f64::NAN } else { f + 0.0 };
                         if let Some(d) = r.get_mut(o..o + 9) {
                             d[0] = 1;
-                            d[1..].copy_from_slice(&f.to_bits().to_le_bytes());
+                            d[1..].copy_from_slice(&canonical_bits(*f).to_le_bytes());
                         }
                     }
                 } else {
@@ -1557,8 +1565,7 @@ impl Encoded {
                 }
                 Some(Storage::Floats) => {
                     for (a, f) in at.iter_mut().zip(&c.floats) {
-                        let f = if f.is_nan() { f64::NAN } else { f + 0.0 };
-                        put(&mut bytes, a, f.to_bits());
+                        put(&mut bytes, a, canonical_bits(*f));
                     }
                     continue;
                 }
@@ -1577,7 +1584,7 @@ impl Encoded {
                     }
                     v => {
                         let x = match v {
-                            S::F(f) => if f.is_nan() { f64::NAN } else { f + 0.0 }.to_bits(),
+                            S::F(f) => canonical_bits(f),
                             S::I(x) => x as u64,
                             _ => 0,
                         };
@@ -1700,9 +1707,8 @@ pub(crate) fn check_key(mut b: &[u8], types: &[DataType], nullable: &[bool]) -> 
                 if t.storage() == Storage::Ints && !int_fits(*t, x) {
                     return Err(format!("group key {ci} holds {x}, out of range for {t}"));
                 }
-                let f = f64::from_bits(x as u64);
-                let canonical = if f.is_nan() { f64::NAN } else { f + 0.0 };
-                if t.storage() == Storage::Floats && canonical.to_bits() != f.to_bits() {
+                let bits = x as u64;
+                if t.storage() == Storage::Floats && canonical_bits(f64::from_bits(bits)) != bits {
                     return Err(format!("group key {ci} is a non-canonical float"));
                 }
             }
