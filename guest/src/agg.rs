@@ -1322,9 +1322,10 @@ fn key_hash(key: &[u8]) -> u32 {
     }
 }
 
-/// Slots of [`AggOp::lookup`]'s cache of a chunk's keys (a power of two):
-/// 32 KiB, and a chunk of a table read in time order holds a few thousand
-/// distinct keys.
+/// Most slots of [`AggOp::lookup`]'s cache of a chunk's keys (a power of
+/// two): 32 KiB, and a chunk of a table read in time order holds a few
+/// thousand distinct keys. A smaller chunk gets the power of two at or
+/// above its rows, so that a live tick of a few rows clears a few slots.
 const RECENT: usize = 4096;
 
 /// In [`AggOp::lookup`]'s hashes, a row whose key is the row before's.
@@ -1761,8 +1762,8 @@ pub(crate) struct AggOp {
     expire_ms: Option<i64>,
     /// Scratch: each row's key hash in a lookup.
     key_hashes: Vec<u32>,
-    /// Scratch: [`RECENT`] slots of (key hash, row) of the chunk being
-    /// looked up (see [`AggOp::lookup`]).
+    /// Scratch: up to [`RECENT`] slots of (key hash, row) of the chunk
+    /// being looked up (see [`AggOp::lookup`]).
     recent: Vec<(u32, u32)>,
     gids: Vec<u32>,
 }
@@ -2074,7 +2075,8 @@ impl AggOp {
                 let enc = Encoded::new(keys, &self.key_types, n);
                 let mut recent = std::mem::take(&mut self.recent);
                 recent.clear();
-                recent.resize(RECENT, (0, u32::MAX));
+                recent.resize(n.next_power_of_two().min(RECENT), (0, u32::MAX));
+                let mask = recent.len() - 1;
                 let mut hashes = std::mem::take(&mut self.key_hashes);
                 hashes.clear();
                 hashes.reserve(n);
@@ -2098,7 +2100,7 @@ impl AggOp {
                     }
                     let key = enc.row(i);
                     let h = if h == REPEAT { key_hash(key) } else { h };
-                    let slot = h as usize & (RECENT - 1);
+                    let slot = h as usize & mask;
                     if let Some(&(sh, row)) = recent.get(slot) {
                         if sh == h && row != u32::MAX && same_bytes(enc.row(row as usize), key) {
                             // Touched when that row was looked up.

@@ -1185,9 +1185,20 @@ mod tests {
             f.push(0, batch(order))?;
             outputs.push(sorted(&mut f, 1)?);
         }
+        // Small chunks get a cache of their own size: 12 rows, three keys
+        // interleaved, in 16 slots.
+        let mut f = Flow::create(&old.plan, old.sources.clone(), vec![])?;
+        for block in 0..keys / 3 {
+            let part: Vec<(usize, usize)> = (0..4)
+                .flat_map(|i| (0..3).map(move |j| (block * 3 + j, i)))
+                .collect();
+            f.push(0, batch(&part))?;
+        }
+        outputs.push(sorted(&mut f, 1)?);
         // Four rows per key, at 30, 40, 50 s and the next minute: two groups each.
         assert_eq!(outputs[0].len(), 2 * keys);
         assert_eq!(outputs[0], outputs[1]);
+        assert_eq!(outputs[0], outputs[2]);
         Ok(())
     }
 
