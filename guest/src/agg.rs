@@ -34,13 +34,17 @@ pub(crate) fn ord_key(v: S<'_>, t: DataType) -> Option<i64> {
     match v {
         S::I(x) if t == DataType::UInt64 => Some(x ^ i64::MIN),
         S::I(x) => Some(x),
-        S::F(f) => {
-            let b = canonical_bits(f);
-            let u = if b >> 63 == 1 { !b } else { b | (1 << 63) };
-            Some((u ^ (1 << 63)) as i64)
-        }
+        S::F(f) => Some(float_ord_key(f)),
         _ => None,
     }
+}
+
+/// [`ord_key`] of a float: its canonical bits, ordered as the floats are.
+#[inline]
+fn float_ord_key(f: f64) -> i64 {
+    let b = canonical_bits(f);
+    let u = if b >> 63 == 1 { !b } else { b | (1 << 63) };
+    (u ^ (1 << 63)) as i64
 }
 
 fn from_ord_key(k: i64, t: DataType) -> Out {
@@ -2724,6 +2728,17 @@ fn scatter_diffs(v: &mut [i64], gids: &[u32], diffs: &Diffs) {
     }
 }
 
+/// The [`ord_key`] of each of the first `n` values of `a`, a column of
+/// type `t` holding numbers without NULLs.
+#[inline(never)]
+fn ord_keys(a: &Column, t: DataType, n: usize) -> Vec<i64> {
+    match t.storage() {
+        Storage::Floats => a.floats.iter().take(n).map(|&f| float_ord_key(f)).collect(),
+        _ if t == DataType::UInt64 => a.ints.iter().take(n).map(|&x| x ^ i64::MIN).collect(),
+        _ => a.ints.iter().take(n).copied().collect(),
+    }
+}
+
 /// `v[g[i]] += d` for every row, unrolled like [`scatter_add`].
 #[inline(never)]
 fn scatter_add_const(v: &mut [i64], gids: &[u32], d: i64) {
@@ -2831,9 +2846,41 @@ fn update(
             _ => {}
         }
     }
+    let t = at.unwrap_or(DataType::Int64);
+    if simple {
+        if let State::MinMax { sets, .. } = state {
+            // Numbers without NULLs or a filter: every row's value goes in,
+            // its order key computed in a loop of its own.
+            let n = gids.len();
+            let dense = match t.storage() {
+                Storage::Floats => a.floats.len() >= n,
+                Storage::Ints => a.ints.len() >= n,
+                Storage::Bytes => false,
+            };
+            if dense {
+                let keys = ord_keys(a, t, n);
+                match diffs {
+                    Diffs::All(d) => {
+                        for (g, &k) in gids.iter().zip(&keys) {
+                            if let Some(ms) = sets.get_mut(*g as usize) {
+                                ms.add_int(k, *d);
+                            }
+                        }
+                    }
+                    Diffs::Each(ds) => {
+                        for ((g, &k), d) in gids.iter().zip(&keys).zip(ds) {
+                            if let Some(ms) = sets.get_mut(*g as usize) {
+                                ms.add_int(k, *d);
+                            }
+                        }
+                    }
+                }
+                return Ok(());
+            }
+        }
+    }
     let diffs = diffs.each(gids.len());
     let diffs: &[i64] = &diffs;
-    let t = at.unwrap_or(DataType::Int64);
     let keep = |i: usize| -> bool {
         filter.is_none_or(|f| !f.is_null(i) && f.ints.get(i).copied().unwrap_or(0) != 0)
     };

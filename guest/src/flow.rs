@@ -1202,6 +1202,84 @@ mod tests {
         Ok(())
     }
 
+    /// min/max of numbers without NULLs take their own loop (`ord_keys`); a column with a NULL
+    /// takes the general one. Both give the same groups, for signed zeros, NaN, infinities and
+    /// retractions, with one diff for all rows and one per row.
+    #[test]
+    fn min_max_of_numbers_without_nulls_is_what_the_general_path_gives() -> Result<(), FlowError> {
+        let old = Flow::restore(include_bytes!("../testdata/snapshot-v2-rollup.bin"))?;
+        let values = [
+            -0.0,
+            0.0,
+            f64::NAN,
+            -2.5,
+            7.0,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            1e300,
+        ];
+        // (key, value index, diff) rows, and whether a NULL row of a key of its own comes last.
+        let batch = |rows: &[(usize, usize, i64)], null: bool| {
+            let mut k = Column::default();
+            k.offsets.push(0);
+            let (mut ts, mut v) = (Column::default(), Column::default());
+            for &(key, i, _) in rows {
+                k.bytes.extend_from_slice(format!("key-{key}").as_bytes());
+                k.offsets.push(k.bytes.len() as u32);
+                ts.ints.push(1_767_225_600_000 + 1_000 * i as i64);
+                v.floats.push(values[i % values.len()]);
+            }
+            let mut diffs: Vec<i64> = rows.iter().map(|r| r.2).collect();
+            if null {
+                k.bytes.extend_from_slice(b"null-key");
+                k.offsets.push(k.bytes.len() as u32);
+                ts.ints.push(1_767_225_600_000);
+                v.floats.push(0.0);
+                v.nulls = vec![0; rows.len()];
+                v.nulls.push(1);
+                diffs.push(1);
+            }
+            let n = k.offsets.len() - 1;
+            if diffs.iter().all(|d| *d == 1) {
+                diffs = vec![1];
+            }
+            Batch {
+                rows: n as u32,
+                columns: vec![k, ts, v],
+                times: vec![0],
+                diffs,
+            }
+        };
+        let inserts: Vec<(usize, usize, i64)> = (0..40)
+            .flat_map(|key| (0..values.len()).map(move |i| (key, i + key, 1)))
+            .collect();
+        // Retract some values again, among new ones: one diff per row.
+        let mixed: Vec<(usize, usize, i64)> = (0..40)
+            .flat_map(|key| [(key, key, -1), (key, key + 3, -1), (key, key + 5, 1)])
+            .collect();
+        let mut outputs = Vec::new();
+        for null in [false, true] {
+            let mut f = Flow::create(&old.plan, old.sources.clone(), vec![])?;
+            f.push(0, batch(&inserts, null))?;
+            let first = sorted(&mut f, 1)?;
+            f.push(0, batch(&mixed, null))?;
+            let second = sorted(&mut f, 2)?;
+            let no_null_key = |rows: Vec<(Vec<crate::types::Value>, i64, i64)>| {
+                rows.into_iter()
+                    .filter(|r| !format!("{:?}", r.0).contains("null-key"))
+                    .collect::<Vec<_>>()
+            };
+            outputs.push((no_null_key(first), no_null_key(second)));
+        }
+        assert_eq!(outputs[0].0.len(), 40, "one group per key");
+        assert!(
+            outputs[0].1.iter().any(|r| r.2 < 0),
+            "retractions change groups"
+        );
+        assert_eq!(format!("{:?}", outputs[0]), format!("{:?}", outputs[1]));
+        Ok(())
+    }
+
     /// A group whose rows were all deleted keeps an empty min/max multiset, which format 4
     /// writes in one word: a snapshot of a rollup with mostly such groups is shorter than 16
     /// bytes per multiset, and must still restore (it was refused as truncated).
