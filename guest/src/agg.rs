@@ -2852,27 +2852,11 @@ fn update(
             // Numbers without NULLs or a filter: every row's value goes in,
             // its order key computed in a loop of its own.
             let n = gids.len();
-            let dense = match t.storage() {
-                Storage::Floats => a.floats.len() >= n,
-                Storage::Ints => a.ints.len() >= n,
-                Storage::Bytes => false,
-            };
-            if dense {
+            if dense(a, t.storage(), n).is_some_and(|s| s != Storage::Bytes) {
                 let keys = ord_keys(a, t, n);
-                match diffs {
-                    Diffs::All(d) => {
-                        for (g, &k) in gids.iter().zip(&keys) {
-                            if let Some(ms) = sets.get_mut(*g as usize) {
-                                ms.add_int(k, *d);
-                            }
-                        }
-                    }
-                    Diffs::Each(ds) => {
-                        for ((g, &k), d) in gids.iter().zip(&keys).zip(ds) {
-                            if let Some(ms) = sets.get_mut(*g as usize) {
-                                ms.add_int(k, *d);
-                            }
-                        }
+                for (i, (g, &k)) in gids.iter().zip(&keys).enumerate() {
+                    if let Some(ms) = sets.get_mut(*g as usize) {
+                        ms.add_int(k, diffs.get(i));
                     }
                 }
                 return Ok(());
