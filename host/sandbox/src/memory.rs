@@ -100,9 +100,7 @@ impl Spare {
     /// A kept memory of this layout, if there is one.
     fn take(&self, reserved: usize, guard: usize) -> Option<Mapped> {
         let mut maps = self.maps.lock().ok()?;
-        let at = maps
-            .iter()
-            .position(|m| m.reserved == reserved && m.guard == guard)?;
+        let at = maps.iter().position(|m| m.has_layout(reserved, guard))?;
         Some(maps.swap_remove(at))
     }
 
@@ -112,10 +110,9 @@ impl Spare {
 
     /// Whether a memory of this layout is kept.
     fn holds(&self, reserved: usize, guard: usize) -> bool {
-        self.maps.lock().is_ok_and(|maps| {
-            maps.iter()
-                .any(|m| m.reserved == reserved && m.guard == guard)
-        })
+        self.maps
+            .lock()
+            .is_ok_and(|maps| maps.iter().any(|m| m.has_layout(reserved, guard)))
     }
 
     /// Keeps `m` (dropped instead when there is no room left).
@@ -298,6 +295,12 @@ impl Mapped {
             let _ = unsafe { rustix::mm::madvise(base.cast(), reserved, Advice::LinuxHugepage) };
         }
         Ok(mapped)
+    }
+
+    /// Whether this mapping has the layout a memory of `reserved` bytes
+    /// with `guard` bytes of guard asks for.
+    fn has_layout(&self, reserved: usize, guard: usize) -> bool {
+        self.reserved == reserved && self.guard == guard
     }
 
     /// A new mapping whose first `resident` bytes (at most the reservation)
