@@ -35,8 +35,8 @@ use super::compile::{compile, named_tables, CompiledFlow};
 use super::driver::{Driver, Slot};
 use super::options::{format_interval, parse_interval, parse_options, FlowOptions};
 use super::ports::{
-    legacy_pos_key, legacy_state_key, snapshot_key, written_key, MetaStore, NativeGuest,
-    SandboxGuest, SandboxWaker, StoreLog, StoreSink, DEF_PREFIX,
+    legacy_pos_key, legacy_state_key, snapshot_key, tables_key, written_key, MetaStore,
+    NativeGuest, SandboxGuest, SandboxWaker, StoreLog, StoreSink, DEF_PREFIX,
 };
 use super::recording::{self, RecordingState};
 use super::sink;
@@ -50,6 +50,7 @@ use crate::error::{
     UnsupportedSnafu,
 };
 use crate::runtime::{Digest, FlowLimits, RuntimeConfig, RuntimeError, Sandbox};
+use crate::schema::TableId;
 use crate::sql::parser::{CreateFlow, TableName};
 use crate::sql::provider::blocking;
 use crate::storage::{LogReader, MetaWrite, WriteSet};
@@ -700,12 +701,7 @@ impl FlowManager {
                 continue;
             }
             let role = if reads { "source" } else { "sink" };
-            let message = format!(
-                "{role} table '{}' was dropped; drop the flow with DROP FLOW {}, or create the \
-                 table again and run CREATE OR REPLACE FLOW",
-                table.qualified_name(),
-                h.def.name
-            );
+            let message = dropped_message(role, &table.qualified_name(), &h.def.name);
             warn!(flow = %h.def.name, "flow stopped: its {role} table {} was dropped", table.qualified_name());
             self.stop_failed(core, &h, message, true);
         }
@@ -1002,7 +998,13 @@ impl FlowManager {
                 continue;
             }
             let recovery = load_recovery(core, &name, def.sources.len())?;
-            let prepared = if def.paused {
+            // A flow whose tables were dropped (and maybe created again)
+            // while it was stopped stays failed: its state and sink rows
+            // belong to the tables that are gone.
+            let stale = stale_tables(core, &def)?;
+            let prepared = if let Some(why) = &stale {
+                Err(Some(flow_err(why.clone())))
+            } else if def.paused {
                 Err(None)
             } else {
                 match self.prepare(core, ctx, &def, recovery.as_ref()).await {
@@ -1059,7 +1061,7 @@ impl FlowManager {
                     let source_ids = sources.iter().map(|t| t.id()).collect();
                     let recording = Arc::new(RecordingState::load(&core.store, &name)?);
                     let readers = match (&recovery, sources.len() == def.sources.len()) {
-                        (Some(r), true) => {
+                        (Some(r), true) if stale.is_none() => {
                             let floor = log_floor(&r.positions, &recording);
                             core.store
                                 .follow(&sources, Some(&floor), false, &mut |_| Box::new(|_| {}))?
@@ -1068,7 +1070,10 @@ impl FlowManager {
                         _ => Vec::new(),
                     };
                     let status = Arc::new(Mutex::new(FlowStatus {
-                        error: e.map(|e| format!("cannot start after restart: {e}")),
+                        error: match (&stale, e) {
+                            (Some(why), _) => Some(why.clone()),
+                            (None, e) => e.map(|e| format!("cannot start after restart: {e}")),
+                        },
                         ..Default::default()
                     }));
                     self.register_metrics(core, &name, &status);
@@ -1256,8 +1261,10 @@ impl FlowManager {
             self.halt(old);
         }
         let (c, committed_def, plan) = (core.clone(), def.clone(), prepared.sink.clone());
+        let source_ids = prepared.sources.iter().map(|t| t.id()).collect();
         let committed =
-            blocking(move || commit_definition(&c, &committed_def, json, next, plan)).await;
+            blocking(move || commit_definition(&c, &committed_def, json, next, plan, source_ids))
+                .await;
         let sink = match committed {
             Ok(sink) => sink,
             Err(e) => {
@@ -1565,6 +1572,12 @@ impl FlowManager {
             return Ok(false);
         }
         let mut def = handle.def.clone();
+        if let Some(why) = stale_tables(core, &def)? {
+            return Err(flow_err(format!(
+                "flow '{}' cannot resume: {why}",
+                def.name
+            )));
+        }
         let was_paused = def.paused;
         def.paused = false;
         let recovery = load_recovery(core, &def.name, def.sources.len())?;
@@ -2015,8 +2028,9 @@ impl FlowManager {
     }
 
     /// The sink of a flow whose definition is already stored (a restart):
-    /// the table, created now if it is missing (it was dropped while the
-    /// flow could not run).
+    /// the table, created now if it is missing. Only a flow stored before
+    /// its tables were recorded gets here without its sink: for the others
+    /// a dropped sink fails the flow first (see [`stale_tables`]).
     async fn ensure_sink(
         &self,
         core: &Arc<Core>,
@@ -2333,10 +2347,90 @@ fn log_floor(snapshot: &[Position], recording: &RecordingState) -> Vec<Position>
 
 /// The metadata keys of a flow's run (snapshot, written positions, in both
 /// formats), deleted with the flow or when it is replaced.
+/// Why a flow whose `role` table `table` was dropped is failed, and what
+/// repairs it.
+fn dropped_message(role: &str, table: &str, flow: &str) -> String {
+    format!(
+        "{role} table '{table}' was dropped; drop the flow with DROP FLOW {flow}, or create the \
+         table again and run CREATE OR REPLACE FLOW"
+    )
+}
+
+/// The tables a flow was built from, stored with its definition
+/// (`flow/tables/<name>`): its state and its sink's rows belong to them.
+#[derive(Debug, Serialize, Deserialize)]
+struct BoundTables {
+    /// In the definition's source order.
+    sources: Vec<TableId>,
+    sink: TableId,
+}
+
+impl BoundTables {
+    fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+/// Why `def`'s flow must not run from its stored state: a source or its
+/// sink is not the table the flow was built from (dropped, or dropped and
+/// created again under the same name). `None` when they are the same, or
+/// for a flow stored before the tables were recorded.
+fn stale_tables(core: &Core, def: &FlowDef) -> Result<Option<String>> {
+    if def.pending {
+        return Ok(None);
+    }
+    let Some(bytes) = core.store.get_meta(&tables_key(&def.name))? else {
+        return Ok(None);
+    };
+    let Ok(bound) = serde_json::from_slice::<BoundTables>(&bytes) else {
+        warn!(flow = %def.name, "unreadable record of the flow's tables; not checked");
+        return Ok(None);
+    };
+    if bound.sources.len() != def.sources.len() {
+        return Ok(None);
+    }
+    let tables = def
+        .sources
+        .iter()
+        .zip(&bound.sources)
+        .map(|((d, t), id)| ("source", d, t, *id))
+        .chain(std::iter::once((
+            "sink",
+            &def.sink_database,
+            &def.sink_table,
+            bound.sink,
+        )));
+    for (role, database, table, id) in tables {
+        // As DROP TABLE's failure names it.
+        let shown = format!("{database}.{table}");
+        match core.catalog.table(database, table)? {
+            None => {
+                return Ok(Some(format!(
+                    "{role} table '{shown}' no longer exists (dropped or renamed); drop the flow \
+                     with DROP FLOW {}, or create the table again and run CREATE OR REPLACE FLOW",
+                    def.name
+                )))
+            }
+            Some(now) if now.id() != id => {
+                return Ok(Some(format!(
+                    "{role} table '{shown}' was dropped and created again since flow '{}' was \
+                     built: its state and its sink's rows belong to the dropped table; run \
+                     CREATE OR REPLACE FLOW to rebuild it from the table there is now, or DROP \
+                     FLOW {}",
+                    def.name, def.name
+                )))
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(None)
+}
+
 fn run_keys(name: &str) -> Vec<String> {
     vec![
         snapshot_key(name),
         written_key(name),
+        tables_key(name),
         legacy_state_key(name),
         legacy_pos_key(name),
     ]
@@ -2450,6 +2544,7 @@ fn commit_definition(
     json: Vec<u8>,
     next_id: u32,
     plan: SinkPlan,
+    sources: Vec<TableId>,
 ) -> Result<Arc<Table>> {
     let mut ddl = core.catalog.begin_ddl()?;
     let current = ddl.table(&def.sink_database, &def.sink_table)?;
@@ -2479,6 +2574,12 @@ fn commit_definition(
     for key in run_keys(&def.name) {
         set.delete_meta(key);
     }
+    // After the deletes above: this run's tables replace any before.
+    let bound = BoundTables {
+        sources,
+        sink: sink.id(),
+    };
+    set.put_meta(tables_key(&def.name), bound.encode());
     for key in recording::stored_keys(&core.store, &def.name)? {
         set.delete_meta(key);
     }

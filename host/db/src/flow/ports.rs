@@ -84,6 +84,12 @@ pub(crate) fn written_key(name: &str) -> String {
     format!("flow/written/{name}")
 }
 
+/// The ids of the tables a flow was built from (sources in guest order,
+/// then the sink), stored with its definition.
+pub(crate) fn tables_key(name: &str) -> String {
+    format!("flow/tables/{name}")
+}
+
 /// Keys of the format before per-source positions (one commit sequence):
 /// read at start, deleted with the flow.
 pub(crate) fn legacy_state_key(name: &str) -> String {
