@@ -111,12 +111,14 @@ pub(crate) enum Func {
         re: Pattern,
         negated: bool,
     },
-    /// `args[0] op now() + offset_ns`, now() being the tick time: a temporal filter. Never
-    /// evaluated as an expression: `plan.rs` takes it out of a WHERE into the temporal
-    /// operator (`temporal.rs`), and refuses it anywhere else.
+    /// `args[0] op now() + offset_ns`, now() being the tick time (truncated to a multiple of
+    /// `trunc_ns` since the epoch when that is over 1, as `date_trunc('minute', now())`
+    /// gives): a temporal filter. Never evaluated as an expression: `plan.rs` takes it out of
+    /// a WHERE into the temporal operator (`temporal.rs`), and refuses it anywhere else.
     NowCmp {
         op: Cmp,
         offset_ns: i64,
+        trunc_ns: i64,
     },
 }
 

@@ -342,12 +342,25 @@ fn push_filter(e: Expr, ops: &mut Vec<OpSpec>) -> Result<(), FlowError> {
     let mut rest = Vec::new();
     for p in parts {
         match p {
-            Expr::Call(Func::NowCmp { op, offset_ns }, args, _) => {
+            Expr::Call(
+                Func::NowCmp {
+                    op,
+                    offset_ns,
+                    trunc_ns,
+                },
+                args,
+                _,
+            ) => {
                 let x = args
                     .into_iter()
                     .next()
                     .ok_or_else(|| bad("a comparison with now() without its operand"))?;
-                bounds.push(crate::temporal::Bound { x, op, offset_ns });
+                bounds.push(crate::temporal::Bound {
+                    x,
+                    op,
+                    offset_ns,
+                    trunc_ns,
+                });
             }
             other if has_now(&other) => {
                 return Err(unsupported(
@@ -1695,8 +1708,24 @@ fn lower_call(
             },
             _ => return Err(bad("flow_now_cmp needs a constant comparison")),
         };
+        // The fourth argument, when there: now() truncated to multiples of it (ns).
+        let trunc_ns = match raw.get(3) {
+            Some(r) => match lower_expr(r, schema, ctx)?.0 {
+                Expr::Lit(Lit::Int(v), _) if v >= 1 => v,
+                _ => return Err(bad("flow_now_cmp needs a positive constant truncation")),
+            },
+            None => 1,
+        };
         return Ok((
-            Expr::Call(Func::NowCmp { op, offset_ns }, vec![x], DataType::Boolean),
+            Expr::Call(
+                Func::NowCmp {
+                    op,
+                    offset_ns,
+                    trunc_ns,
+                },
+                vec![x],
+                DataType::Boolean,
+            ),
             true,
         ));
     }

@@ -24,12 +24,14 @@ use crate::hash::FxHashMap;
 use crate::join::decode_into;
 use crate::types::{bad, Column, DataType, FlowError};
 
-/// One condition: `x op now() + offset_ns`.
+/// One condition: `x op trunc(now()) + offset_ns`, where `trunc` rounds down to a multiple of
+/// `trunc_ns` since the epoch (1: now() itself).
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Bound {
     pub x: Expr,
     pub op: Cmp,
     pub offset_ns: i64,
+    pub trunc_ns: i64,
 }
 
 pub(crate) struct TemporalOp {
@@ -70,25 +72,26 @@ impl TemporalOp {
                     continue;
                 }
                 let x = v.ints.get(i).copied().unwrap_or(0) as i128 * unit;
-                // x op now + offset  <=>  now op' t, with now in ms.
+                // x op trunc(now) + offset  <=>  trunc(now) op t. With u the truncation,
+                // trunc(now) < t while now < ceil_u(t); trunc(now) <= t while now <
+                // floor_u(t) + u. Then now in ms: now_ns < b  <=>  now < ceil(b / 1 ms), and
+                // now_ns >= b  <=>  now >= ceil(b / 1 ms).
                 let t = x - b.offset_ns as i128;
+                let u = i128::from(b.trunc_ns.max(1));
+                let floor = t.div_euclid(u) * u;
+                let ceil = floor + if t.rem_euclid(u) != 0 { u } else { 0 };
+                let ms = |b: i128| {
+                    clamp(b.div_euclid(NS_PER_MS) + (b.rem_euclid(NS_PER_MS) != 0) as i128)
+                };
                 match b.op {
-                    // now_ns < t
-                    Cmp::Gt => {
-                        *hi = (*hi).min(clamp(
-                            t.div_euclid(NS_PER_MS) + (t.rem_euclid(NS_PER_MS) != 0) as i128,
-                        ))
-                    }
-                    // now_ns <= t
-                    Cmp::Ge => *hi = (*hi).min(clamp(t.div_euclid(NS_PER_MS) + 1)),
-                    // now_ns > t
-                    Cmp::Lt => *lo = (*lo).max(clamp(t.div_euclid(NS_PER_MS) + 1)),
-                    // now_ns >= t
-                    Cmp::Le => {
-                        *lo = (*lo).max(clamp(
-                            t.div_euclid(NS_PER_MS) + (t.rem_euclid(NS_PER_MS) != 0) as i128,
-                        ))
-                    }
+                    // trunc(now) < t
+                    Cmp::Gt => *hi = (*hi).min(ms(ceil)),
+                    // trunc(now) <= t
+                    Cmp::Ge => *hi = (*hi).min(ms(floor + u)),
+                    // trunc(now) > t
+                    Cmp::Lt => *lo = (*lo).max(ms(floor + u)),
+                    // trunc(now) >= t
+                    Cmp::Le => *lo = (*lo).max(ms(ceil)),
                     _ => {}
                 }
             }

@@ -259,12 +259,42 @@ fn interval_ns(v: &datafusion::common::ScalarValue) -> Option<i128> {
     }
 }
 
-/// `now()`, `now() ± interval` (or `interval + now()`): the offset from
-/// now() in nanoseconds.
-fn now_offset(e: &Expr) -> Option<i128> {
+/// `date_trunc`'s granularities of a fixed length, in nanoseconds: the
+/// multiples of these since the epoch are where a truncation lands (weeks
+/// start on Mondays and months vary, so those are not here).
+fn trunc_ns(granularity: &str) -> Option<i128> {
+    Some(match granularity.to_ascii_lowercase().as_str() {
+        "microsecond" => 1_000,
+        "millisecond" => 1_000_000,
+        "second" => 1_000_000_000,
+        "minute" => 60_000_000_000,
+        "hour" => 3_600_000_000_000,
+        "day" => 86_400_000_000_000,
+        _ => return None,
+    })
+}
+
+/// `now()`, `now() ± interval` (or `interval + now()`), and those of
+/// `date_trunc('minute', now())` (a fixed-length granularity): the offset
+/// from now() in nanoseconds and the truncation of now() (1: none), as
+/// `trunc(now()) + offset`.
+fn now_offset(e: &Expr) -> Option<(i128, i128)> {
+    use datafusion::common::ScalarValue;
     use datafusion::logical_expr::{BinaryExpr, Operator};
     match e {
-        Expr::ScalarFunction(f) if f.func.name() == "now" && f.args.is_empty() => Some(0),
+        Expr::ScalarFunction(f) if f.func.name() == "now" && f.args.is_empty() => Some((0, 1)),
+        Expr::ScalarFunction(f) if f.func.name() == "date_trunc" && f.args.len() == 2 => {
+            let unit = match &f.args[0] {
+                Expr::Literal(ScalarValue::Utf8(Some(g)), _)
+                | Expr::Literal(ScalarValue::LargeUtf8(Some(g)), _)
+                | Expr::Literal(ScalarValue::Utf8View(Some(g)), _) => trunc_ns(g)?,
+                _ => return None,
+            };
+            // trunc(trunc(now) + o) is trunc(now) + o when o is a multiple
+            // of the unit, and of the truncation before.
+            let (offset, before) = now_offset(&f.args[1])?;
+            (offset % unit == 0 && unit % before == 0).then_some((offset, unit))
+        }
         Expr::Cast(c) => now_offset(&c.expr),
         Expr::BinaryExpr(BinaryExpr { left, op, right }) => {
             let lit = |e: &Expr| match e {
@@ -273,13 +303,16 @@ fn now_offset(e: &Expr) -> Option<i128> {
             };
             match op {
                 Operator::Plus => match (now_offset(left), lit(right)) {
-                    (Some(a), Some(b)) => Some(a + b),
+                    (Some((a, u)), Some(b)) => Some((a + b, u)),
                     _ => match (lit(left), now_offset(right)) {
-                        (Some(a), Some(b)) => Some(a + b),
+                        (Some(a), Some((b, u))) => Some((a + b, u)),
                         _ => None,
                     },
                 },
-                Operator::Minus => Some(now_offset(left)? - lit(right)?),
+                Operator::Minus => {
+                    let (a, u) = now_offset(left)?;
+                    Some((a - lit(right)?, u))
+                }
                 _ => None,
             }
         }
@@ -306,14 +339,17 @@ fn temporal_conjunct(e: Expr) -> Vec<Expr> {
     use crate::sql::functions::FlowNowCmp;
     use datafusion::common::ScalarValue;
     use datafusion::logical_expr::{expr::ScalarFunction, BinaryExpr, Operator};
-    let cmp = |x: Expr, off: i128, op: &str| -> Expr {
+    let cmp = |x: Expr, (off, trunc): (i128, i128), op: &str| -> Expr {
         let off = i64::try_from(off).unwrap_or(if off < 0 { i64::MIN } else { i64::MAX });
+        // At most a day: it fits.
+        let trunc = i64::try_from(trunc).unwrap_or(1);
         Expr::ScalarFunction(ScalarFunction::new_udf(
             FlowNowCmp::udf(),
             vec![
                 x,
                 Expr::Literal(ScalarValue::Int64(Some(off)), None),
                 Expr::Literal(ScalarValue::Utf8(Some(op.to_string())), None),
+                Expr::Literal(ScalarValue::Int64(Some(trunc)), None),
             ],
         ))
     };
@@ -405,7 +441,8 @@ fn check_deterministic(plan: &LogicalPlan) -> Result<(), CompileError> {
         Some(name) if name == "now" => Err(CompileError(
             "unsupported: now() is not supported in flows except in a WHERE condition that compares a \
              row's time with now() or now() plus or minus an interval (e.g. WHERE ts > now() - \
-             INTERVAL '5 minutes', or BETWEEN): the flow keeps each row in its result while the \
+             INTERVAL '5 minutes', or BETWEEN), also truncated to a second, minute, hour or day \
+             (date_trunc('minute', now())): the flow keeps each row in its result while the \
              condition holds at the tick time; other uses would freeze the time the flow was \
              planned"
                 .into(),

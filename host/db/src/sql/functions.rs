@@ -638,8 +638,9 @@ impl ScalarUDFImpl for SketchRead {
     }
 }
 
-/// `flow_now_cmp(x, offset_ns, op)`: `x op now() + offset` where now() is
-/// the flow's tick time. A flow's compiler writes it in place of a temporal
+/// `flow_now_cmp(x, offset_ns, op, trunc_ns)`: `x op trunc(now()) + offset`
+/// where now() is the flow's tick time and `trunc` rounds down to a multiple
+/// of `trunc_ns` since the epoch (1: none; `date_trunc('minute', now())`). A flow's compiler writes it in place of a temporal
 /// filter (`WHERE ts > now() - INTERVAL '5 minutes'`) so that DataFusion
 /// neither folds now() into the time the flow was planned nor moves the
 /// condition; the engine keeps each row in the result exactly while the
@@ -658,7 +659,7 @@ impl FlowNowCmp {
         Arc::new(ScalarUDF::from(FlowNowCmp {
             // Stable: not folded while it reads a column, and still pushed
             // below joins and into scans like any other condition.
-            signature: Signature::any(3, Volatility::Stable),
+            signature: Signature::any(4, Volatility::Stable),
         }))
     }
 }
