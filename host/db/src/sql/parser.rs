@@ -1326,7 +1326,24 @@ fn is_word(p: &Parser, n: usize, word: &str) -> bool {
     matches!(&p.peek_nth_token(n).token, Token::Word(w) if w.quote_style.is_none() && w.value.eq_ignore_ascii_case(word))
 }
 
+/// GreptimeDB's `TQL EVAL | EXPLAIN | ANALYZE (...) <PromQL>`: refused by
+/// name rather than as a syntax error.
+fn refuse_tql(p: &Parser) -> Result<()> {
+    match &p.peek_token().token {
+        Token::Word(w) if w.quote_style.is_none() && w.value.eq_ignore_ascii_case("tql") => {
+            UnsupportedSnafu {
+                message: "TQL (PromQL) is not supported: sandflow reads SQL only; write the \
+                          query in SQL, e.g. SELECT sensor, avg(value) FROM t WHERE ts > now() - \
+                          INTERVAL '1 minute' GROUP BY sensor",
+            }
+            .fail()
+        }
+        _ => Ok(()),
+    }
+}
+
 fn parse_one(p: &mut Parser, sql: &str) -> Result<Stmt> {
+    refuse_tql(p)?;
     if let Some(stmt) = parse_flow_statement(p, sql)? {
         return Ok(stmt);
     }
@@ -1821,6 +1838,7 @@ fn parse_create_flow(p: &mut Parser, sql: &str, or_replace: bool) -> Result<Crea
             p.peek_token().token
         )));
     }
+    refuse_tql(p)?;
     let start = p.peek_token().span.start;
     p.parse_query().map_err(sql_err)?;
     let end_tok = p.peek_token();
@@ -2366,6 +2384,28 @@ mod tests {
         // piece (and fails to parse) instead of leaving an empty statement.
         assert_eq!(split(" \u{a0};\t", Dialect::Postgres).unwrap(), ["\u{a0}"]);
         assert!(parse_script("\u{a0}", Dialect::Postgres).is_err());
+    }
+
+    #[test]
+    fn tql_is_refused_by_name_in_queries_and_flows() {
+        for sql in [
+            "TQL EVAL (0, 10, '5s') avg by(sensor) (readings)",
+            "tql explain (0, 10, '5s') readings",
+            "CREATE FLOW f SINK TO s EVAL INTERVAL '1m' AS TQL EVAL (now() - '1m'::interval, \
+             now(), '1m') avg by(sensor) (readings)",
+        ] {
+            let e = parse(sql).unwrap_err();
+            assert!(
+                matches!(e, crate::Error::Unsupported { .. }),
+                "{sql}: {e:?}"
+            );
+            assert!(
+                e.to_string().contains("TQL (PromQL) is not supported"),
+                "{e}"
+            );
+        }
+        // A table or column named tql is still a name.
+        assert!(parse("SELECT tql FROM \"tql\"").is_ok());
     }
 
     #[test]
