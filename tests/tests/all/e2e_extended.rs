@@ -18,6 +18,62 @@ fn connect(s: &Server) -> Client {
     .expect("connect")
 }
 
+// A result column is described with the type its values have. DataFusion
+// coerces a UNION of an integer and a float, or CASE branches of two
+// types, when the plan is analysed; a description taken from the plan as
+// written said BIGINT, and binary clients read float bits as an integer.
+#[test]
+fn result_columns_are_described_with_their_values_types() {
+    let s = Server::start();
+    let mut c = connect(&s);
+    c.batch_execute(
+        "CREATE TABLE t (v INT, d DOUBLE, ts TIMESTAMP TIME INDEX); \
+         INSERT INTO t VALUES (1, 1.5, 1000)",
+    )
+    .expect("table");
+    let floats = |c: &mut Client, sql: &str| -> Vec<f64> {
+        // `get` checks the described type: an INT8 column is not an f64.
+        c.query(sql, &[])
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .iter()
+            .map(|r| r.get::<_, f64>(0))
+            .collect()
+    };
+    assert_eq!(
+        floats(&mut c, "SELECT 1 AS x UNION ALL SELECT 2.5 ORDER BY x"),
+        [1.0, 2.5]
+    );
+    assert_eq!(
+        floats(
+            &mut c,
+            "SELECT CASE WHEN v > 1 THEN v ELSE d END AS x FROM t"
+        ),
+        [1.5]
+    );
+    // Prepared: described before it runs, with the same type.
+    let stmt = c
+        .prepare("SELECT 1 AS x UNION ALL SELECT 2.5")
+        .expect("prepare");
+    assert_eq!(stmt.columns()[0].type_(), &postgres::types::Type::FLOAT8);
+    let mixed: Vec<String> = c
+        .query("SELECT 1 AS x UNION ALL SELECT 'asdf' ORDER BY x", &[])
+        .expect("text union")
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect();
+    assert_eq!(mixed, ["1", "asdf"]);
+    // Over HTTP the schema says what the rows hold.
+    let (status, v) = s.http_sql("SELECT 1 AS x UNION ALL SELECT 2.5 ORDER BY x");
+    assert_eq!(status, 200, "{v}");
+    let records = &v["output"][0]["records"];
+    assert_eq!(
+        records["schema"]["column_schemas"][0]["data_type"],
+        serde_json::json!("Float64"),
+        "{v}"
+    );
+    assert_eq!(records["rows"], serde_json::json!([[1.0], [2.5]]), "{v}");
+}
+
 #[test]
 fn rust_client_extended_protocol() {
     let s = Server::start();

@@ -214,7 +214,19 @@ pub(crate) async fn describe_query(
     }
     let columns = match &plan {
         LogicalPlan::Dml(_) => None,
-        _ => Some(Arc::new(plan.schema().as_arrow().clone())),
+        // As it will run: after the analyser's coercions (see
+        // `run_datafusion`); as written if the plan does not analyse
+        // without its parameters' values.
+        _ => Some(Arc::new(
+            match ctx.state().analyzer().execute_and_check(
+                plan.clone(),
+                ctx.state().config_options(),
+                |_, _| {},
+            ) {
+                Ok(analysed) => analysed.schema().as_arrow().clone(),
+                Err(_) => plan.schema().as_arrow().clone(),
+            },
+        )),
     };
     Ok(crate::session::Description { params, columns })
 }
@@ -737,8 +749,15 @@ async fn run_datafusion(
         }
         plan => datafusion::dataframe::DataFrame::new(state, plan),
     };
-    let schema = Arc::new(df.schema().as_arrow().clone());
-    let batches = df.collect().await.map_err(from_df)?;
+    // The schema of the plan that runs: the analyser's coercions (a UNION
+    // of an integer and a float, CASE branches of two types) are in it, not
+    // in the plan as written, and the batches have its types.
+    let task = Arc::new(df.task_ctx());
+    let physical = df.create_physical_plan().await.map_err(from_df)?;
+    let schema = physical.schema();
+    let batches = datafusion::physical_plan::collect(physical, task)
+        .await
+        .map_err(from_df)?;
     match tag {
         Some(tag) => {
             let rows = batches
