@@ -2345,8 +2345,6 @@ fn log_floor(snapshot: &[Position], recording: &RecordingState) -> Vec<Position>
     }
 }
 
-/// The metadata keys of a flow's run (snapshot, written positions, in both
-/// formats), deleted with the flow or when it is replaced.
 /// Why a flow whose `role` table `table` was dropped is failed, and what
 /// repairs it.
 fn dropped_message(role: &str, table: &str, flow: &str) -> String {
@@ -2426,6 +2424,9 @@ fn stale_tables(core: &Core, def: &FlowDef) -> Result<Option<String>> {
     Ok(None)
 }
 
+/// The metadata keys of a flow's run (snapshot, written positions, in both
+/// formats, and the tables it was built from), deleted with the flow or when
+/// it is replaced.
 fn run_keys(name: &str) -> Vec<String> {
     vec![
         snapshot_key(name),

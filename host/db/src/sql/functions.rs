@@ -640,10 +640,10 @@ impl ScalarUDFImpl for SketchRead {
 
 /// `flow_now_cmp(x, offset_ns, op, trunc_ns)`: `x op trunc(now()) + offset`
 /// where now() is the flow's tick time and `trunc` rounds down to a multiple
-/// of `trunc_ns` since the epoch (1: none; `date_trunc('minute', now())`). A flow's compiler writes it in place of a temporal
-/// filter (`WHERE ts > now() - INTERVAL '5 minutes'`) so that DataFusion
-/// neither folds now() into the time the flow was planned nor moves the
-/// condition; the engine keeps each row in the result exactly while the
+/// of `trunc_ns` since the epoch (1: none; `date_trunc('minute', now())`).
+/// A flow's compiler writes it in place of a temporal filter (`WHERE ts >
+/// now() - INTERVAL '5 minutes'`) so that DataFusion neither folds now()
+/// into the time the flow was planned nor moves the condition; the engine keeps each row in the result exactly while the
 /// condition holds at the tick time. Never registered: it cannot be called
 /// from SQL, and a query never runs it.
 #[derive(Debug, PartialEq, Eq, Hash)]

@@ -217,16 +217,17 @@ pub(crate) async fn describe_query(
         // As it will run: after the analyser's coercions (see
         // `run_datafusion`); as written if the plan does not analyse
         // without its parameters' values.
-        _ => Some(Arc::new(
-            match ctx.state().analyzer().execute_and_check(
-                plan.clone(),
-                ctx.state().config_options(),
-                |_, _| {},
-            ) {
+        _ => {
+            let state = ctx.state();
+            let analysed =
+                state
+                    .analyzer()
+                    .execute_and_check(plan.clone(), state.config_options(), |_, _| {});
+            Some(Arc::new(match analysed {
                 Ok(analysed) => analysed.schema().as_arrow().clone(),
                 Err(_) => plan.schema().as_arrow().clone(),
-            },
-        )),
+            }))
+        }
     };
     Ok(crate::session::Description { params, columns })
 }

@@ -1329,17 +1329,15 @@ fn is_word(p: &Parser, n: usize, word: &str) -> bool {
 /// GreptimeDB's `TQL EVAL | EXPLAIN | ANALYZE (...) <PromQL>`: refused by
 /// name rather than as a syntax error.
 fn refuse_tql(p: &Parser) -> Result<()> {
-    match &p.peek_token().token {
-        Token::Word(w) if w.quote_style.is_none() && w.value.eq_ignore_ascii_case("tql") => {
-            UnsupportedSnafu {
-                message: "TQL (PromQL) is not supported: sandflow reads SQL only; write the \
-                          query in SQL, e.g. SELECT sensor, avg(value) FROM t WHERE ts > now() - \
-                          INTERVAL '1 minute' GROUP BY sensor",
-            }
-            .fail()
-        }
-        _ => Ok(()),
+    if !is_word(p, 0, "tql") {
+        return Ok(());
     }
+    UnsupportedSnafu {
+        message: "TQL (PromQL) is not supported: sandflow reads SQL only; write the query in \
+                  SQL, e.g. SELECT sensor, avg(value) FROM t WHERE ts > now() - INTERVAL '1 \
+                  minute' GROUP BY sensor",
+    }
+    .fail()
 }
 
 fn parse_one(p: &mut Parser, sql: &str) -> Result<Stmt> {
