@@ -3594,28 +3594,29 @@ mod tests {
             }],
         };
         let mut op = AggOp::new(spec, None);
-        let mut tick =
-            |rows: &[(&str, i64)]| -> Result<(Vec<u32>, Vec<(String, i64, i64)>), FlowError> {
-                op.absorb(&chunk(rows), 0)?;
-                let gids = op.gids.clone();
-                let out = op.flush();
-                let diffs = match &out.diffs {
-                    Diffs::Each(d) => d.clone(),
-                    Diffs::All(d) => vec![*d; out.rows],
-                };
-                let mut got: Vec<(String, i64, i64)> = (0..out.rows)
-                    .map(|r| {
-                        let name = out.cols[0].bytes_at(r);
-                        (
-                            String::from_utf8_lossy(name).into_owned(),
-                            out.cols[1].ints[r],
-                            diffs[r],
-                        )
-                    })
-                    .collect();
-                got.sort();
-                Ok((gids, got))
+        // Each row's group, and the tick's output as (key, count, diff).
+        type Ticked = (Vec<u32>, Vec<(String, i64, i64)>);
+        let mut tick = |rows: &[(&str, i64)]| -> Result<Ticked, FlowError> {
+            op.absorb(&chunk(rows), 0)?;
+            let gids = op.gids.clone();
+            let out = op.flush();
+            let diffs = match &out.diffs {
+                Diffs::Each(d) => d.clone(),
+                Diffs::All(d) => vec![*d; out.rows],
             };
+            let mut got: Vec<(String, i64, i64)> = (0..out.rows)
+                .map(|r| {
+                    let name = out.cols[0].bytes_at(r);
+                    (
+                        String::from_utf8_lossy(name).into_owned(),
+                        out.cols[1].ints[r],
+                        diffs[r],
+                    )
+                })
+                .collect();
+            got.sort();
+            Ok((gids, got))
+        };
         let (first, _) = tick(&[("a", 1), ("b", 1)])?;
         // "a" loses its only row: its group goes at the tick, and "c" gets its id.
         tick(&[("a", -1)])?;
