@@ -349,6 +349,7 @@ fn session(core: &Arc<Core>) -> SessionContext {
         Arc::new(SandCatalog { core: core.clone() }),
     );
     crate::sql::functions::register(&ctx);
+    crate::sql::coerce::register(&ctx);
     ctx
 }
 

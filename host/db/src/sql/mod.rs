@@ -4,6 +4,7 @@
 
 pub mod access;
 pub mod alter;
+pub mod coerce;
 pub mod copy;
 pub mod executor;
 mod fast_insert;
