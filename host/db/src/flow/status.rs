@@ -71,9 +71,42 @@ pub(crate) fn failure_message(name: &str, status: &FlowStatus, now_ms: i64) -> S
             at.saturating_sub(now_ms).max(0),
             status.restart_attempts + 1
         ),
+        // A reason that says what repairs the flow (a dropped table's: not
+        // RESUME_FLOW) gets no second, contradicting hint.
+        None if names_a_repair(reason) => format!("flow '{name}' has failed: {reason}"),
         None => format!(
             "flow '{name}' has failed: {reason}; fix the cause, then run ADMIN RESUME_FLOW('{name}') \
              or recreate it with CREATE OR REPLACE FLOW"
         ),
+    }
+}
+
+/// Whether a failure's reason already names the statement that repairs it.
+fn names_a_repair(reason: &str) -> bool {
+    ["RESUME_FLOW", "CREATE OR REPLACE FLOW", "DROP FLOW"]
+        .iter()
+        .any(|s| reason.contains(s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_gets_one_repair_hint() {
+        let failed = |error: &str| FlowStatus {
+            error: Some(error.to_string()),
+            ..FlowStatus::default()
+        };
+        let trap = failure_message("f", &failed("the guest trapped"), 0);
+        assert!(
+            trap.contains("fix the cause, then run ADMIN RESUME_FLOW('f')"),
+            "{trap}"
+        );
+        let dropped = "source table 'public.t' was dropped; drop the flow with DROP FLOW f, or \
+                       create the table again and run CREATE OR REPLACE FLOW";
+        let message = failure_message("f", &failed(dropped), 0);
+        assert_eq!(message, format!("flow 'f' has failed: {dropped}"));
+        assert!(!message.contains("RESUME_FLOW"), "{message}");
     }
 }
