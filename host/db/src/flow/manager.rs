@@ -390,6 +390,9 @@ pub struct FlowInfo {
     pub source_ids: Vec<u64>,
     /// The node the flow is placed on, when it runs on another node.
     pub remote_node: Option<String>,
+    /// GreptimeDB's name for the kind of flow this is (see
+    /// [`FlowHandle::flow_type`]), shown in `information_schema.flows`.
+    pub flow_type: Option<&'static str>,
 }
 
 impl FlowInfo {
@@ -419,6 +422,28 @@ pub(crate) struct FlowHandle {
     pub(super) recording: Arc<RecordingState>,
     /// The source tables the run reads, in the guest's order.
     pub(super) sources: Vec<Arc<Table>>,
+    /// Whether the query aggregates, once it was compiled (`None` for a
+    /// flow that could not start or waits for its sources).
+    aggregates: Option<bool>,
+}
+
+impl FlowHandle {
+    /// GreptimeDB's `flow_type` of this flow, which says which of its two
+    /// engines would run it: `batching` for one waiting for its sources or
+    /// one that aggregates, `streaming` for one reading a `ttl = 'instant'`
+    /// table or one that does not aggregate. sandflow runs both kinds the
+    /// same way. `None` when the query was not compiled (a flow that could
+    /// not start).
+    fn flow_type(&self) -> Option<&'static str> {
+        if self.def.pending {
+            return Some("batching");
+        }
+        if self.sources.iter().any(|t| t.instant()) {
+            return Some("streaming");
+        }
+        self.aggregates
+            .map(|a| if a { "batching" } else { "streaming" })
+    }
 }
 
 /// A sandbox and the digest of sandflow's engine registered in it.
@@ -678,6 +703,7 @@ impl FlowManager {
                 status: h.status.lock().map(|s| s.clone()).unwrap_or_default(),
                 source_ids: h.source_ids.clone(),
                 remote_node: self.remote_node(&h.def.name),
+                flow_type: h.flow_type(),
             })
             .collect()
     }
@@ -766,6 +792,7 @@ impl FlowManager {
             incarnation: self.incarnations.fetch_add(1, Ordering::Relaxed),
             recording: h.recording.clone(),
             sources: h.sources.clone(),
+            aggregates: h.aggregates,
         });
         if let Ok(mut f) = self.flows.write() {
             f.insert(name, handle.clone());
@@ -1087,6 +1114,7 @@ impl FlowManager {
                         recording,
                         sources,
                         def,
+                        aggregates: None,
                     })
                 }
             };
@@ -1355,6 +1383,7 @@ impl FlowManager {
             recording: Arc::new(RecordingState::default()),
             sources: Vec::new(),
             def,
+            aggregates: None,
         })
     }
 
@@ -2021,6 +2050,8 @@ impl FlowManager {
             sink,
             mapping,
             options,
+            // A query without aggregates is compiled wrapped in a count.
+            aggregates: compiled.aggregates && !compiled.counted,
             plan: compiled.plan,
             guest_options: remote_options,
             schemas: remote_schemas,
@@ -2240,6 +2271,7 @@ impl FlowManager {
             _readers: following.readers,
             incarnation,
             recording,
+            aggregates: Some(p.aggregates),
             sources: p.sources,
             def,
         });
@@ -2523,6 +2555,8 @@ pub(super) struct Prepared {
     pub(super) plan: Vec<u8>,
     pub(super) guest_options: Vec<(String, String)>,
     pub(super) schemas: Vec<sandflow_contract::SourceSchema>,
+    /// Whether the query aggregates (GROUP BY, DISTINCT, an aggregate).
+    pub(super) aggregates: bool,
 }
 
 /// The sink a prepared flow writes into.

@@ -258,12 +258,16 @@ pub fn flows_batch(
         s(&|f| f.def.sink_name()),
         s(&|_| "[0]".to_string()),
         s(&|f| {
-            let map: serde_json::Map<String, serde_json::Value> = f
+            // The options as written, and GreptimeDB's `flow_type`.
+            let mut map: serde_json::Map<String, serde_json::Value> = f
                 .def
                 .options
                 .iter()
                 .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
                 .collect();
+            if let Some(t) = f.flow_type {
+                map.insert("flow_type".into(), serde_json::Value::String(t.into()));
+            }
             serde_json::Value::Object(map).to_string()
         }),
         Arc::new(
