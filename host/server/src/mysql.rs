@@ -513,10 +513,21 @@ impl Shim {
                     }
                     results = results.complete_one(ok).await?;
                 }
-                Output::Rows { batches, .. } => {
+                Output::Rows { batches, schema } => {
                     let mut w = results.start(cols).await?;
                     for b in &batches {
-                        write_batch(&mut w, b).await?;
+                        // The binary protocol refuses a value of another type
+                        // than its column's: send what the columns declare.
+                        let written = match as_declared(b, &schema) {
+                            Ok(b) => write_batch(&mut w, &b).await,
+                            Err(e) => Err(e),
+                        };
+                        if let Err(e) = written {
+                            // The result has started: MySQL's protocol can only
+                            // end the connection here.
+                            warn!("MySQL: closing the connection, a result could not be sent: {e}");
+                            return Err(e);
+                        }
                     }
                     if last {
                         return w.finish().await;
@@ -664,6 +675,38 @@ fn timestamp(v: i64, unit: &TimeUnit) -> Option<NaiveDateTime> {
         TimeUnit::Nanosecond => (v.div_euclid(1_000_000_000), v.rem_euclid(1_000_000_000)),
     };
     DateTime::from_timestamp(secs, nanos as u32).map(|d| d.naive_utc())
+}
+
+/// `b` with each column of the type `schema` declares for it (cast where
+/// it differs, as the columns were announced from the schema).
+fn as_declared(
+    b: &RecordBatch,
+    schema: &datafusion::arrow::datatypes::SchemaRef,
+) -> io::Result<RecordBatch> {
+    let differs = b
+        .columns()
+        .iter()
+        .zip(schema.fields())
+        .any(|(c, f)| c.data_type() != f.data_type());
+    if !differs || b.num_columns() != schema.fields().len() {
+        return Ok(b.clone());
+    }
+    let columns = b
+        .columns()
+        .iter()
+        .zip(schema.fields())
+        .map(|(c, f)| {
+            // A value with no form of the declared type fails, not NULL.
+            let strict = datafusion::arrow::compute::CastOptions {
+                safe: false,
+                ..Default::default()
+            };
+            datafusion::arrow::compute::cast_with_options(c, f.data_type(), &strict)
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+    RecordBatch::try_new(schema.clone(), columns)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
 }
 
 async fn write_batch<W: AsyncWrite + Send + Unpin>(
@@ -862,6 +905,44 @@ fn datetime_of(b: &[u8]) -> Result<NaiveDateTime, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rows_are_sent_as_their_columns_declare() {
+        use datafusion::arrow::array::{Float64Array, Int64Array, StringArray};
+        use datafusion::arrow::datatypes::{Field, Schema};
+        let declared = Arc::new(Schema::new(vec![
+            Field::new("x", DataType::Float64, true),
+            Field::new("s", DataType::Utf8, true),
+        ]));
+        let found = Arc::new(Schema::new(vec![
+            Field::new("x", DataType::Int64, true),
+            Field::new("s", DataType::Utf8, true),
+        ]));
+        let batch = RecordBatch::try_new(
+            found,
+            vec![
+                Arc::new(Int64Array::from(vec![Some(1), None])),
+                Arc::new(StringArray::from(vec!["a", "b"])),
+            ],
+        )
+        .unwrap();
+        let sent = as_declared(&batch, &declared).unwrap();
+        assert_eq!(sent.schema(), declared);
+        let x = sent
+            .column(0)
+            .as_any()
+            .downcast_ref::<Float64Array>()
+            .unwrap();
+        assert_eq!(x.value(0), 1.0);
+        assert!(x.is_null(1));
+        // A value that has no form of the declared type is an error, not a
+        // value of another type.
+        let ints = Arc::new(Schema::new(vec![
+            Field::new("x", DataType::Int64, true),
+            Field::new("s", DataType::Int64, true),
+        ]));
+        assert!(as_declared(&batch, &ints).is_err());
+    }
 
     #[test]
     fn placeholders_are_found_outside_literals_and_bound_in_order() {
