@@ -671,6 +671,8 @@ pub async fn start(
             warn!("{e}; the cluster drops this node when its lease runs out");
         }
     }
+    // The login gate holds the database too.
+    drop(gate);
     close_database(db).await;
     info!("sandflow stopped");
     Ok(())
