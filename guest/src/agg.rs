@@ -3492,6 +3492,38 @@ mod tests {
         }
     }
 
+    /// A string column of `names`.
+    fn strings<'a>(names: impl IntoIterator<Item = &'a str>) -> Column {
+        let mut c = Column {
+            offsets: vec![0],
+            ..Column::default()
+        };
+        for k in names {
+            c.bytes.extend_from_slice(k.as_bytes());
+            c.offsets.push(c.bytes.len() as u32);
+        }
+        c
+    }
+
+    /// `count(*)` grouped by `keys`.
+    fn count_star(keys: Vec<Expr>) -> AggOp {
+        let key_nullable = vec![false; keys.len()];
+        AggOp::new(
+            AggSpec {
+                keys,
+                key_nullable,
+                measures: vec![MeasureSpec {
+                    kind: AggKind::CountStar,
+                    arg: None,
+                    filter: None,
+                    out: DataType::Int64,
+                    param: Vec::new(),
+                }],
+            },
+            None,
+        )
+    }
+
     #[test]
     fn rows_of_a_two_column_key_find_their_group_in_runs_or_apart() -> Result<(), FlowError> {
         // Keys (name, n): runs, a key that comes back after another, and a
@@ -3505,18 +3537,10 @@ mod tests {
             ("a", 2),
             ("b", 1),
         ];
-        let mut names = Column {
-            offsets: vec![0],
-            ..Column::default()
-        };
-        for (k, _) in keys {
-            names.bytes.extend_from_slice(k.as_bytes());
-            names.offsets.push(names.bytes.len() as u32);
-        }
         let chunk = Chunk {
             rows: keys.len(),
             cols: vec![
-                names,
+                strings(keys.iter().map(|&(k, _)| k)),
                 Column {
                     ints: keys.iter().map(|&(_, n)| n).collect(),
                     ..Column::default()
@@ -3524,18 +3548,10 @@ mod tests {
             ],
             diffs: Diffs::All(1),
         };
-        let spec = AggSpec {
-            keys: vec![Expr::Col(0, DataType::Utf8), Expr::Col(1, DataType::Int64)],
-            key_nullable: vec![false, false],
-            measures: vec![MeasureSpec {
-                kind: AggKind::CountStar,
-                arg: None,
-                filter: None,
-                out: DataType::Int64,
-                param: Vec::new(),
-            }],
-        };
-        let mut op = AggOp::new(spec, None);
+        let mut op = count_star(vec![
+            Expr::Col(0, DataType::Utf8),
+            Expr::Col(1, DataType::Int64),
+        ]);
         // Twice: the second chunk finds the groups the first one made.
         for round in 1..=2 {
             op.absorb(&chunk, 0)?;
@@ -3567,33 +3583,12 @@ mod tests {
     #[test]
     fn a_group_id_given_to_another_key_is_not_found_for_the_removed_one() -> Result<(), FlowError> {
         // One string key, count(*). Chunks of (key, diff), each ticked.
-        let chunk = |rows: &[(&str, i64)]| {
-            let mut names = Column {
-                offsets: vec![0],
-                ..Column::default()
-            };
-            for (k, _) in rows {
-                names.bytes.extend_from_slice(k.as_bytes());
-                names.offsets.push(names.bytes.len() as u32);
-            }
-            Chunk {
-                rows: rows.len(),
-                cols: vec![names],
-                diffs: Diffs::Each(rows.iter().map(|&(_, d)| d).collect()),
-            }
+        let chunk = |rows: &[(&str, i64)]| Chunk {
+            rows: rows.len(),
+            cols: vec![strings(rows.iter().map(|&(k, _)| k))],
+            diffs: Diffs::Each(rows.iter().map(|&(_, d)| d).collect()),
         };
-        let spec = AggSpec {
-            keys: vec![Expr::Col(0, DataType::Utf8)],
-            key_nullable: vec![false],
-            measures: vec![MeasureSpec {
-                kind: AggKind::CountStar,
-                arg: None,
-                filter: None,
-                out: DataType::Int64,
-                param: Vec::new(),
-            }],
-        };
-        let mut op = AggOp::new(spec, None);
+        let mut op = count_star(vec![Expr::Col(0, DataType::Utf8)]);
         // Each row's group, and the tick's output as (key, count, diff).
         type Ticked = (Vec<u32>, Vec<(String, i64, i64)>);
         let mut tick = |rows: &[(&str, i64)]| -> Result<Ticked, FlowError> {
