@@ -13,10 +13,10 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::{DataType, TimeUnit};
+use datafusion::arrow::datatypes::DataType;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::Transformed;
-use datafusion::common::{DFSchema, Result, ScalarValue};
+use datafusion::common::{DFSchema, Result};
 use datafusion::logical_expr::expr::InList;
 use datafusion::logical_expr::expr_rewriter::FunctionRewrite;
 use datafusion::logical_expr::{Between, BinaryExpr, Expr, ExprSchemable, Operator};
@@ -46,60 +46,49 @@ impl FunctionRewrite for IntegersAsTimestamps {
         schema: &DFSchema,
         _config: &ConfigOptions,
     ) -> Result<Transformed<Expr>> {
-        Ok(match expr {
-            Expr::BinaryExpr(BinaryExpr { left, op, right }) if is_comparison(op) => {
-                match (time_unit(&left, schema), time_unit(&right, schema)) {
-                    (Some(t), None) => match as_timestamp(&right, &t) {
-                        Some(lit) => Transformed::yes(Expr::BinaryExpr(BinaryExpr {
-                            left,
-                            op,
-                            right: Box::new(lit),
-                        })),
-                        None => Transformed::no(Expr::BinaryExpr(BinaryExpr { left, op, right })),
-                    },
-                    (None, Some(t)) => match as_timestamp(&left, &t) {
-                        Some(lit) => Transformed::yes(Expr::BinaryExpr(BinaryExpr {
-                            left: Box::new(lit),
-                            op,
-                            right,
-                        })),
-                        None => Transformed::no(Expr::BinaryExpr(BinaryExpr { left, op, right })),
-                    },
-                    _ => Transformed::no(Expr::BinaryExpr(BinaryExpr { left, op, right })),
-                }
+        let mut changed = false;
+        // `e` as a time of type `to` when it is an integer literal.
+        let mut convert = |e: Box<Expr>, to: &Option<DataType>| match to
+            .as_ref()
+            .and_then(|t| as_timestamp(&e, t))
+        {
+            Some(lit) => {
+                changed = true;
+                Box::new(lit)
             }
-            Expr::Between(b) => match time_unit(&b.expr, schema) {
-                Some(t) => {
-                    let low = as_timestamp(&b.low, &t);
-                    let high = as_timestamp(&b.high, &t);
-                    if low.is_none() && high.is_none() {
-                        return Ok(Transformed::no(Expr::Between(b)));
-                    }
-                    Transformed::yes(Expr::Between(Between {
-                        expr: b.expr,
-                        negated: b.negated,
-                        low: Box::new(low.unwrap_or(*b.low)),
-                        high: Box::new(high.unwrap_or(*b.high)),
-                    }))
-                }
-                None => Transformed::no(Expr::Between(b)),
-            },
-            Expr::InList(l) => match time_unit(&l.expr, schema) {
-                Some(t) if l.list.iter().any(|e| as_timestamp(e, &t).is_some()) => {
-                    let list = l
-                        .list
-                        .into_iter()
-                        .map(|e| as_timestamp(&e, &t).unwrap_or(e))
-                        .collect();
-                    Transformed::yes(Expr::InList(InList {
-                        expr: l.expr,
-                        list,
-                        negated: l.negated,
-                    }))
-                }
-                _ => Transformed::no(Expr::InList(l)),
-            },
-            other => Transformed::no(other),
+            None => e,
+        };
+        let expr = match expr {
+            Expr::BinaryExpr(BinaryExpr { left, op, right }) if is_comparison(op) => {
+                let (on_left, on_right) = (timestamps(&left, schema), timestamps(&right, schema));
+                Expr::BinaryExpr(BinaryExpr {
+                    left: convert(left, &on_right),
+                    op,
+                    right: convert(right, &on_left),
+                })
+            }
+            Expr::Between(b) => {
+                let t = timestamps(&b.expr, schema);
+                Expr::Between(Between {
+                    low: convert(b.low, &t),
+                    high: convert(b.high, &t),
+                    ..b
+                })
+            }
+            Expr::InList(l) => {
+                let t = timestamps(&l.expr, schema);
+                let list = l
+                    .list
+                    .into_iter()
+                    .map(|e| *convert(Box::new(e), &t))
+                    .collect();
+                Expr::InList(InList { list, ..l })
+            }
+            other => other,
+        };
+        Ok(match changed {
+            true => Transformed::yes(expr),
+            false => Transformed::no(expr),
         })
     }
 }
@@ -118,40 +107,26 @@ fn is_comparison(op: Operator) -> bool {
     )
 }
 
-/// The unit and zone of `expr` when it is a column of timestamps.
-fn time_unit(expr: &Expr, schema: &DFSchema) -> Option<(TimeUnit, Option<Arc<str>>)> {
+/// The type of `expr` when it is a column of timestamps.
+fn timestamps(expr: &Expr, schema: &DFSchema) -> Option<DataType> {
     if !matches!(expr, Expr::Column(_)) {
         return None;
     }
-    match expr.get_type(schema).ok()? {
-        DataType::Timestamp(unit, tz) => Some((unit, tz)),
-        _ => None,
-    }
+    expr.get_type(schema)
+        .ok()
+        .filter(|t| matches!(t, DataType::Timestamp(..)))
 }
 
-/// `expr` as a timestamp literal of `unit` when it is an integer literal
-/// (a value in that unit); `None` for anything else, NULL included.
-fn as_timestamp(expr: &Expr, (unit, tz): &(TimeUnit, Option<Arc<str>>)) -> Option<Expr> {
+/// `expr` as a literal of the timestamp type `to` when it is an integer
+/// literal (a count of `to`'s unit, as arrow casts it); `None` for anything
+/// else, NULL and integers out of range included.
+fn as_timestamp(expr: &Expr, to: &DataType) -> Option<Expr> {
     let Expr::Literal(value, _) = expr else {
         return None;
     };
-    let v = match value {
-        ScalarValue::Int8(Some(v)) => i64::from(*v),
-        ScalarValue::Int16(Some(v)) => i64::from(*v),
-        ScalarValue::Int32(Some(v)) => i64::from(*v),
-        ScalarValue::Int64(Some(v)) => *v,
-        ScalarValue::UInt8(Some(v)) => i64::from(*v),
-        ScalarValue::UInt16(Some(v)) => i64::from(*v),
-        ScalarValue::UInt32(Some(v)) => i64::from(*v),
-        ScalarValue::UInt64(Some(v)) => i64::try_from(*v).ok()?,
-        _ => return None,
-    };
-    let (v, tz) = (Some(v), tz.clone());
-    let value = match unit {
-        TimeUnit::Second => ScalarValue::TimestampSecond(v, tz),
-        TimeUnit::Millisecond => ScalarValue::TimestampMillisecond(v, tz),
-        TimeUnit::Microsecond => ScalarValue::TimestampMicrosecond(v, tz),
-        TimeUnit::Nanosecond => ScalarValue::TimestampNanosecond(v, tz),
-    };
-    Some(Expr::Literal(value, None))
+    if value.is_null() || !value.data_type().is_integer() {
+        return None;
+    }
+    let value = value.cast_to(to).ok()?;
+    (!value.is_null()).then_some(Expr::Literal(value, None))
 }
