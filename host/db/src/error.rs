@@ -13,6 +13,10 @@ pub enum Error {
     /// The statement is larger or deeper than sandflow accepts (SQLSTATE 54001).
     #[snafu(display("{message}"))]
     TooComplex { message: String },
+    /// A new database, table or flow name breaks the naming rule (see
+    /// `catalog::check_name`; SQLSTATE 42602).
+    #[snafu(display("{message}"))]
+    InvalidName { message: String },
     /// The statement was stopped (statement timeout, cancel request) before it
     /// wrote anything (SQLSTATE 57014).
     #[snafu(display("{message}"))]
@@ -109,6 +113,9 @@ impl Error {
                 message: message.clone(),
             },
             Error::TableExists { message } => Error::TableExists {
+                message: message.clone(),
+            },
+            Error::InvalidName { message } => Error::InvalidName {
                 message: message.clone(),
             },
             Error::DatabaseNotFound { message } => Error::DatabaseNotFound {

@@ -300,7 +300,10 @@ pub fn error_code(e: &Error) -> u32 {
         Error::FlowExists { .. } => 8000,
         Error::FlowNotFound { .. } => 8001,
         Error::Unsupported { .. } => 1001,
-        Error::InvalidData { .. } | Error::InvalidEncoding { .. } => 1004,
+        // GreptimeDB's InvalidArguments ("Invalid table name: ...").
+        Error::InvalidData { .. } | Error::InvalidEncoding { .. } | Error::InvalidName { .. } => {
+            1004
+        }
         // GreptimeDB's Cancelled and DeadlineExceeded.
         Error::Cancelled { .. } => 1008,
         // GreptimeDB's RuntimeResourcesExhausted.
@@ -331,6 +334,7 @@ pub fn error_status(e: &Error) -> StatusCode {
         | Error::TooComplex { .. }
         | Error::InvalidData { .. }
         | Error::InvalidEncoding { .. }
+        | Error::InvalidName { .. }
         | Error::Transaction { .. }
         | Error::Unsupported { .. } => StatusCode::BAD_REQUEST,
         Error::Cancelled { .. } => StatusCode::GATEWAY_TIMEOUT,

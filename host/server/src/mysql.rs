@@ -786,6 +786,10 @@ fn error_kind(e: &Error) -> ErrorKind {
         Error::NotFound { .. } => ErrorKind::ER_NO_SUCH_TABLE,
         Error::TableExists { .. } => ErrorKind::ER_TABLE_EXISTS_ERROR,
         Error::DatabaseNotFound { .. } => ErrorKind::ER_BAD_DB_ERROR,
+        Error::InvalidName { message } if message.starts_with("Invalid database") => {
+            ErrorKind::ER_WRONG_DB_NAME
+        }
+        Error::InvalidName { .. } => ErrorKind::ER_WRONG_TABLE_NAME,
         Error::FlowNotFound { .. } | Error::FlowExists { .. } => ErrorKind::ER_UNKNOWN_ERROR,
         Error::Unsupported { .. } => ErrorKind::ER_NOT_SUPPORTED_YET,
         Error::InvalidData { .. } | Error::InvalidEncoding { .. } => {

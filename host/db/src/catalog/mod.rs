@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, MutexGuard, RwLock};
 
 use crate::error::{
-    DatabaseNotFoundSnafu, InternalSnafu, NotFoundSnafu, Result, SqlSnafu, TableExistsSnafu,
+    DatabaseNotFoundSnafu, InternalSnafu, InvalidNameSnafu, NotFoundSnafu, Result, SqlSnafu,
+    TableExistsSnafu,
 };
 use crate::storage::{CommitInfo, MetaWrite, Store, WriteSet};
 
@@ -18,6 +19,29 @@ fn database_meta_key(name: &str) -> String {
     format!("catalog/database/{name}")
 }
 const NEXT_TABLE_ID_KEY: &str = "catalog/next_table_id";
+
+/// Refuses a new database, table or flow name (`kind` says which) that
+/// breaks GreptimeDB's rule for names: a letter, `_`, `:` or `-`, then
+/// letters, digits and `_ : - . @ #` (ASCII only). Names then read the same
+/// in every client, in a quoted SQL string (`ADMIN FLUSH_FLOW('name')`), in a
+/// URL and in a line-protocol measurement, and none is empty. Names already
+/// stored are not checked again.
+pub fn check_name(kind: &str, name: &str) -> Result<()> {
+    let first = |c: char| c.is_ascii_alphabetic() || matches!(c, '_' | ':' | '-');
+    let rest =
+        |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | ':' | '-' | '.' | '@' | '#');
+    let mut chars = name.chars();
+    if chars.next().is_some_and(first) && chars.all(rest) {
+        return Ok(());
+    }
+    InvalidNameSnafu {
+        message: format!(
+            "Invalid {kind} name: {name}; a {kind} name starts with a letter, '_', ':' or '-', \
+             and goes on with letters, digits and '_', ':', '-', '.', '@', '#'"
+        ),
+    }
+    .fail()
+}
 
 #[derive(Default)]
 struct CatalogState {
@@ -361,6 +385,7 @@ impl DdlBatch<'_> {
         if self.database_exists(name)? {
             return Ok(false);
         }
+        check_name("database", name)?;
         self.meta
             .push(MetaWrite::Put(database_meta_key(name), Vec::new()));
         self.databases.push(name.to_string());
@@ -387,6 +412,7 @@ impl DdlBatch<'_> {
             }
             .fail();
         }
+        check_name("table", name)?;
         let id = self.next_table_id;
         // A sink's placeholder time index is always 0: keyed by it first,
         // rows would still be in primary-key order, and `k = ..` could no

@@ -1166,6 +1166,7 @@ impl FlowManager {
             }
         }
         if old.is_none() {
+            crate::catalog::check_name("flow", &stmt.name)?;
             let running = self.flows.read().map(|f| f.len()).unwrap_or(0);
             if running >= self.settings.max_flows {
                 return crate::error::LimitExceededSnafu {

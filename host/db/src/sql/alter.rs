@@ -295,9 +295,7 @@ fn plan(core: &Core, old: &Table, ops: &[AlterOp]) -> Result<Plan> {
                     .push((from.clone(), format!("was renamed to '{to}'")));
             }
             AlterOp::RenameTable(name) => {
-                if name.is_empty() {
-                    return Err(sql("RENAME TO needs a table name".to_string()));
-                }
+                crate::catalog::check_name("table", name)?;
                 info.name = name.clone();
                 change.renamed_to = Some(name.clone());
             }

@@ -127,6 +127,8 @@ pub fn sqlstate(e: &Error) -> &'static str {
         Error::FlowNotFound { .. } => "42704",
         Error::FlowExists { .. } => "42710",
         Error::TableExists { .. } => "42P07",
+        // invalid_name
+        Error::InvalidName { .. } => "42602",
         Error::DatabaseNotFound { .. } => "3D000",
         Error::NotFound { .. } => {
             if msg.contains("configuration parameter") {
