@@ -1274,9 +1274,9 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
         return false;
     }
     let (wa, wb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (wa.remainder(), wb.remainder());
     let word = |c: &[u8]| u64::from_le_bytes(c.try_into().unwrap_or_default());
-    wa.zip(wb).all(|(x, y)| word(x) == word(y)) && ra.iter().zip(rb).all(|(x, y)| x == y)
+    // The bytes after the last whole word by one or two loads, no byte loop.
+    wa.zip(wb).all(|(x, y)| word(x) == word(y)) && crate::hash::tail(a) == crate::hash::tail(b)
 }
 
 /// The storage of column `c` when its first `rows` rows are all there and
@@ -1300,17 +1300,43 @@ fn span<'a>(c: &'a Column, w: &[u32]) -> &'a [u8] {
     }
 }
 
-/// Copies `src` into `dst` (of one length): a short one inline, since in
-/// wasm a copy of unknown length is `memory.copy`, which the runtime
-/// serves with a call of its own.
+/// Copies `src` into `dst` (of one length): a short one by at most four
+/// word copies that may overlap, since in wasm a copy of unknown length is
+/// `memory.copy`, which the runtime serves with a call of its own, and a
+/// byte loop pays an epoch check per byte.
 #[inline]
 fn copy_short(dst: &mut [u8], src: &[u8]) {
-    if src.len() <= 32 {
-        for (d, s) in dst.iter_mut().zip(src) {
-            *d = *s;
+    let n = src.len();
+    let Some(dst) = dst.get_mut(..n) else {
+        return;
+    };
+    fn piece<const W: usize>(dst: &mut [u8], src: &[u8], at: usize) {
+        if let (Some(d), Some(s)) = (dst.get_mut(at..at + W), src.get(at..at + W)) {
+            d.copy_from_slice(s);
         }
-    } else {
-        dst.copy_from_slice(src);
+    }
+    match n {
+        0 => {}
+        1 => piece::<1>(dst, src, 0),
+        2..=3 => {
+            piece::<2>(dst, src, 0);
+            piece::<2>(dst, src, n - 2);
+        }
+        4..=7 => {
+            piece::<4>(dst, src, 0);
+            piece::<4>(dst, src, n - 4);
+        }
+        8..=16 => {
+            piece::<8>(dst, src, 0);
+            piece::<8>(dst, src, n - 8);
+        }
+        17..=32 => {
+            piece::<8>(dst, src, 0);
+            piece::<8>(dst, src, 8);
+            piece::<8>(dst, src, n - 16);
+            piece::<8>(dst, src, n - 8);
+        }
+        _ => dst.copy_from_slice(src),
     }
 }
 
@@ -1382,10 +1408,18 @@ impl KeyTable {
     fn insert_hashed(&mut self, key: &[u8], h: u32, g: u32) {
         let start = self.bytes.len();
         if key.len() <= 32 {
-            // A byte loop, not a copy of unknown length (see `copy_short`).
-            self.bytes.reserve(key.len());
-            for &b in key {
-                self.bytes.push(b);
+            // Whole words, not a copy of unknown length nor a byte loop (see
+            // `copy_short`): the last word padded, the padding cut off.
+            let mut words = key.chunks_exact(8);
+            for c in &mut words {
+                if let Ok(w) = <[u8; 8]>::try_from(c) {
+                    self.bytes.extend_from_slice(&w);
+                }
+            }
+            if !words.remainder().is_empty() {
+                self.bytes
+                    .extend_from_slice(&crate::hash::tail(key).to_le_bytes());
+                self.bytes.truncate(start + key.len());
             }
         } else {
             self.bytes.extend_from_slice(key);
@@ -3578,6 +3612,27 @@ mod tests {
             assert_eq!(got, want, "round {round}");
         }
         Ok(())
+    }
+
+    #[test]
+    fn short_copies_and_compares_see_every_byte() {
+        let src: Vec<u8> = (0..48u8).map(|i| i.wrapping_mul(29) ^ 0x5a).collect();
+        for n in 0..=40 {
+            let s = &src[..n];
+            // The bytes after the copy stay as they were.
+            let mut dst = vec![0xAAu8; n + 3];
+            copy_short(&mut dst, s);
+            assert_eq!(&dst[..n], s, "length {n}");
+            assert!(dst[n..].iter().all(|b| *b == 0xAA), "length {n}");
+            // Keys that differ in any one byte differ.
+            assert!(same_bytes(s, &dst[..n]));
+            for i in 0..n {
+                let mut other = s.to_vec();
+                other[i] ^= 1;
+                assert!(!same_bytes(s, &other), "length {n}, byte {i}");
+            }
+            assert!(n == 0 || !same_bytes(s, &s[..n - 1]));
+        }
     }
 
     #[test]

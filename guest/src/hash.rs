@@ -22,18 +22,11 @@ impl Hasher for FxHasher {
     fn write(&mut self, bytes: &[u8]) {
         let mut chunks = bytes.chunks_exact(8);
         for c in &mut chunks {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(c);
-            self.add(u64::from_le_bytes(w));
+            self.add(word(c));
         }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            // A byte loop, not a copy of unknown length (in wasm, a call).
-            let mut w = [0u8; 8];
-            for (d, s) in w.iter_mut().zip(rest) {
-                *d = *s;
-            }
-            self.add(u64::from_le_bytes(w) ^ ((rest.len() as u64) << 56));
+        let rest = chunks.remainder().len();
+        if rest > 0 {
+            self.add(tail(bytes) ^ ((rest as u64) << 56));
         }
     }
     #[inline]
@@ -64,6 +57,49 @@ impl Hasher for FxHasher {
         h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
         h ^= h >> 33;
         h
+    }
+}
+
+/// The first eight bytes of `b` (little endian), 0 when it is shorter.
+#[inline]
+fn word(b: &[u8]) -> u64 {
+    b.get(..8)
+        .and_then(|w| w.try_into().ok())
+        .map_or(0, u64::from_le_bytes)
+}
+
+/// The last `b.len() % 8` bytes of `b` as a little-endian integer (the bytes
+/// after its whole words), read with one or two loads that may overlap bytes
+/// before them, never with a loop or a copy: a loop in wasm pays an
+/// epoch check per byte, and bytes stored one by one and read back as a word
+/// stall the load. Equal to those bytes copied into a zeroed word.
+#[inline]
+pub(crate) fn tail(b: &[u8]) -> u64 {
+    let n = b.len();
+    let rest = n % 8;
+    let u64_at = |i: usize| {
+        b.get(i..i + 8)
+            .and_then(|s| s.try_into().ok())
+            .map_or(0, u64::from_le_bytes)
+    };
+    let u32_at = |i: usize| {
+        b.get(i..i + 4)
+            .and_then(|s| s.try_into().ok())
+            .map_or(0, |a| u64::from(u32::from_le_bytes(a)))
+    };
+    let u16_at = |i: usize| {
+        b.get(i..i + 2)
+            .and_then(|s| s.try_into().ok())
+            .map_or(0, |a| u64::from(u16::from_le_bytes(a)))
+    };
+    match (rest, n >= 8) {
+        (0, _) => 0,
+        // The last word, its bytes before the tail shifted out.
+        (_, true) => u64_at(n - 8) >> (8 * (8 - rest)),
+        // Two overlapping pieces: the overlap holds the same bytes in both.
+        (4.., false) => u32_at(0) | (u32_at(n - 4) << (8 * (n - 4))),
+        (2.., false) => u16_at(0) | (u16_at(n - 2) << (8 * (n - 2))),
+        _ => b.first().map_or(0, |x| u64::from(*x)),
     }
 }
 
@@ -278,8 +314,43 @@ impl IntMap {
 
 #[cfg(test)]
 mod tests {
-    use super::{IntMap, FREE};
+    use super::{tail, FxHasher, IntMap, FREE};
     use std::collections::HashMap;
+    use std::hash::Hasher;
+
+    #[test]
+    fn tails_and_hashes_are_those_of_the_bytes_copied_into_a_word() {
+        // The hash before `tail`: whole words, then the rest copied into a
+        // zeroed word. Keys' hashes must not change (nothing stores them,
+        // but a changed hash would be a changed behaviour to explain).
+        fn reference(bytes: &[u8]) -> u64 {
+            let mut h = FxHasher::default();
+            let mut chunks = bytes.chunks_exact(8);
+            for c in &mut chunks {
+                h.add(u64::from_le_bytes(c.try_into().unwrap()));
+            }
+            let rest = chunks.remainder();
+            if !rest.is_empty() {
+                let mut w = [0u8; 8];
+                w[..rest.len()].copy_from_slice(rest);
+                h.add(u64::from_le_bytes(w) ^ ((rest.len() as u64) << 56));
+            }
+            h.finish()
+        }
+        let bytes: Vec<u8> = (0..40u32).map(|i| (i * 37 + 11) as u8 | 0x80).collect();
+        for start in 0..4 {
+            for n in 0..=(bytes.len() - start) {
+                let b = &bytes[start..start + n];
+                let rest = &b[n - n % 8..];
+                let mut w = [0u8; 8];
+                w[..rest.len()].copy_from_slice(rest);
+                assert_eq!(tail(b), u64::from_le_bytes(w), "length {n}");
+                let mut h = FxHasher::default();
+                h.write(b);
+                assert_eq!(h.finish(), reference(b), "length {n}");
+            }
+        }
+    }
 
     #[test]
     fn int_map_matches_a_hash_map() {
