@@ -256,7 +256,12 @@ pub fn flows_batch(
         ),
         s(&|f| json_list(f.source_ids.iter().map(|i| i.to_string()))),
         s(&|f| f.def.sink_name()),
-        s(&|_| "[0]".to_string()),
+        // GreptimeDB's map of partition to flownode, as JSON: one partition,
+        // none while the flow waits for its sources.
+        s(&|f| match f.def.pending {
+            true => "{}".to_string(),
+            false => r#"{"0":0}"#.to_string(),
+        }),
         s(&|f| {
             // The options as written, and GreptimeDB's `flow_type`.
             let mut map: serde_json::Map<String, serde_json::Value> = f
