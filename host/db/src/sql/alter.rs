@@ -296,6 +296,17 @@ fn plan(core: &Core, old: &Table, ops: &[AlterOp]) -> Result<Plan> {
             }
             AlterOp::RenameTable(name) => {
                 crate::catalog::check_name("table", name)?;
+                if *name == old.info.name {
+                    // That name is taken, by the table itself (GreptimeDB
+                    // refuses it too).
+                    return crate::error::TableExistsSnafu {
+                        message: format!(
+                            "cannot rename table '{}' to '{name}': a table of that name exists",
+                            old.qualified_name()
+                        ),
+                    }
+                    .fail();
+                }
                 info.name = name.clone();
                 change.renamed_to = Some(name.clone());
             }

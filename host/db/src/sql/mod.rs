@@ -898,6 +898,16 @@ pub fn schema_from_create(ct: &CreateTable) -> Result<(TableSchema, BTreeMap<Str
         .filter(|c| c.primary_key)
         .map(|c| c.name.as_str())
         .collect();
+    if inline_pk.len() > 1 {
+        // GreptimeDB refuses it too: the order of a composite key is the
+        // constraint's to say.
+        return sql_fail(format!(
+            "table '{table}' marks {} columns PRIMARY KEY inline; a key of several columns is \
+             declared once, as PRIMARY KEY ({})",
+            inline_pk.len(),
+            inline_pk.join(", ")
+        ));
+    }
     let primary_key: Vec<String> = match (&ct.primary_key, inline_pk.is_empty()) {
         (Some(pk), true) => pk.clone(),
         (None, _) => inline_pk.iter().map(|s| s.to_string()).collect(),
