@@ -1273,10 +1273,10 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }
+    use crate::hash::{tail, word};
     let (wa, wb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let word = |c: &[u8]| u64::from_le_bytes(c.try_into().unwrap_or_default());
     // The bytes after the last whole word by one or two loads, no byte loop.
-    wa.zip(wb).all(|(x, y)| word(x) == word(y)) && crate::hash::tail(a) == crate::hash::tail(b)
+    wa.zip(wb).all(|(x, y)| word(x) == word(y)) && tail(a) == tail(b)
 }
 
 /// The storage of column `c` when its first `rows` rows are all there and

@@ -62,7 +62,7 @@ impl Hasher for FxHasher {
 
 /// The first eight bytes of `b` (little endian), 0 when it is shorter.
 #[inline]
-fn word(b: &[u8]) -> u64 {
+pub(crate) fn word(b: &[u8]) -> u64 {
     b.get(..8)
         .and_then(|w| w.try_into().ok())
         .map_or(0, u64::from_le_bytes)
@@ -77,11 +77,6 @@ fn word(b: &[u8]) -> u64 {
 pub(crate) fn tail(b: &[u8]) -> u64 {
     let n = b.len();
     let rest = n % 8;
-    let u64_at = |i: usize| {
-        b.get(i..i + 8)
-            .and_then(|s| s.try_into().ok())
-            .map_or(0, u64::from_le_bytes)
-    };
     let u32_at = |i: usize| {
         b.get(i..i + 4)
             .and_then(|s| s.try_into().ok())
@@ -95,7 +90,7 @@ pub(crate) fn tail(b: &[u8]) -> u64 {
     match (rest, n >= 8) {
         (0, _) => 0,
         // The last word, its bytes before the tail shifted out.
-        (_, true) => u64_at(n - 8) >> (8 * (8 - rest)),
+        (_, true) => word(b.get(n - 8..).unwrap_or_default()) >> (8 * (8 - rest)),
         // Two overlapping pieces: the overlap holds the same bytes in both.
         (4.., false) => u32_at(0) | (u32_at(n - 4) << (8 * (n - 4))),
         (2.., false) => u16_at(0) | (u16_at(n - 2) << (8 * (n - 2))),

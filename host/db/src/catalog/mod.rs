@@ -43,6 +43,19 @@ pub fn check_name(kind: &str, name: &str) -> Result<()> {
     .fail()
 }
 
+/// The error for renaming `old` to `name`, a name a table of its database
+/// holds (the table itself included).
+pub fn name_taken(old: &Table, name: &str) -> crate::error::Error {
+    TableExistsSnafu {
+        message: format!(
+            "cannot rename table '{}' to '{}': a table of that name exists",
+            old.qualified_name(),
+            display_name(&old.info.database, name)
+        ),
+    }
+    .build()
+}
+
 #[derive(Default)]
 struct CatalogState {
     databases: BTreeMap<String, BTreeMap<String, Arc<Table>>>,
@@ -305,14 +318,7 @@ impl Catalog {
             _ => return self.require_table(database, &old.info.name),
         }
         if info.name != old.info.name && self.table(database, &info.name)?.is_some() {
-            return TableExistsSnafu {
-                message: format!(
-                    "cannot rename table '{}' to '{}': a table of that name exists",
-                    old.qualified_name(),
-                    display_name(database, &info.name)
-                ),
-            }
-            .fail();
+            return Err(name_taken(old, &info.name));
         }
         let json = serde_json::to_vec(&info).map_err(|e| {
             InternalSnafu {

@@ -298,14 +298,8 @@ fn plan(core: &Core, old: &Table, ops: &[AlterOp]) -> Result<Plan> {
                 crate::catalog::check_name("table", name)?;
                 if *name == old.info.name {
                     // That name is taken, by the table itself (GreptimeDB
-                    // refuses it too).
-                    return crate::error::TableExistsSnafu {
-                        message: format!(
-                            "cannot rename table '{}' to '{name}': a table of that name exists",
-                            old.qualified_name()
-                        ),
-                    }
-                    .fail();
+                    // refuses it too); the catalog refuses any other taken one.
+                    return Err(crate::catalog::name_taken(old, name));
                 }
                 info.name = name.clone();
                 change.renamed_to = Some(name.clone());
