@@ -258,6 +258,8 @@ fn tenants_cannot_reach_each_other_through_any_door() {
         "DROP TABLE tb.m",
         "ALTER TABLE tb.m ADD COLUMN z DOUBLE",
         "CREATE TABLE tb.n (ts TIMESTAMP TIME INDEX, v DOUBLE)",
+        // Not even the shape of bob's table, in her own database.
+        "CREATE TABLE shape LIKE tb.m",
         "SELECT * FROM ta.m WHERE host IN (SELECT host FROM tb.m)",
         "COPY tb.m TO STDOUT",
         "DROP DATABASE tb",

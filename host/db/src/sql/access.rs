@@ -612,7 +612,13 @@ pub(crate) fn authorize(core: &Core, who: &Principal, database: &str, stmt: &Stm
         .fail()
     };
     match stmt {
-        Stmt::CreateTable(ct) => access.check(who, Privilege::Create, &ct.name.database, None),
+        Stmt::CreateTable(ct) => {
+            // LIKE reads the other table's definition, as SHOW CREATE TABLE does.
+            if let Some(like) = &ct.like {
+                see_table(like)?;
+            }
+            access.check(who, Privilege::Create, &ct.name.database, None)
+        }
         Stmt::AlterTable(at) => access.check(who, Privilege::Create, &at.name.database, None),
         Stmt::DropTable { names, .. } => {
             for n in names {

@@ -367,7 +367,16 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
     match stmt {
         Stmt::Access(a) => access::execute(core, &who, &context_database(ctx), a).await,
         Stmt::CreateTable(ct) => {
-            let (schema, options) = schema_from_create(&ct)?;
+            let (schema, options) = match &ct.like {
+                // The other table's columns (defaults and comments too),
+                // time index, primary key and options, as GreptimeDB copies
+                // them; none of its rows.
+                Some(like) => {
+                    let source = core.catalog.require_table(&like.database, &like.table)?;
+                    (source.schema().clone(), source.info.options.clone())
+                }
+                None => schema_from_create(&ct)?,
+            };
             if core
                 .catalog
                 .table(&ct.name.database, &ct.name.table)?
@@ -969,11 +978,15 @@ pub fn schema_from_create(ct: &CreateTable) -> Result<(TableSchema, BTreeMap<Str
                     options.insert(k.clone(), value);
                 }
             }
+            // GreptimeDB's table comment: kept and shown by SHOW CREATE TABLE.
+            "comment" => {
+                options.insert(k.clone(), v.clone());
+            }
             _ => {
                 return UnsupportedSnafu {
                     message: format!(
                         "table option '{k}' is not supported; supported: append_mode, \
-                         merge_mode, ttl"
+                         merge_mode, ttl, comment"
                     ),
                 }
                 .fail()

@@ -73,6 +73,9 @@ pub struct CreateTable {
     pub options: Vec<(String, String)>,
     /// GreptimeDB's `PARTITION ON COLUMNS (..) (..)` (normalised text).
     pub partition: Option<String>,
+    /// `CREATE TABLE name LIKE other`: the table whose columns, keys and
+    /// options the new one takes (it has no columns of its own then).
+    pub like: Option<TableName>,
 }
 
 /// `CREATE [OR REPLACE] FLOW [IF NOT EXISTS] name SINK TO table
@@ -277,7 +280,12 @@ impl Stmt {
     /// session's default schema.
     pub fn bind_database(&mut self, database: &str) {
         match self {
-            Stmt::CreateTable(ct) => ct.name.bind(database),
+            Stmt::CreateTable(ct) => {
+                ct.name.bind(database);
+                if let Some(like) = &mut ct.like {
+                    like.bind(database);
+                }
+            }
             Stmt::AlterTable(at) => at.name.bind(database),
             Stmt::DropTable { names, .. } => names.iter_mut().for_each(|n| n.bind(database)),
             Stmt::ShowTables { database: d, .. } => {
@@ -2218,13 +2226,13 @@ fn column_list(p: &mut Parser) -> Result<Vec<String>> {
 fn parse_create_table(p: &mut Parser) -> Result<CreateTable> {
     let if_not_exists = p.parse_keywords(&[Keyword::IF, Keyword::NOT, Keyword::EXISTS]);
     let name = table_name(&p.parse_object_name(false).map_err(sql_err)?)?;
-    if is_kw(p, 0, Keyword::AS) || is_kw(p, 0, Keyword::LIKE) {
+    if is_kw(p, 0, Keyword::AS) {
         return UnsupportedSnafu {
-            message: "CREATE TABLE ... AS/LIKE is not supported; create the table with its columns, then INSERT INTO t SELECT ...",
+            message: "CREATE TABLE ... AS is not supported; create the table with its columns \
+                      (or LIKE another table), then INSERT INTO t SELECT ...",
         }
         .fail();
     }
-    p.expect_token(&Token::LParen).map_err(sql_err)?;
     let mut ct = CreateTable {
         name,
         if_not_exists,
@@ -2233,7 +2241,14 @@ fn parse_create_table(p: &mut Parser) -> Result<CreateTable> {
         primary_key: None,
         options: Vec::new(),
         partition: None,
+        like: None,
     };
+    // GreptimeDB's `CREATE TABLE t LIKE other`: nothing may follow.
+    if p.parse_keyword(Keyword::LIKE) {
+        ct.like = Some(table_name(&p.parse_object_name(false).map_err(sql_err)?)?);
+        return Ok(ct);
+    }
+    p.expect_token(&Token::LParen).map_err(sql_err)?;
     loop {
         if p.consume_token(&Token::RParen) {
             break;
