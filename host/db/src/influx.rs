@@ -565,6 +565,7 @@ pub(crate) fn write_points(
                 shape.measurement,
                 shape.schema(precision)?,
                 BTreeMap::new(),
+                None,
             )?,
         };
         let batch = shape.batch(&table, precision, now_nanos)?;
@@ -929,6 +930,7 @@ mod tests {
             options: BTreeMap::new(),
             version: 0,
             time_first: true,
+            description: None,
         })
     }
 
@@ -957,6 +959,7 @@ mod tests {
             options: BTreeMap::new(),
             version: 0,
             time_first: true,
+            description: None,
         });
         let batch = shapes[0]
             .batch(&t, Precision::Seconds, 7_500_000_000)

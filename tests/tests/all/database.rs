@@ -362,7 +362,7 @@ async fn show_describe_information_schema() {
         .to_string();
     assert_eq!(
         text,
-        "CREATE TABLE IF NOT EXISTS \"logs\" (\n  \"line\" STRING NULL,\n  \"ts\" TIMESTAMP(3) NOT NULL,\n  TIME INDEX (\"ts\")\n)\n\nWITH(\n  append_mode = 'true'\n)"
+        "CREATE TABLE IF NOT EXISTS \"logs\" (\n  \"line\" STRING NULL,\n  \"ts\" TIMESTAMP(3) NOT NULL,\n  TIME INDEX (\"ts\")\n)\n\nENGINE=mito\nWITH(\n  append_mode = 'true'\n)"
     );
     // SHOW CREATE TABLE output creates the same table again.
     let mut out = run(&db, "SHOW CREATE TABLE req").await;

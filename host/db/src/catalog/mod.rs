@@ -263,7 +263,7 @@ impl Catalog {
                 return Ok((existing, false));
             }
         }
-        let table = ddl.create_table(database, name, schema, options)?;
+        let table = ddl.create_table(database, name, schema, options, None)?;
         ddl.commit(store, WriteSet::new())?;
         Ok((table, true))
     }
@@ -399,13 +399,15 @@ impl DdlBatch<'_> {
     }
 
     /// Stages a new table (its id is reserved now) and returns it; refuses
-    /// a name that exists or is staged already.
+    /// a name that exists or is staged already. `description` is what made
+    /// it when not a user (see [`TableInfo::description`]).
     pub fn create_table(
         &mut self,
         database: &str,
         name: &str,
         schema: TableSchema,
         options: BTreeMap<String, String>,
+        description: Option<String>,
     ) -> Result<Arc<Table>> {
         schema.validate()?;
         self.require_database(database)?;
@@ -432,6 +434,7 @@ impl DdlBatch<'_> {
             options,
             version: 0,
             time_first,
+            description,
         };
         let json = serde_json::to_vec(&info).map_err(|e| {
             InternalSnafu {

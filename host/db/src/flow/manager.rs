@@ -207,6 +207,10 @@ pub fn default_threads() -> usize {
 /// Under continuous input a flow ticks at most this often; its sink lags its
 /// sources by about this much. Each tick is one durable sink commit.
 pub const DEFAULT_TICK_INTERVAL: Duration = Duration::from_millis(200);
+/// The id of a database's first flow: GreptimeDB's first user flow id
+/// (ids below it are its own), so that ids look alike in both. Databases
+/// made before keep counting from where they are.
+pub const FIRST_FLOW_ID: u32 = 1024;
 /// Default of [`FlowSettings::max_flows`].
 pub const DEFAULT_MAX_FLOWS: usize = 10_000;
 /// Default of [`FlowSettings::sleep_after`].
@@ -1291,9 +1295,12 @@ impl FlowManager {
         }
         let (c, committed_def, plan) = (core.clone(), def.clone(), prepared.sink.clone());
         let source_ids = prepared.sources.iter().map(|t| t.id()).collect();
-        let committed =
-            blocking(move || commit_definition(&c, &committed_def, json, next, plan, source_ids))
-                .await;
+        let streaming = !prepared.aggregates || prepared.sources.iter().any(|t| t.instant());
+        let note = sink_description(def.id, streaming);
+        let committed = blocking(move || {
+            commit_definition(&c, &committed_def, json, next, plan, source_ids, note)
+        })
+        .await;
         let sink = match committed {
             Ok(sink) => sink,
             Err(e) => {
@@ -1832,7 +1839,7 @@ impl FlowManager {
     fn peek_next_id(&self, core: &Arc<Core>) -> Result<u32> {
         Ok(match core.store.get_meta(NEXT_ID_KEY)? {
             Some(b) if b.len() == 4 => u32::from_be_bytes([b[0], b[1], b[2], b[3]]),
-            _ => 1,
+            _ => FIRST_FLOW_ID,
         })
     }
 
@@ -1843,7 +1850,7 @@ impl FlowManager {
             .iter()
             .map(|h| h.def.id + 1)
             .max()
-            .unwrap_or(1);
+            .unwrap_or(FIRST_FLOW_ID);
         Ok(stored.max(used))
     }
 
@@ -2031,6 +2038,7 @@ impl FlowManager {
                     options: Default::default(),
                     version: 0,
                     time_first: schema.time_index_column().name != sink::TS_PLACEHOLDER,
+                    description: None,
                 });
                 (SinkPlan::Create(schema), draft)
             }
@@ -2570,6 +2578,17 @@ pub(super) enum SinkPlan {
     Create(TableSchema),
 }
 
+/// The note GreptimeDB leaves on the sink a flow creates, which names the
+/// engine that would run the flow there (see [`FlowHandle::flow_type`]);
+/// SHOW CREATE TABLE shows it.
+fn sink_description(flow_id: u32, streaming: bool) -> String {
+    if streaming {
+        format!("Sink table for flow flow-id={flow_id}")
+    } else {
+        "Auto created table by flow engine".to_string()
+    }
+}
+
 /// Commits a flow's definition (with its id counter, and without a
 /// position or snapshot of an earlier flow of that name) and, when it
 /// creates one, its sink, in ONE storage transaction under the catalog's
@@ -2581,6 +2600,7 @@ fn commit_definition(
     next_id: u32,
     plan: SinkPlan,
     sources: Vec<TableId>,
+    sink_note: String,
 ) -> Result<Arc<Table>> {
     let mut ddl = core.catalog.begin_ddl()?;
     let current = ddl.table(&def.sink_database, &def.sink_table)?;
@@ -2591,6 +2611,7 @@ fn commit_definition(
             &def.sink_table,
             schema,
             Default::default(),
+            Some(sink_note),
         )?,
         _ => {
             return SqlSnafu {

@@ -532,6 +532,7 @@ mod tests {
             options: Default::default(),
             version: 0,
             time_first: true,
+            description: None,
         })
     }
 

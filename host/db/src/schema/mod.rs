@@ -246,6 +246,12 @@ pub struct TableInfo {
     /// stored rows keep that order). See `Table::key_columns`.
     #[serde(default, skip_serializing_if = "is_false")]
     pub time_first: bool,
+    /// What made the table, when not a user's CREATE TABLE: the note a flow
+    /// leaves on the sink it creates. Not an option (nothing reads it);
+    /// SHOW CREATE TABLE shows it as GreptimeDB shows a table's
+    /// description, `'comment' = '...'`, unless a `comment` option is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -351,6 +357,7 @@ mod tests {
             options: Default::default(),
             version: 0,
             time_first,
+            description: None,
         }
     }
 

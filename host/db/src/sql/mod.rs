@@ -868,7 +868,8 @@ pub(crate) fn row_option(k: &str, v: &str) -> Result<Option<String>> {
         },
         _ => UnsupportedSnafu {
             message: format!(
-                "table option '{k}' is not supported; supported: append_mode, merge_mode, ttl"
+                "table option '{k}' cannot be changed by ALTER TABLE; it sets and unsets \
+                 merge_mode and ttl"
             ),
         }
         .fail(),
@@ -1051,7 +1052,7 @@ fn describe(core: &Core, name: &TableName) -> Result<Output> {
                 c.data_type.display_name().to_string(),
                 key.to_string(),
                 if c.nullable { "YES" } else { "NO" }.to_string(),
-                c.default.clone().unwrap_or_default(),
+                c.default.as_deref().map(shown_default).unwrap_or_default(),
                 semantic.as_str().to_string(),
             ]
         })
@@ -1075,7 +1076,7 @@ pub fn show_create_table(table: &Table) -> String {
             if c.nullable { "NULL" } else { "NOT NULL" }
         );
         if let Some(d) = &c.default {
-            line.push_str(&format!(" DEFAULT {d}"));
+            line.push_str(&format!(" DEFAULT {}", shown_default(d)));
         }
         if let Some(index) = &c.index {
             line.push_str(&format!(" {index}"));
@@ -1097,23 +1098,60 @@ pub fn show_create_table(table: &Table) -> String {
             .collect();
         lines.push(format!("  PRIMARY KEY ({})", pk.join(", ")));
     }
+    // GreptimeDB's layout: the partition rules, or an empty line, then the
+    // engine, then the options (if any) sorted by name, a table's
+    // description first, keys with a dot quoted.
     let mut out = format!(
-        "CREATE TABLE IF NOT EXISTS {} (\n{}\n)\n",
+        "CREATE TABLE IF NOT EXISTS {} (\n{}\n)\n{}\nENGINE=mito\n",
         quote(&table.info.name),
-        lines.join(",\n")
+        lines.join(",\n"),
+        schema.partition.as_deref().unwrap_or_default()
     );
-    if let Some(partition) = &schema.partition {
-        out.push_str(partition);
-        out.push('\n');
+    let options = &table.info.options;
+    let description = table
+        .info
+        .description
+        .as_ref()
+        .filter(|_| !options.contains_key("comment"))
+        .map(|d| ("'comment'".to_string(), d.clone()));
+    let opts: Vec<String> = description
+        .into_iter()
+        .chain(options.iter().map(|(k, v)| {
+            let key = if k.contains('.') {
+                format!("'{k}'")
+            } else {
+                k.clone()
+            };
+            let value = if k == "ttl" { shown_ttl(v) } else { v.clone() };
+            (key, value)
+        }))
+        .map(|(k, v)| format!("  {k} = '{}'", v.replace('\'', "''")))
+        .collect();
+    if !opts.is_empty() {
+        out.push_str(&format!("WITH(\n{}\n)", opts.join(",\n")));
     }
-    if !table.info.options.is_empty() {
-        let opts: Vec<String> = table
-            .info
-            .options
-            .iter()
-            .map(|(k, v)| format!("  {k} = '{}'", v.replace('\'', "''")))
-            .collect();
-        out.push_str(&format!("\nWITH(\n{}\n)", opts.join(",\n")));
+    out
+}
+
+/// A column's DEFAULT as GreptimeDB shows it: `CURRENT_TIMESTAMP` in any
+/// case, with or without parentheses, as `current_timestamp()`; anything
+/// else as written.
+pub(crate) fn shown_default(default: &str) -> String {
+    let lower = default.trim().to_ascii_lowercase();
+    match lower.as_str() {
+        "current_timestamp" | "current_timestamp()" => "current_timestamp()".to_string(),
+        "now()" => lower,
+        _ => default.to_string(),
     }
-    out.trim_end().to_string()
+}
+
+/// A stored `ttl` as GreptimeDB shows it: a duration in its largest units
+/// (`7d` as `7days`, `90 minutes` as `1h 30m`); `instant` as it is.
+fn shown_ttl(ttl: &str) -> String {
+    match crate::schema::interval::parse_interval(ttl) {
+        Ok(ms) if ms > 0 => {
+            humantime::format_duration(std::time::Duration::from_millis(ms as u64)).to_string()
+        }
+        _ => ttl.to_string(),
+    }
 }

@@ -749,6 +749,7 @@ mod tests {
             options: Default::default(),
             version: 0,
             time_first,
+            description: None,
         })
     }
 

@@ -1699,6 +1699,7 @@ pub(crate) fn test_table(
         options: Default::default(),
         version: 0,
         time_first: true,
+        description: None,
     });
     store
         .commit_meta(vec![MetaWrite::CreateTable(t.id())])
@@ -1846,6 +1847,7 @@ mod tests {
                 options: Default::default(),
                 version: 0,
                 time_first,
+                description: None,
             });
             store
                 .commit_meta(vec![MetaWrite::CreateTable(t.id())])
