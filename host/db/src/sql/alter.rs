@@ -349,6 +349,11 @@ fn plan(core: &Core, old: &Table, ops: &[AlterOp]) -> Result<Plan> {
                         }
                         .fail();
                     }
+                    if crate::sql::is_tuning_option(k) {
+                        info.options
+                            .insert(k.clone(), crate::sql::tuning_value(k, v)?);
+                        continue;
+                    }
                     match crate::sql::row_option(k, v)? {
                         Some(v) => info.options.insert(k.clone(), v),
                         None => info.options.remove(k),
@@ -364,7 +369,9 @@ fn plan(core: &Core, old: &Table, ops: &[AlterOp]) -> Result<Plan> {
                         .fail();
                     }
                     // Checks the name; the default is what is left.
-                    crate::sql::row_option(k, "")?;
+                    if !crate::sql::is_tuning_option(k) {
+                        crate::sql::row_option(k, "")?;
+                    }
                     info.options.remove(k);
                 }
             }

@@ -833,6 +833,67 @@ pub(crate) async fn drop_table(
     Ok(dropped.is_some())
 }
 
+/// GreptimeDB's settings of its own storage engine (memtables, compaction,
+/// SST files, WAL) that change no result. sandflow's storage has none of
+/// those parts: a table takes them, SHOW CREATE TABLE shows them, nothing
+/// else reads them. `storage` (where rows are kept) and the file and
+/// metric engines' keys would change what a table is, and are refused.
+pub(crate) const TUNING_OPTIONS: [&str; 23] = [
+    "write_buffer_size",
+    "auto_flush_interval",
+    "compaction.type",
+    "compaction.override",
+    "compaction.twcs.trigger_file_num",
+    "compaction.twcs.max_output_file_size",
+    "compaction.twcs.time_window",
+    "compaction.twcs.remote_compaction",
+    "compaction.twcs.fallback_to_local",
+    "index.inverted_index.ignore_column_ids",
+    "index.inverted_index.segment_row_count",
+    "memtable.type",
+    "memtable.bulk.merge_threshold",
+    "memtable.bulk.encode_row_threshold",
+    "memtable.bulk.encode_bytes_threshold",
+    "memtable.bulk.max_merge_groups",
+    "memtable.partition_tree.index_max_keys_per_shard",
+    "memtable.partition_tree.data_freeze_threshold",
+    "memtable.partition_tree.fork_dictionary_bytes",
+    "sst_format",
+    "max_row_group_row_count",
+    "skip_wal",
+    "repartition.column.hint",
+];
+
+/// [`TUNING_OPTIONS`] in a few words, for messages.
+const TUNING_SUMMARY: &str = "write_buffer_size, auto_flush_interval, compaction.*, memtable.*, \
+     index.inverted_index.*, sst_format, max_row_group_row_count, skip_wal, \
+     'repartition.column.hint'";
+
+/// Whether `k` is one of GreptimeDB's storage settings ([`TUNING_OPTIONS`]).
+pub(crate) fn is_tuning_option(k: &str) -> bool {
+    TUNING_OPTIONS.contains(&k)
+}
+
+/// The value kept for storage setting `k`: as written, once it is not
+/// empty (`skip_wal` must be a boolean: sandflow writes every commit to
+/// disk before it answers, whatever it says).
+pub(crate) fn tuning_value(k: &str, v: &str) -> Result<String> {
+    let v = v.trim();
+    if v.is_empty() {
+        return SqlSnafu {
+            message: format!("table option '{k}' needs a value"),
+        }
+        .fail();
+    }
+    if k == "skip_wal" && !matches!(v.to_ascii_lowercase().as_str(), "true" | "false") {
+        return SqlSnafu {
+            message: format!("skip_wal must be 'true' or 'false', not '{v}'"),
+        }
+        .fail();
+    }
+    Ok(v.to_string())
+}
+
 /// The value stored for table option `k` (`merge_mode` or `ttl`) given as
 /// `v`; `None` when it is the default (nothing stored). Other names are
 /// refused.
@@ -869,7 +930,7 @@ pub(crate) fn row_option(k: &str, v: &str) -> Result<Option<String>> {
         _ => UnsupportedSnafu {
             message: format!(
                 "table option '{k}' cannot be changed by ALTER TABLE; it sets and unsets \
-                 merge_mode and ttl"
+                 merge_mode, ttl and GreptimeDB's storage settings ({TUNING_SUMMARY})"
             ),
         }
         .fail(),
@@ -983,11 +1044,15 @@ pub fn schema_from_create(ct: &CreateTable) -> Result<(TableSchema, BTreeMap<Str
             "comment" => {
                 options.insert(k.clone(), v.clone());
             }
+            k if is_tuning_option(k) => {
+                options.insert(k.to_string(), tuning_value(k, v)?);
+            }
             _ => {
                 return UnsupportedSnafu {
                     message: format!(
                         "table option '{k}' is not supported; supported: append_mode, \
-                         merge_mode, ttl, comment"
+                         merge_mode, ttl, comment, and GreptimeDB's storage settings \
+                         ({TUNING_SUMMARY}), which are kept but change nothing"
                     ),
                 }
                 .fail()

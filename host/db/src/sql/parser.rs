@@ -7,8 +7,8 @@
 use std::ops::ControlFlow;
 
 use datafusion::sql::sqlparser::ast::{
-    ColumnOption, Expr, Ident, ObjectName, ObjectNamePart, ObjectType, SchemaName, Select,
-    Statement, Visit, Visitor,
+    visit_expressions_mut, ColumnOption, Expr, Ident, ObjectName, ObjectNamePart, ObjectType,
+    SchemaName, Select, Statement, Visit, Visitor,
 };
 use datafusion::sql::sqlparser::dialect::{
     Dialect as SqlParserDialect, GenericDialect, PostgreSqlDialect,
@@ -2289,6 +2289,14 @@ fn parse_create_table(p: &mut Parser) -> Result<CreateTable> {
                     rules
                 }
             };
+            // Column names in the rules unquoted, as GreptimeDB prints them.
+            let mut rules = rules;
+            let _ = visit_expressions_mut(&mut rules, |e: &mut Expr| {
+                if let Expr::Identifier(ident) = e {
+                    ident.quote_style = None;
+                }
+                ControlFlow::<()>::Continue(())
+            });
             let rules: Vec<String> = rules.iter().map(|r| format!("  {r}")).collect();
             ct.partition = Some(format!(
                 "PARTITION ON COLUMNS ({}) (\n{}\n)",
