@@ -724,6 +724,9 @@ impl Session {
     /// Makes `database` the session's database (`USE database`); it must
     /// exist.
     pub fn use_database(&mut self, database: &str) -> Result<()> {
+        if database == crate::sql::INFORMATION_SCHEMA {
+            return crate::sql::use_information_schema();
+        }
         if !self.core.catalog.database_exists(database)? {
             return crate::error::DatabaseNotFoundSnafu {
                 message: format!(

@@ -392,6 +392,16 @@ impl DdlBatch<'_> {
             return Ok(false);
         }
         check_name("database", name)?;
+        // Queries answer these schemas themselves: a database of that name
+        // could never be read.
+        if ["information_schema", "pg_catalog"].contains(&name.to_ascii_lowercase().as_str()) {
+            return SqlSnafu {
+                message: format!(
+                    "'{name}' is a system schema's name; choose another name for the database"
+                ),
+            }
+            .fail();
+        }
         self.meta
             .push(MetaWrite::Put(database_meta_key(name), Vec::new()));
         self.databases.push(name.to_string());

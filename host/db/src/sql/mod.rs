@@ -454,6 +454,14 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
         }
         Stmt::ShowTables { database, like } => {
             let database = database.unwrap_or_else(|| DEFAULT_DATABASE.to_string());
+            if database == INFORMATION_SCHEMA {
+                let names = INFORMATION_SCHEMA_TABLES
+                    .iter()
+                    .filter(|n| like.as_deref().is_none_or(|p| like_match(p, n)))
+                    .map(|n| vec![n.to_string()])
+                    .collect();
+                return string_rows(&[&tables_column(&database)], names);
+            }
             if !core.catalog.database_exists(&database)? {
                 return DatabaseNotFoundSnafu {
                     message: format!("database '{database}' does not exist; see SHOW DATABASES"),
@@ -474,12 +482,16 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
             )
         }
         Stmt::ShowDatabases { like } => {
-            let names: Vec<String> = core
-                .catalog
-                .database_names()?
+            // information_schema too, as GreptimeDB lists it: everyone may
+            // read it (each of its tables shows what the user may see).
+            let mut names = core.catalog.database_names()?;
+            names.push(INFORMATION_SCHEMA.to_string());
+            names.sort();
+            names.dedup();
+            let names: Vec<String> = names
                 .into_iter()
                 .filter(|n| like.as_deref().is_none_or(|p| like_match(p, n)))
-                .filter(|n| core.access.can_see_database(&who, n))
+                .filter(|n| n == INFORMATION_SCHEMA || core.access.can_see_database(&who, n))
                 .collect();
             string_rows(&["Database"], names.into_iter().map(|n| vec![n]).collect())
         }
@@ -575,6 +587,9 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
         // A session changes its own database (Session::use_database); a
         // statement run without one keeps its context's.
         Stmt::Use(database) => {
+            if database == INFORMATION_SCHEMA {
+                return use_information_schema();
+            }
             if !core.catalog.database_exists(&database)? {
                 return DatabaseNotFoundSnafu {
                     message: format!("database '{database}' does not exist; see SHOW DATABASES"),
@@ -586,6 +601,35 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
         Stmt::Query(stmt) => run_datafusion(core, ctx, *stmt, None, core.clock.now_ms()).await,
     }
 }
+
+/// The schema every catalog answers with its own tables' metadata.
+pub(crate) const INFORMATION_SCHEMA: &str = "information_schema";
+
+/// `USE information_schema`: refused, saying how to read it instead.
+pub(crate) fn use_information_schema<T>() -> Result<T> {
+    UnsupportedSnafu {
+        message: "information_schema cannot be the session's database; name its tables \
+                  with it, e.g. SELECT * FROM information_schema.tables",
+    }
+    .fail()
+}
+
+/// The tables of `information_schema`, sorted: DataFusion's and sandflow's
+/// own (`flow/system.rs`).
+const INFORMATION_SCHEMA_TABLES: [&str; 12] = [
+    "columns",
+    "components",
+    "df_settings",
+    "flow_logs",
+    "flow_statistics",
+    "flows",
+    "nodes",
+    "parameters",
+    "routines",
+    "schemata",
+    "tables",
+    "views",
+];
 
 /// The columns of `SHOW COMPONENTS`: each component's newest version.
 const COMPONENT_COLUMNS: [&str; 4] = ["Component", "Version", "Digest", "Size"];
