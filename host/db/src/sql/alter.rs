@@ -338,6 +338,27 @@ fn plan(core: &Core, old: &Table, ops: &[AlterOp]) -> Result<Plan> {
                 ));
                 rewrite = true;
             }
+            AlterOp::ColumnIndex { name, kind, clause } => {
+                // Kept and shown, as in CREATE TABLE; rows are stored and
+                // read the same with or without an index.
+                let i = find(&columns, name).ok_or_else(|| missing(name))?;
+                let column = &mut columns[i].0;
+                if *kind == "FULLTEXT" && clause.is_some() && column.data_type != ColumnType::String
+                {
+                    return UnsupportedSnafu {
+                        message: format!(
+                            "FULLTEXT INDEX needs a STRING column; '{name}' is {}",
+                            column.data_type.sql_name()
+                        ),
+                    }
+                    .fail();
+                }
+                column.index = crate::sql::parser::set_index_clause(
+                    column.index.as_deref(),
+                    kind,
+                    clause.clone(),
+                );
+            }
             AlterOp::SetOptions(options) => {
                 for (k, v) in options {
                     if k == "append_mode" {

@@ -160,6 +160,14 @@ pub enum AlterOp {
     RenameTable(String),
     /// `MODIFY [COLUMN] c type` or `ALTER [COLUMN] c [SET DATA] TYPE type`.
     ModifyColumn { name: String, data_type: ColumnType },
+    /// `MODIFY [COLUMN] c SET FULLTEXT|SKIPPING|INVERTED INDEX [WITH (...)]`
+    /// (`clause` the index as [`ColumnDef::index`] writes it) or `UNSET
+    /// ... INDEX` (`clause` `None`).
+    ColumnIndex {
+        name: String,
+        kind: &'static str,
+        clause: Option<String>,
+    },
     /// `SET 'k' = 'v' [, ...]`: table options.
     SetOptions(Vec<(String, String)>),
     /// `UNSET 'k' [, ...]`.
@@ -1386,6 +1394,13 @@ fn parse_one(p: &mut Parser, sql: &str) -> Result<Stmt> {
             let like = parse_like(p)?;
             return Ok(Stmt::ShowTables { database, like });
         }
+        if is_kw(p, 1, Keyword::INDEX) || is_word(p, 1, "INDEXES") || is_kw(p, 1, Keyword::KEYS) {
+            return UnsupportedSnafu {
+                message: "SHOW INDEX is not supported; SHOW CREATE TABLE shows a table's time \
+                          index, primary key and index clauses",
+            }
+            .fail();
+        }
         if is_kw(p, 1, Keyword::DATABASES) || is_kw(p, 1, Keyword::SCHEMAS) {
             p.next_token();
             p.next_token();
@@ -2021,21 +2036,9 @@ fn parse_column(p: &mut Parser) -> Result<ColumnDef> {
         primary_key: false,
     };
     loop {
-        if let Some(kind) = ["FULLTEXT", "SKIPPING", "INVERTED"]
-            .into_iter()
-            .find(|k| is_word(p, 0, k) && is_kw(p, 1, Keyword::INDEX))
-        {
-            p.next_token();
-            p.next_token();
-            let mut text = format!("{kind} INDEX");
-            if p.parse_keyword(Keyword::WITH) {
-                let opts: Vec<String> = parse_options(p)?
-                    .into_iter()
-                    .map(|(k, v)| format!("{k} = '{}'", v.replace('\'', "''")))
-                    .collect();
-                text.push_str(&format!(" WITH({})", opts.join(", ")));
-            }
-            col.index = Some(text);
+        if let Some(kind) = index_kind(p) {
+            let clause = parse_index_clause(p, kind)?;
+            col.index = set_index_clause(col.index.as_deref(), kind, Some(clause));
         } else if p.parse_keywords(&[Keyword::TIME, Keyword::INDEX]) {
             col.time_index = true;
         } else if p.parse_keywords(&[Keyword::PRIMARY, Keyword::KEY]) {
@@ -2060,6 +2063,77 @@ fn parse_column(p: &mut Parser) -> Result<ColumnDef> {
         }
     }
     Ok(col)
+}
+
+/// The kinds of index GreptimeDB's columns take, in the order it shows them.
+pub const INDEX_KINDS: [&str; 3] = ["FULLTEXT", "SKIPPING", "INVERTED"];
+
+/// The kind of the index clause that starts here (`FULLTEXT INDEX`, ...).
+fn index_kind(p: &Parser) -> Option<&'static str> {
+    INDEX_KINDS
+        .into_iter()
+        .find(|k| is_word(p, 0, k) && is_kw(p, 1, Keyword::INDEX))
+}
+
+/// `KIND INDEX [WITH (...)]`, as [`ColumnDef::index`] writes it.
+fn parse_index_clause(p: &mut Parser, kind: &str) -> Result<String> {
+    p.next_token();
+    p.next_token();
+    let mut text = format!("{kind} INDEX");
+    if p.parse_keyword(Keyword::WITH) {
+        let opts: Vec<String> = parse_options(p)?
+            .into_iter()
+            .map(|(k, v)| format!("{k} = '{}'", v.replace('\'', "''")))
+            .collect();
+        text.push_str(&format!(" WITH({})", opts.join(", ")));
+    }
+    Ok(text)
+}
+
+/// A column's index clauses (`index`, as [`ColumnDef::index`] holds them)
+/// with the one of `kind` set to `clause`, or removed when `None`; the
+/// clauses in GreptimeDB's order, `None` when none is left.
+pub fn set_index_clause(index: Option<&str>, kind: &str, clause: Option<String>) -> Option<String> {
+    let text = index.unwrap_or_default();
+    // Where each clause starts: a kind's name followed by INDEX, outside
+    // the quotes of its options.
+    let mut starts: Vec<(usize, &str)> = Vec::new();
+    let mut quoted = false;
+    for (i, c) in text.char_indices() {
+        if c == '\'' {
+            quoted = !quoted;
+        }
+        if quoted || (i > 0 && !text[..i].ends_with(' ')) {
+            continue;
+        }
+        if let Some(k) = INDEX_KINDS
+            .into_iter()
+            .find(|k| text[i..].starts_with(&format!("{k} INDEX")))
+        {
+            starts.push((i, k));
+        }
+    }
+    let mut clauses: Vec<(&str, String)> = starts
+        .iter()
+        .enumerate()
+        .map(|(n, &(at, k))| {
+            let end = starts.get(n + 1).map_or(text.len(), |&(e, _)| e);
+            (k, text[at..end].trim().to_string())
+        })
+        .filter(|(k, _)| *k != kind)
+        .collect();
+    if let Some(clause) = clause {
+        clauses.push((
+            INDEX_KINDS
+                .into_iter()
+                .find(|k| *k == kind)
+                .unwrap_or("INVERTED"),
+            clause,
+        ));
+    }
+    clauses.sort_by_key(|(k, _)| INDEX_KINDS.iter().position(|x| x == k));
+    let joined: Vec<String> = clauses.into_iter().map(|(_, c)| c).collect();
+    (!joined.is_empty()).then(|| joined.join(" "))
 }
 
 /// An option name or value in `SET` / `UNSET`: quoted or a word.
@@ -2127,10 +2201,29 @@ fn parse_alter_table(p: &mut Parser) -> Result<AlterTable> {
         } else if p.parse_keyword(Keyword::MODIFY) {
             let _ = p.parse_keyword(Keyword::COLUMN);
             let name = ident(p)?;
-            let _ = p.parse_keyword(Keyword::TYPE);
-            AlterOp::ModifyColumn {
-                name,
-                data_type: parse_column_type(p)?,
+            let set = is_kw(p, 0, Keyword::SET);
+            if set || is_kw(p, 0, Keyword::UNSET) {
+                p.next_token();
+                let Some(kind) = index_kind(p) else {
+                    return Err(syntax(format!(
+                        "expected FULLTEXT INDEX, SKIPPING INDEX or INVERTED INDEX after \
+                         MODIFY COLUMN {name} {}, found {}",
+                        if set { "SET" } else { "UNSET" },
+                        p.peek_token().token
+                    )));
+                };
+                let clause = parse_index_clause(p, kind)?;
+                AlterOp::ColumnIndex {
+                    name,
+                    kind,
+                    clause: set.then_some(clause),
+                }
+            } else {
+                let _ = p.parse_keyword(Keyword::TYPE);
+                AlterOp::ModifyColumn {
+                    name,
+                    data_type: parse_column_type(p)?,
+                }
             }
         } else if p.parse_keyword(Keyword::ALTER) {
             let _ = p.parse_keyword(Keyword::COLUMN);
