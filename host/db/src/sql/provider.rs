@@ -427,7 +427,9 @@ impl TableProvider for SandTable {
         input: Arc<dyn ExecutionPlan>,
         insert_op: InsertOp,
     ) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
-        if insert_op != InsertOp::Append {
+        // REPLACE INTO is an INSERT, as in GreptimeDB: a row replaces the one
+        // with its primary key and time index either way.
+        if insert_op == InsertOp::Overwrite {
             return Err(to_df(
                 UnsupportedSnafu {
                     message: format!(
