@@ -371,8 +371,13 @@ fn plan(core: &Core, old: &Table, ops: &[AlterOp]) -> Result<Plan> {
                         .fail();
                     }
                     if crate::sql::is_tuning_option(k) {
-                        info.options
-                            .insert(k.clone(), crate::sql::tuning_value(k, v)?);
+                        // `SET 'k' = NULL`: back to GreptimeDB's default.
+                        if v.is_empty() {
+                            info.options.remove(k);
+                        } else {
+                            info.options
+                                .insert(k.clone(), crate::sql::tuning_value(k, v)?);
+                        }
                         continue;
                     }
                     match crate::sql::row_option(k, v)? {

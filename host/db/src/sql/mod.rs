@@ -929,13 +929,63 @@ pub(crate) fn tuning_value(k: &str, v: &str) -> Result<String> {
         }
         .fail();
     }
-    if k == "skip_wal" && !matches!(v.to_ascii_lowercase().as_str(), "true" | "false") {
-        return SqlSnafu {
-            message: format!("skip_wal must be 'true' or 'false', not '{v}'"),
+    let bad = |what: &str| {
+        SqlSnafu {
+            message: format!("{k} must be {what}, not '{v}'"),
         }
-        .fail();
+        .fail()
+    };
+    match k {
+        "skip_wal" if !matches!(v.to_ascii_lowercase().as_str(), "true" | "false") => {
+            return bad("'true' or 'false'");
+        }
+        "auto_flush_interval" | "compaction.twcs.time_window" => {
+            match humantime::parse_duration(v) {
+                Ok(d) if !d.is_zero() => {}
+                _ => return bad("a duration longer than 0, such as '5m' or '1h'"),
+            }
+        }
+        "write_buffer_size" | "compaction.twcs.max_output_file_size" if !is_size(v) => {
+            return bad("a size, such as '64MiB' or '1GB'");
+        }
+        "compaction.twcs.trigger_file_num" | "max_row_group_row_count"
+            if !v.parse::<u64>().is_ok_and(|n| n > 0) =>
+        {
+            return bad("a whole number above 0");
+        }
+        _ => {}
     }
     Ok(v.to_string())
+}
+
+/// Whether `v` is a size as GreptimeDB reads one: a number, then a unit of
+/// bytes (`B`, `KB`, `KiB`, ... `PiB`, any case) or none.
+fn is_size(v: &str) -> bool {
+    let unit_at = v
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(v.len());
+    let (number, unit) = v.split_at(unit_at);
+    let unit = unit.trim().to_ascii_lowercase();
+    number.parse::<f64>().is_ok()
+        && matches!(
+            unit.as_str(),
+            "" | "b"
+                | "k"
+                | "kb"
+                | "kib"
+                | "m"
+                | "mb"
+                | "mib"
+                | "g"
+                | "gb"
+                | "gib"
+                | "t"
+                | "tb"
+                | "tib"
+                | "p"
+                | "pb"
+                | "pib"
+        )
 }
 
 /// The value stored for table option `k` (`merge_mode` or `ttl`) given as
@@ -948,7 +998,7 @@ pub(crate) fn row_option(k: &str, v: &str) -> Result<Option<String>> {
         // time index) a read sees. `last_row`, the default, is what sandflow
         // always does.
         "merge_mode" => match v.trim().to_ascii_lowercase().as_str() {
-            "last_row" => Ok(None),
+            "last_row" | "" => Ok(None),
             "last_non_null" => Ok(Some("last_non_null".to_string())),
             _ => sql_fail(format!(
                 "merge_mode must be 'last_row' or 'last_non_null', not '{v}'"

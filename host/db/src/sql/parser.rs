@@ -2239,7 +2239,15 @@ fn parse_alter_table(p: &mut Parser) -> Result<AlterTable> {
             loop {
                 let key = option_text(p, "an option name")?.to_lowercase();
                 p.expect_token(&Token::Eq).map_err(sql_err)?;
-                options.push((key, option_text(p, "an option value")?));
+                // `= NULL` (the word, not the string): the option's default.
+                let value = match p.peek_token().token {
+                    Token::Word(w) if w.quote_style.is_none() && w.keyword == Keyword::NULL => {
+                        p.next_token();
+                        String::new()
+                    }
+                    _ => option_text(p, "an option value")?,
+                };
+                options.push((key, value));
                 if !p.consume_token(&Token::Comma) || !is_option_start(p) {
                     break;
                 }
