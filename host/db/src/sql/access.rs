@@ -665,7 +665,7 @@ pub(crate) fn authorize(core: &Core, who: &Principal, database: &str, stmt: &Stm
             ("flush_flow" | "pause_flow" | "resume_flow" | "move_flow", Some(name)) => {
                 core.flows.check_flow_access(core, who, name)
             }
-            ("flush_table", Some(name)) => {
+            ("flush_table" | "compact_table", Some(name)) => {
                 let (d, t) = name.split_once('.').unwrap_or((database, name));
                 see_table(&TableName {
                     database: d.to_string(),

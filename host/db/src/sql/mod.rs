@@ -720,13 +720,28 @@ async fn admin(
             admin_output(function, name, resumed as i64)
         }
         // Every commit is durable when it returns, so there is nothing to
-        // flush: 0, as GreptimeDB answers, once the table is found.
-        "flush_table" => {
-            let [name] = args else {
-                return SqlSnafu {
-                    message: "FLUSH_TABLE takes one argument, the table's name: ADMIN FLUSH_TABLE('name')",
+        // flush, and no files to compact: 0, as GreptimeDB answers, once the
+        // table is found. COMPACT_TABLE takes GreptimeDB's optional strategy
+        // and its options after the name.
+        "flush_table" | "compact_table" => {
+            let name = match (function, args) {
+                ("flush_table", [name]) => name,
+                ("compact_table", [name, ..]) if args.len() <= 3 => name,
+                _ => {
+                    return SqlSnafu {
+                        message: format!(
+                            "{} takes the table's name: ADMIN {}('name'){}",
+                            function.to_uppercase(),
+                            function.to_uppercase(),
+                            if function == "compact_table" {
+                                ", optionally followed by a strategy and its options"
+                            } else {
+                                ""
+                            }
+                        ),
+                    }
+                    .fail();
                 }
-                .fail();
             };
             let session_database = context_database(ctx);
             let (database, table) = match name.split_once('.') {
@@ -767,7 +782,7 @@ async fn admin(
             message: format!(
                 "ADMIN {other} is not supported; supported: ADMIN FLUSH_FLOW('name'), \
                  ADMIN PAUSE_FLOW('name'), ADMIN RESUME_FLOW('name'), ADMIN FLUSH_TABLE('table'), \
-                 ADMIN MOVE_FLOW('flow', 'node')"
+                 ADMIN COMPACT_TABLE('table'), ADMIN MOVE_FLOW('flow', 'node')"
             ),
         }
         .fail(),
