@@ -394,7 +394,7 @@ impl DdlBatch<'_> {
         check_name("database", name)?;
         // Queries answer these schemas themselves: a database of that name
         // could never be read.
-        if ["information_schema", "pg_catalog"].contains(&name.to_ascii_lowercase().as_str()) {
+        if [INFORMATION_SCHEMA, "pg_catalog"].contains(&name.to_ascii_lowercase().as_str()) {
             return SqlSnafu {
                 message: format!(
                     "'{name}' is a system schema's name; choose another name for the database"

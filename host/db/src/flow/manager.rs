@@ -442,11 +442,21 @@ impl FlowHandle {
         if self.def.pending {
             return Some("batching");
         }
-        if self.sources.iter().any(|t| t.instant()) {
-            return Some("streaming");
+        match self.aggregates {
+            Some(aggregates) => Some(greptime_flow_type(aggregates, &self.sources)),
+            None if self.sources.iter().any(|t| t.instant()) => Some("streaming"),
+            None => None,
         }
-        self.aggregates
-            .map(|a| if a { "batching" } else { "streaming" })
+    }
+}
+
+/// GreptimeDB's engine for a compiled flow: `streaming` when it reads a
+/// `ttl = 'instant'` table or does not aggregate, else `batching`.
+fn greptime_flow_type(aggregates: bool, sources: &[Arc<Table>]) -> &'static str {
+    if !aggregates || sources.iter().any(|t| t.instant()) {
+        "streaming"
+    } else {
+        "batching"
     }
 }
 
@@ -1295,8 +1305,8 @@ impl FlowManager {
         }
         let (c, committed_def, plan) = (core.clone(), def.clone(), prepared.sink.clone());
         let source_ids = prepared.sources.iter().map(|t| t.id()).collect();
-        let streaming = !prepared.aggregates || prepared.sources.iter().any(|t| t.instant());
-        let note = sink_description(def.id, streaming);
+        let flow_type = greptime_flow_type(prepared.aggregates, &prepared.sources);
+        let note = sink_description(def.id, flow_type);
         let committed = blocking(move || {
             commit_definition(&c, &committed_def, json, next, plan, source_ids, note)
         })
@@ -1441,7 +1451,7 @@ impl FlowManager {
     fn missing_sources(&self, core: &Arc<Core>, query: &str, database: &str) -> Vec<TableName> {
         named_tables(query, database)
             .into_iter()
-            .filter(|t| t.database != "information_schema")
+            .filter(|t| t.database != crate::catalog::INFORMATION_SCHEMA)
             .filter(|t| matches!(core.catalog.table(&t.database, &t.table), Ok(None)))
             .collect()
     }
@@ -2578,14 +2588,13 @@ pub(super) enum SinkPlan {
     Create(TableSchema),
 }
 
-/// The note GreptimeDB leaves on the sink a flow creates, which names the
-/// engine that would run the flow there (see [`FlowHandle::flow_type`]);
+/// The note GreptimeDB leaves on the sink a flow creates, which depends on
+/// the engine that would run the flow there ([`greptime_flow_type`]);
 /// SHOW CREATE TABLE shows it.
-fn sink_description(flow_id: u32, streaming: bool) -> String {
-    if streaming {
-        format!("Sink table for flow flow-id={flow_id}")
-    } else {
-        "Auto created table by flow engine".to_string()
+fn sink_description(flow_id: u32, flow_type: &str) -> String {
+    match flow_type {
+        "streaming" => format!("Sink table for flow flow-id={flow_id}"),
+        _ => "Auto created table by flow engine".to_string(),
     }
 }
 

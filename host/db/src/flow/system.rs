@@ -26,7 +26,7 @@ use datafusion::sql::sqlparser::ast::{
 };
 
 use super::manager::FlowInfo;
-use crate::catalog::DEFAULT_CATALOG;
+use crate::catalog::{DEFAULT_CATALOG, INFORMATION_SCHEMA};
 use crate::database::Core;
 use crate::nodes::NodeRow;
 
@@ -70,8 +70,8 @@ fn system_table(name: &ObjectName) -> Option<String> {
         })
         .collect();
     let table = match parts.as_slice() {
-        [s, t] if s == "information_schema" => Some(t),
-        [c, s, t] if c == DEFAULT_CATALOG && s == "information_schema" => Some(t),
+        [s, t] if s == INFORMATION_SCHEMA => Some(t),
+        [c, s, t] if c == DEFAULT_CATALOG && s == INFORMATION_SCHEMA => Some(t),
         _ => None,
     };
     table

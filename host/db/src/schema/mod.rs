@@ -20,6 +20,9 @@ pub use types::ColumnType;
 pub const DEFAULT_CATALOG: &str = "greptime";
 /// The database (schema) tables live in unless qualified.
 pub const DEFAULT_DATABASE: &str = "public";
+/// The schema queries answer with the catalog's own metadata; no database
+/// may take its name.
+pub const INFORMATION_SCHEMA: &str = "information_schema";
 /// The `ttl` table option of a table that keeps no rows (see [`Table::instant`]).
 pub const TTL_INSTANT: &str = "instant";
 

@@ -602,8 +602,7 @@ async fn execute_stmt(core: &Arc<Core>, ctx: &SessionContext, stmt: Stmt) -> Res
     }
 }
 
-/// The schema every catalog answers with its own tables' metadata.
-pub(crate) const INFORMATION_SCHEMA: &str = "information_schema";
+pub(crate) use crate::catalog::INFORMATION_SCHEMA;
 
 /// `USE information_schema`: refused, saying how to read it instead.
 pub(crate) fn use_information_schema<T>() -> Result<T> {

@@ -2093,7 +2093,11 @@ fn parse_index_clause(p: &mut Parser, kind: &str) -> Result<String> {
 /// A column's index clauses (`index`, as [`ColumnDef::index`] holds them)
 /// with the one of `kind` set to `clause`, or removed when `None`; the
 /// clauses in GreptimeDB's order, `None` when none is left.
-pub fn set_index_clause(index: Option<&str>, kind: &str, clause: Option<String>) -> Option<String> {
+pub fn set_index_clause(
+    index: Option<&str>,
+    kind: &'static str,
+    clause: Option<String>,
+) -> Option<String> {
     let text = index.unwrap_or_default();
     // Where each clause starts: a kind's name followed by INDEX, outside
     // the quotes of its options.
@@ -2106,10 +2110,11 @@ pub fn set_index_clause(index: Option<&str>, kind: &str, clause: Option<String>)
         if quoted || (i > 0 && !text[..i].ends_with(' ')) {
             continue;
         }
-        if let Some(k) = INDEX_KINDS
-            .into_iter()
-            .find(|k| text[i..].starts_with(&format!("{k} INDEX")))
-        {
+        let rest = &text[i..];
+        if let Some(k) = INDEX_KINDS.into_iter().find(|k| {
+            rest.strip_prefix(k)
+                .is_some_and(|r| r.starts_with(" INDEX"))
+        }) {
             starts.push((i, k));
         }
     }
@@ -2123,13 +2128,7 @@ pub fn set_index_clause(index: Option<&str>, kind: &str, clause: Option<String>)
         .filter(|(k, _)| *k != kind)
         .collect();
     if let Some(clause) = clause {
-        clauses.push((
-            INDEX_KINDS
-                .into_iter()
-                .find(|k| *k == kind)
-                .unwrap_or("INVERTED"),
-            clause,
-        ));
+        clauses.push((kind, clause));
     }
     clauses.sort_by_key(|(k, _)| INDEX_KINDS.iter().position(|x| x == k));
     let joined: Vec<String> = clauses.into_iter().map(|(_, c)| c).collect();
